@@ -1,0 +1,21 @@
+"""Settings for the test suite: PostgreSQL and Redis on this machine unless the environment
+says otherwise (tests of claims, leases, beats and workers need real services)."""
+
+import json
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/schedapp")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/7")
+
+from .settings import *  # noqa: F403
+
+# Subprocesses started by the end-to-end tests get schedapp settings through the environment:
+# SCHEDAPP_BATCH_SIZE=100 becomes settings.SCHEDAPP_BATCH_SIZE = 100.
+for _key, _value in os.environ.items():
+    if _key.startswith("SCHEDAPP_") and _key not in ("SCHEDAPP_VAR_DIR", "SCHEDAPP_LOG_LEVEL"):
+        try:
+            globals()[_key] = json.loads(_value)
+        except ValueError:
+            globals()[_key] = _value
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

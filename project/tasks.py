@@ -1,0 +1,79 @@
+"""Tasks used by the demo and the tests. Each records its execution in ``Execution``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from celery import shared_task
+from django.utils import timezone
+
+import schedapp
+
+from .models import Execution
+
+
+def _record(task, label: str, finished: bool = True) -> Execution:  # type: ignore[no-untyped-def]
+    run = schedapp.current_run()
+    now = timezone.now()
+    return Execution.objects.create(
+        label=label,
+        job_id=run.job_id if run else None,
+        token=run.token if run else None,
+        attempt=run.attempt if run else None,
+        scheduled_for=run.scheduled_for if run else None,
+        idempotency_key=run.idempotency_key if run else "",
+        task_id=task.request.id or "",
+        worker=task.request.hostname or socket.gethostname(),
+        pid=os.getpid(),
+        started_at=now,
+        finished_at=now if finished else None,
+    )
+
+
+@shared_task(bind=True, name="project.tasks.record")
+def record(self, label: str = "", sleep: float = 0.0) -> str:
+    """Record that it ran; optionally take ``sleep`` seconds first (a long job)."""
+    started = timezone.now()
+    if sleep:
+        time.sleep(sleep)
+    execution = _record(self, label)
+    if sleep:
+        Execution.objects.filter(pk=execution.pk).update(started_at=started)
+    return f"{label} done"
+
+
+@shared_task(bind=True, name="project.tasks.fail")
+def fail(self, label: str = "") -> None:
+    """Record the attempt, then fail: for retry and dead-letter behaviour."""
+    _record(self, label)
+    raise RuntimeError(f"{label} failed on purpose")
+
+
+@shared_task(bind=True, name="project.tasks.retry_self")
+def retry_self(self, label: str = "", countdown: float = 1.0) -> None:
+    """A task that asks Celery to retry it: schedapp turns that into its own retry."""
+    _record(self, label)
+    raise self.retry(countdown=countdown, exc=RuntimeError(f"{label} wants a retry"))
+
+
+@shared_task(bind=True, name="project.tasks.record_once")
+@schedapp.once
+def record_once(self, label: str = "", sleep: float = 0.0) -> str:
+    """Effectively once: the execution row and the idempotency key commit together."""
+    if sleep:
+        time.sleep(sleep)
+    _record(self, label)
+    return f"{label} done once"
+
+
+@shared_task(name="project.tasks.noop")
+def noop(*args: object, **kwargs: object) -> None:
+    """Does nothing: for benchmarks."""
+
+
+@shared_task(name="project.tasks.add")
+def add(x: int, y: int) -> int:
+    """A plain Celery task that schedapp has nothing to do with."""
+    return x + y

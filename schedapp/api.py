@@ -1,0 +1,371 @@
+"""The public Python API. The admin, the management commands and imports call it too.
+
+Every function accepts a ``Job`` or its id, validates before writing, and writes in one
+transaction: bad input raises ``ValidationError`` naming the field and leaves nothing behind;
+an operation that does not fit the job's state raises ``JobStateError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from . import policies
+from .conf import get_settings
+from .db import db_now, notify_due
+from .exceptions import JobStateError
+from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from .schedules import first_fire_time
+from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, stored_schedule, validate_job
+
+log = logging.getLogger("schedapp.api")
+
+JobRef = Job | int
+
+__all__ = [
+    "cancel",
+    "duplicate",
+    "get",
+    "pause",
+    "requeue",
+    "resume",
+    "run_now",
+    "schedule",
+    "schedule_many",
+    "update",
+]
+
+
+def _defaults() -> dict[str, Any]:
+    from django.conf import settings as django_settings
+
+    s = get_settings()
+    return {
+        "args": [],
+        "kwargs": {},
+        "run_at": None,
+        "cron": None,
+        "interval": None,
+        "timezone": django_settings.TIME_ZONE or "UTC",
+        "name": None,
+        "priority": 0,
+        "queue": "",
+        "max_retries": s.DEFAULT_MAX_RETRIES,
+        "jitter": 0,
+        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
+        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
+        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
+        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
+        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
+        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
+    }
+
+
+def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults, overridden by what the caller gave (None means "default" for options)."""
+    values = _defaults()
+    values["task"] = task
+    for key, value in given.items():
+        if value is None and key in values and key not in SCHEDULE_FIELDS:
+            continue
+        values[key] = value
+    if values.get("name") is None and isinstance(task, str):
+        values["name"] = f"{task}-{uuid.uuid4().hex[:12]}"
+    return values
+
+
+def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> None:
+    first = first_fire_time(stored_schedule(job.__dict__), now)
+    job.scheduled_for = first
+    job.next_run_at = first + policies.compute_jitter(job.jitter, rng)
+
+
+def schedule(
+    task: str,
+    *,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    run_at: datetime | None = None,
+    cron: str | None = None,
+    interval: timedelta | float | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    priority: int = 0,
+    queue: str | None = None,
+    max_retries: int | None = None,
+    jitter: int = 0,
+    lease_seconds: int | None = None,
+    **policy: Any,
+) -> Job:
+    """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, or every
+    ``interval``. A ``run_at`` in the past runs at the next tick.
+
+    ``policy`` takes ``retry_backoff``, ``retry_backoff_max``, ``misfire_policy``,
+    ``misfire_grace`` and ``misfire_max_catchup``.
+    """
+    given = dict(
+        args=list(args) if isinstance(args, list | tuple) else args,
+        kwargs=kwargs,
+        run_at=run_at,
+        cron=cron,
+        interval=interval,
+        timezone=timezone,
+        name=name,
+        priority=priority,
+        queue=queue,
+        max_retries=max_retries,
+        jitter=jitter,
+        lease_seconds=lease_seconds,
+        **policy,
+    )
+    values = validate_job(_spec(task, given))
+    job = Job(**values)
+    with transaction.atomic():
+        _first_run(job, db_now())
+        try:
+            with transaction.atomic():
+                job.save(force_insert=True)
+        except IntegrityError as exc:
+            raise _integrity_error(exc, values["name"]) from exc
+        notify_due(job.next_run_at)
+    log.info("scheduled job %s (%s)", job.pk, job.name, extra={"action": "schedule", "job": job.pk})
+    return job
+
+
+def _integrity_error(exc: IntegrityError, name: str) -> ValidationError:
+    if "name" in str(exc) or "unique" in str(exc).lower():
+        return ValidationError({"name": [f"a job named {name!r} already exists."]})
+    return ValidationError({"__all__": [f"the database refused the job: {exc}"]})
+
+
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000) -> list[Job]:
+    """Schedule many jobs at once: all are validated first, then inserted in bulk in one
+    transaction; one bad spec rejects the lot, with errors keyed ``"<index>.<field>"``."""
+    jobs: list[Job] = []
+    errors: dict[str, list[str]] = {}
+    names: dict[str, int] = {}
+    for index, raw in enumerate(specs):
+        spec = dict(raw)
+        task = spec.pop("task", None)
+        if isinstance(spec.get("args"), tuple):
+            spec["args"] = list(spec["args"])
+        try:
+            values = validate_job(_spec(task, spec))
+        except ValidationError as exc:
+            for field, messages in exc.message_dict.items():
+                errors[f"{index}.{field}"] = messages
+            continue
+        if values["name"] in names:
+            errors[f"{index}.name"] = [f"duplicates the name of spec {names[values['name']]}."]
+            continue
+        names[values["name"]] = index
+        jobs.append(Job(**values))
+    existing = set()
+    for start in range(0, len(names), 5000):
+        chunk = list(names)[start : start + 5000]
+        existing.update(Job.objects.filter(name__in=chunk).values_list("name", flat=True))
+    for name in sorted(existing):
+        errors[f"{names[name]}.name"] = [f"a job named {name!r} already exists."]
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        now = db_now()
+        for job in jobs:
+            _first_run(job, now)
+        try:
+            with transaction.atomic():
+                created = Job.objects.bulk_create(jobs, batch_size=batch_size)
+        except IntegrityError as exc:
+            raise ValidationError({"name": [f"a job name is already taken: {exc}"]}) from exc
+        if created:
+            notify_due(min(j.next_run_at for j in created))  # type: ignore[type-var]
+    return created
+
+
+def get(job: JobRef) -> Job:
+    return Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
+
+
+def _locked(job: JobRef) -> Job:
+    return Job.objects.select_for_update().get(pk=job.pk if isinstance(job, Job) else job)
+
+
+def update(job: JobRef, **changes: Any) -> Job:
+    """Change a job's fields. A new schedule replaces the old one (give only the new kind)
+    and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
+    from its next occurrence."""
+    unknown = set(changes) - set(JOB_FIELDS)
+    if unknown:
+        raise ValidationError({f: [f"unknown option {f!r}."] for f in sorted(unknown)})
+    with transaction.atomic():
+        current = _locked(job)
+        values = {f: getattr(current, f) for f in JOB_FIELDS}
+        if any(f in changes for f in SCHEDULE_FIELDS):
+            values.update(run_at=None, cron=None, interval=None)
+        values.update(changes)
+        cleaned = validate_job(values, check_task="task" in changes)
+        for field, value in cleaned.items():
+            setattr(current, field, value)
+        rescheduled = any(f in changes for f in (*SCHEDULE_FIELDS, "timezone"))
+        if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED):
+            _first_run(current, db_now())
+        try:
+            with transaction.atomic():
+                current.save()
+        except IntegrityError as exc:
+            raise _integrity_error(exc, current.name) from exc
+        if current.state == JobState.SCHEDULED:
+            notify_due(current.next_run_at)
+    return current
+
+
+def pause(job: JobRef) -> Job:
+    """Stop claiming the job. A run in flight finishes; its outcome is recorded and the job
+    stays paused."""
+    with transaction.atomic():
+        current = _locked(job)
+        if current.state not in (JobState.SCHEDULED, JobState.RUNNING):
+            raise JobStateError(
+                f"job {current.pk} is {current.state}; only scheduled or "
+                "running jobs can be paused."
+            )
+        current.state = JobState.PAUSED
+        current.save(update_fields=["state", "updated_at"])
+    return current
+
+
+def resume(job: JobRef) -> Job:
+    """Claim the job again. Occurrences missed while paused follow its misfire policy."""
+    with transaction.atomic():
+        current = _locked(job)
+        if current.state != JobState.PAUSED:
+            raise JobStateError(f"job {current.pk} is {current.state}, not paused.")
+        now = db_now()
+        lease_held = current.lease_expires_at is not None and current.lease_expires_at > now
+        current.state = JobState.RUNNING if lease_held else JobState.SCHEDULED
+        if current.state == JobState.SCHEDULED:
+            current.claimed_by, current.lease_expires_at = "", None
+            if current.next_run_at is None:
+                _first_run(current, now)
+        current.save(
+            update_fields=[
+                "state",
+                "claimed_by",
+                "lease_expires_at",
+                "next_run_at",
+                "scheduled_for",
+                "updated_at",
+            ]
+        )
+        if current.state == JobState.SCHEDULED:
+            notify_due(current.next_run_at)
+    return current
+
+
+def run_now(job: JobRef) -> Job:
+    """Run the job at the next tick, as an extra occurrence "now". A recurring job then
+    continues from its next occurrence after now."""
+    with transaction.atomic():
+        current = _locked(job)
+        if current.state not in (JobState.SCHEDULED, JobState.SUCCEEDED, JobState.DEAD):
+            raise JobStateError(
+                f"job {current.pk} is {current.state}; run now applies to "
+                "scheduled, succeeded or dead jobs."
+            )
+        now = db_now()
+        current.state = JobState.SCHEDULED
+        current.scheduled_for = current.next_run_at = now
+        current.retry_count = 0
+        current.save(
+            update_fields=["state", "scheduled_for", "next_run_at", "retry_count", "updated_at"]
+        )
+        notify_due(now)
+    return current
+
+
+def requeue(job: JobRef) -> Job:
+    """Bring a dead job back: its retry count resets and the failed occurrence runs again
+    at the next tick."""
+    with transaction.atomic():
+        current = _locked(job)
+        if current.state != JobState.DEAD:
+            raise JobStateError(
+                f"job {current.pk} is {current.state}; only dead jobs can be requeued."
+            )
+        now = db_now()
+        current.state = JobState.SCHEDULED
+        current.retry_count = 0
+        current.next_run_at = now
+        if current.scheduled_for is None:
+            current.scheduled_for = now
+        current.save(
+            update_fields=["state", "retry_count", "next_run_at", "scheduled_for", "updated_at"]
+        )
+        notify_due(now)
+    return current
+
+
+def cancel(job: JobRef, *, terminate: bool = False) -> Job:
+    """Cancel the job: no further run happens.
+
+    The fencing token moves on, so a run in flight can no longer change the job, and its
+    Celery task is revoked: a message not yet started is discarded; one already executing
+    runs to its end unless ``terminate=True``, which kills it with SIGTERM (for prefork
+    workers; Celery cannot terminate thread or solo pool tasks).
+    """
+    with transaction.atomic():
+        current = _locked(job)
+        if current.state == JobState.CANCELLED:
+            return current
+        if current.state == JobState.SUCCEEDED:
+            raise JobStateError(f"job {current.pk} already ran to completion.")
+        active = list(
+            JobRun.objects.filter(job=current, status__in=ACTIVE_RUN_STATUSES).values_list(
+                "task_id", "status"
+            )
+        )
+        JobRun.objects.filter(job=current, status=RunStatus.DISPATCHED).update(
+            status=RunStatus.CANCELLED, error="cancelled before it started"
+        )
+        current.state = JobState.CANCELLED
+        current.token += 1
+        current.claimed_by, current.lease_expires_at, current.next_run_at = "", None, None
+        current.save(
+            update_fields=[
+                "state",
+                "token",
+                "claimed_by",
+                "lease_expires_at",
+                "next_run_at",
+                "updated_at",
+            ]
+        )
+    if active:
+        task_ids = [task_id for task_id, _status in active]
+        celery_app().control.revoke(task_ids, terminate=terminate, signal="SIGTERM")
+        log.info(
+            "cancelled job %s: revoked %s",
+            current.pk,
+            task_ids,
+            extra={"action": "cancel", "job": current.pk},
+        )
+    return current
+
+
+def duplicate(job: JobRef, *, name: str | None = None) -> Job:
+    """A new scheduled job with the same task, arguments, schedule and policy."""
+    source = get(job)
+    fields = {f: getattr(source, f) for f in JOB_FIELDS if f not in ("task", "name")}
+    fields = {k: v for k, v in fields.items() if v not in (None, "") or k in SCHEDULE_FIELDS}
+    if source.run_at is not None and source.run_at < db_now():
+        fields["run_at"] = db_now()
+    return schedule(
+        source.task, name=name or f"{source.name} (copy {uuid.uuid4().hex[:6]})", **fields
+    )

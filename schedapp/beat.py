@@ -1,0 +1,257 @@
+"""The beat loop: ``celery -A project beat -S schedapp.beat:LeaseScheduler``.
+
+Run as many copies as you like, on as many hosts: they share the due jobs through the database
+(``claims.claim_due_jobs``), never load all jobs, and sleep until the next due instant found in
+the index, waking early when PostgreSQL notifies them of new work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import Celery
+from celery.beat import Scheduler
+
+log = logging.getLogger("schedapp.beat")
+
+
+class LeaseScheduler(Scheduler):
+    """A Celery beat scheduler whose schedule lives in the database, shared by many beats.
+
+    ``tick()`` does one unit of work (reap, claim a batch, publish it) and returns the seconds
+    to sleep; where it can listen for notifications it does the sleeping itself, on the
+    notification socket, so that a newly due job wakes it early, and returns 0.
+    """
+
+    def __init__(self, app: Celery, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._dispatcher: Any = None
+        self._listener: _Listener | None = None
+        self._failures = 0
+        self._wake_at_db: float | None = None  # epoch seconds, database clock
+        self._last_node_update = 0.0
+        self._started_at = datetime.now(UTC)
+        self.stats = {
+            "claimed": 0,
+            "dispatched": 0,
+            "publish_failures": 0,
+            "released": 0,
+            "reaped": 0,
+            "misfires_skipped": 0,
+            "ticks": 0,
+        }
+        # The base class calls setup_schedule() unless lazy; lazy (used by `celery beat` to
+        # print its banner) must not touch the database.
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # --- celery.beat.Scheduler interface --------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        from . import conf
+        from .dispatch import Dispatcher
+
+        self.settings = conf.get_settings()
+        self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
+        self._listener = _Listener.open()
+        log.info(
+            "beat %s started (batch %d)",
+            self.beat_id,
+            self.settings.BATCH_SIZE,
+            extra={"action": "beat_start", "beat": self.beat_id},
+        )
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        from .db import CONNECTION_ERRORS, reset_connection
+
+        if self._dispatcher is None:  # created lazily, then ticked: set up now
+            self.setup_schedule()
+        self.stats["ticks"] += 1
+        try:
+            delay = self._work()
+            self._failures = 0
+        except CONNECTION_ERRORS as exc:
+            reset_connection()
+            delay = self._backoff()
+            log.error(
+                "database unavailable: %s; retrying in %.1fs",
+                exc,
+                delay,
+                extra={"action": "db_unavailable", "beat": self.beat_id},
+            )
+        return self._sleep(delay)
+
+    def should_sync(self) -> bool:
+        return False  # the database is the schedule; there is nothing to sync to disk
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            from .models import Node
+
+            Node.objects.filter(name=self.beat_id).delete()
+        except Exception:  # shutting down; the row ages out of the overview
+            pass
+        log.info("beat %s stopped", self.beat_id, extra={"action": "beat_stop"})
+
+    @property
+    def info(self) -> str:
+        return f"    . schedapp beat {self.beat_id}: jobs in the database"
+
+    # The base class's heap of in-memory entries is not used.
+    @property
+    def schedule(self) -> dict:  # type: ignore[override]
+        return {}
+
+    # --- one unit of work -----------------------------------------------------------------
+
+    def _work(self) -> float:
+        from .claims import claim_due_jobs, mark_dispatched, release_claims, seconds_until_due
+
+        batch = self.settings.BATCH_SIZE
+        result = claim_due_jobs(self.beat_id, batch)
+        self.stats["claimed"] += result.claimed
+        self.stats["reaped"] += result.reaped
+        self.stats["misfires_skipped"] += result.skipped_misfires
+        if result.runs:
+            try:
+                published = self._dispatcher.publish(result.runs)
+            except BaseException:
+                # Interrupted (SIGTERM, Ctrl-C) between claim and publish: give the claims back
+                # now rather than make them wait for their leases to expire.
+                release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
+                raise
+            mark_dispatched([r.run_id for r in published.published])
+            self.stats["dispatched"] += len(published.published)
+            if published.failed:
+                self.stats["publish_failures"] += 1
+                self.stats["released"] += release_claims(
+                    [(r.job_id, r.token) for r in published.failed], str(published.error)
+                )
+                self._maybe_update_node()
+                return self._backoff()
+        self._maybe_update_node()
+        if result.claimed >= batch or result.reaped:
+            return 0.0  # more is due right now
+        now_and_delay = seconds_until_due()
+        if now_and_delay is None:
+            self._wake_at_db = None
+            return self.settings.MAX_SLEEP
+        db_now, delay = now_and_delay
+        if delay <= 0:
+            # Due, but we claimed none of it: other beats hold those rows. Let them commit.
+            delay = self.settings.MIN_SLEEP
+        delay = min(delay, self.settings.MAX_SLEEP, float(self.max_interval or delay))
+        self._wake_at_db = db_now.timestamp() + delay
+        return delay
+
+    def _backoff(self) -> float:
+        self._failures += 1
+        self._wake_at_db = None
+        return min(0.5 * 2 ** (self._failures - 1), 30.0)
+
+    def _sleep(self, delay: float) -> float:
+        if delay <= 0 or self._listener is None:
+            return delay
+        woken = self._listener.wait(delay, self._wake_at_db)
+        if woken is None:  # the listener broke: let celery sleep instead
+            self._listener = _Listener.open()
+            return delay
+        return 0.0
+
+    def _maybe_update_node(self) -> None:
+        now = time.monotonic()
+        if now - self._last_node_update < self.settings.NODE_HEARTBEAT:
+            return
+        self._last_node_update = now
+        from .nodes import record_node
+
+        record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
+
+
+class _Listener:
+    """A dedicated PostgreSQL connection LISTENing for ``schedapp`` notifications."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    @classmethod
+    def open(cls) -> _Listener | None:
+        from django.db import connection
+
+        from .db import NOTIFY_CHANNEL
+
+        if connection.vendor != "postgresql":
+            return None
+        try:
+            import psycopg
+
+            settings = connection.settings_dict
+            conn = psycopg.connect(
+                dbname=settings["NAME"],
+                user=settings.get("USER") or None,
+                password=settings.get("PASSWORD") or None,
+                host=settings.get("HOST") or None,
+                port=settings.get("PORT") or None,
+                autocommit=True,
+                connect_timeout=5,
+            )
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            return cls(conn)
+        except Exception as exc:  # fall back to polling
+            log.warning(
+                "cannot LISTEN for new jobs (%s); polling instead",
+                exc,
+                extra={"action": "listen_failed"},
+            )
+            return None
+
+    def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
+        """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db``.
+
+        Returns None if the connection broke (the caller sleeps the rest without it).
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                ready, _, _ = select.select([self.conn.fileno()], [], [], remaining)
+                if not ready:
+                    return False
+                for note in self.conn.notifies(timeout=0):
+                    if wake_at_db is None or _due(note.payload) <= wake_at_db:
+                        self._drain()
+                        return True
+        except Exception as exc:
+            log.warning("notification connection lost: %s", exc, extra={"action": "listen_lost"})
+            self.close()
+            return None
+
+    def _drain(self) -> None:
+        for _ in self.conn.notifies(timeout=0):
+            pass
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+def _due(payload: str) -> float:
+    try:
+        return float(payload)
+    except ValueError:
+        return 0.0  # unknown payload: wake

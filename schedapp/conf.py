@@ -1,0 +1,57 @@
+"""One typed settings object: every ``SCHEDAPP_*`` setting, its default, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Jobs claimed per beat transaction. Smaller than a typical burst so that several beats
+    # share it; large enough that one commit serves hundreds of dispatches.
+    BATCH_SIZE: int = 500
+    # Longest a beat sleeps without looking at the table, even if nothing seems due: a safety
+    # net for missed notifications and for databases without LISTEN/NOTIFY.
+    MAX_SLEEP: float = 5.0
+    # Shortest pause when due work exists but other beats hold its row locks.
+    MIN_SLEEP: float = 0.05
+    # Defaults for new jobs (each can be overridden per job).
+    DEFAULT_LEASE_SECONDS: int = 60
+    DEFAULT_MAX_RETRIES: int = 3
+    DEFAULT_RETRY_BACKOFF: timedelta = timedelta(seconds=10)
+    DEFAULT_RETRY_BACKOFF_MAX: timedelta = timedelta(hours=1)
+    DEFAULT_MISFIRE_POLICY: str = "run_once"
+    DEFAULT_MISFIRE_GRACE: timedelta = timedelta(seconds=60)
+    DEFAULT_MISFIRE_MAX_CATCHUP: int = 100
+    # Celery task names a job may run (glob patterns). The default allows every registered
+    # task except Celery's own internals; the task must also be registered with the app.
+    ALLOWED_TASKS: tuple[str, ...] = ("*",)
+    DENIED_TASKS: tuple[str, ...] = ("celery.*",)
+    # Largest JSON encoding of args + kwargs, and deepest nesting, a job may carry.
+    MAX_PAYLOAD_BYTES: int = 64 * 1024
+    MAX_PAYLOAD_DEPTH: int = 32
+    # Dotted path to the Celery app ("project.celery:app"); None means celery.current_app.
+    CELERY_APP: str | None = None
+    # Seconds between a worker's or beat's row updates in the nodes table.
+    NODE_HEARTBEAT: float = 10.0
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    if isinstance(default, timedelta) and isinstance(value, int | float):
+        return timedelta(seconds=value)
+    if isinstance(default, tuple) and isinstance(value, list | tuple):
+        return tuple(value)
+    return value
+
+
+def get_settings() -> Settings:
+    """Read ``SCHEDAPP_*`` from Django settings each call, so ``override_settings`` works."""
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        if hasattr(django_settings, f"SCHEDAPP_{f.name}"):
+            values[f.name] = _coerce(getattr(django_settings, f"SCHEDAPP_{f.name}"), f.default)
+    return Settings(**values)

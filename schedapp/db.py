@@ -1,0 +1,100 @@
+"""Database plumbing shared by beats and worker hooks: the clock, and surviving outages.
+
+Every time a lease or a due check compares with comes from the database server, so beats and
+workers on different hosts never disagree about what is due or expired.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+log = logging.getLogger("schedapp.db")
+T = TypeVar("T")
+
+# Errors after which the connection is thrown away and the work tried again later.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+def is_postgresql() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def db_now() -> datetime:
+    """The database server's current time (transaction time on PostgreSQL)."""
+    with connection.cursor() as cursor:
+        if is_postgresql():
+            cursor.execute("SELECT now()")
+            value = cursor.fetchone()[0]
+        else:  # SQLite: one machine, so its clock is the only clock there is
+            return datetime.now(UTC)
+    return value.astimezone(UTC)
+
+
+def reset_connection() -> None:
+    """Drop a connection that may be broken, so the next query opens a fresh one."""
+    try:
+        connection.close()
+    except DatabaseError:
+        pass
+
+
+def with_retries(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 8,
+    first_delay: float = 0.2,
+    max_delay: float = 5.0,
+) -> T:
+    """Run ``fn``, reconnecting and retrying with backoff while the database is unreachable.
+
+    Used where giving up early loses information (a completion, a heartbeat); after the last
+    attempt the error propagates and the lease is left to expire, which is safe.
+    """
+    delay = first_delay
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except CONNECTION_ERRORS as exc:
+            reset_connection()
+            if attempt == attempts:
+                raise
+            log.warning(
+                "database unavailable during %s (attempt %d/%d): %s; retrying in %.1fs",
+                what,
+                attempt,
+                attempts,
+                exc,
+                delay,
+                extra={"action": "db_retry", "what": what},
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, max_delay)
+    raise AssertionError("unreachable")
+
+
+NOTIFY_CHANNEL = "schedapp"
+
+
+def notify_due(when: datetime | None = None, delay_seconds: float | None = None) -> None:
+    """Wake sleeping beats (PostgreSQL NOTIFY, sent when the transaction commits).
+
+    The payload is the due time as epoch seconds in the database's clock, so a beat can ignore
+    jobs due after it would wake anyway. A no-op on databases without LISTEN/NOTIFY.
+    """
+    if not is_postgresql():
+        return
+    with connection.cursor() as cursor:
+        if when is not None:
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
+        else:
+            cursor.execute(
+                "SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text)",
+                [NOTIFY_CHANNEL, float(delay_seconds or 0.0)],
+            )

@@ -1,0 +1,172 @@
+"""Publish claimed runs to Celery, after the claim committed, never before.
+
+Each message is a plain Celery protocol-2 task message that any stock worker consumes; we
+build it directly from the claimed row (its args are already JSON text from the database)
+instead of going through ``send_task``, whose per-message work (config look-ups, argsrepr,
+retry wrappers) costs more than the database and the broker together. The message carries,
+in its headers, what the worker needs to fence the run: job, run, token, occurrence, attempt
+and idempotency key; its task id is deterministic per claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Producer, Queue
+
+from .claims import ClaimedRun
+
+log = logging.getLogger("schedapp.dispatch")
+
+HEADER_JOB = "schedapp_job"
+HEADER_RUN = "schedapp_run"
+HEADER_TOKEN = "schedapp_token"
+HEADER_SCHEDULED_FOR = "schedapp_scheduled_for"
+HEADER_ATTEMPT = "schedapp_attempt"
+HEADER_KEY = "schedapp_key"
+HEADER_LEASE = "schedapp_lease"
+
+_EMBED = '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
+
+
+@dataclass
+class PublishResult:
+    published: list[ClaimedRun] = field(default_factory=list)
+    failed: list[ClaimedRun] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    exchange: str
+    routing_key: str
+    queue: Queue | None
+
+
+def message_body(run: ClaimedRun) -> bytes:
+    """``[args, kwargs, embed]`` as JSON, spliced from the database's own JSON text."""
+    return f"[{run.args_json}, {run.kwargs_json}, {_EMBED}]".encode()
+
+
+def message_headers(run: ClaimedRun, origin: str) -> dict[str, Any]:
+    task_id = run.task_id
+    return {
+        "lang": "py",
+        "task": run.task,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": run.args_json if len(run.args_json) <= 1024 else run.args_json[:1021] + "...",
+        "kwargsrepr": (
+            run.kwargs_json if len(run.kwargs_json) <= 1024 else run.kwargs_json[:1021] + "..."
+        ),
+        "origin": origin,
+        "ignore_result": False,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+        HEADER_JOB: run.job_id,
+        HEADER_RUN: run.run_id,
+        HEADER_TOKEN: run.token,
+        HEADER_SCHEDULED_FOR: run.scheduled_for.isoformat(),
+        HEADER_ATTEMPT: run.attempt,
+        HEADER_KEY: run.idempotency_key,
+        HEADER_LEASE: run.lease_seconds,
+    }
+
+
+class Dispatcher:
+    """Publishes batches of claimed runs through one producer; caches routes and declares."""
+
+    def __init__(self, app: Celery, origin: str | None = None) -> None:
+        self.app = app
+        self.origin = origin or f"schedapp-beat@{socket.gethostname()}"
+        self._routes: dict[tuple[str, str], Route] = {}
+        self._declared: set[str] = set()
+
+    def route(self, task: str, queue: str) -> Route:
+        key = (task, queue)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self._resolve_route(task, queue)
+        return route
+
+    def _resolve_route(self, task: str, queue: str) -> Route:
+        options: dict[str, Any] = {"queue": queue} if queue else {}
+        routed = self.app.amqp.router.route(options, task)
+        q = routed.get("queue")
+        if isinstance(q, Queue):
+            exchange = q.exchange.name if isinstance(q.exchange, Exchange) else (q.exchange or "")
+            return Route(exchange, routed.get("routing_key") or q.routing_key or q.name, q)
+        name = q or self.app.conf.task_default_queue
+        return Route(name, name, self.app.amqp.queues[name])
+
+    def publish(self, runs: Sequence[ClaimedRun]) -> PublishResult:
+        """Publish every run; on a broker error, report the rest as failed (to be released)."""
+        result = PublishResult()
+        if not runs:
+            return result
+        try:
+            with self.app.producer_or_acquire() as producer:
+                self._publish_all(producer, runs, result)
+        except Exception as exc:  # broker down, connection reset, ...: the lease recovers
+            self._declared.clear()  # a restarted broker may have lost its bindings
+            result.error = exc
+            done = {r.run_id for r in result.published}
+            result.failed = [r for r in runs if r.run_id not in done]
+            result.published = [r for r in result.published if r.run_id in done]
+            log.error(
+                "publishing %d run(s) failed: %s",
+                len(result.failed),
+                exc,
+                extra={"action": "publish_failed", "count": len(result.failed)},
+            )
+        return result
+
+    def _publish_all(
+        self, producer: Producer, runs: Sequence[ClaimedRun], result: PublishResult
+    ) -> None:
+        batch = getattr(producer, "batch", None)
+        if batch is not None:
+            pending: list[ClaimedRun] = []
+            with batch(max_size=len(runs) + 1):
+                for run in runs:
+                    self._publish_one(producer, run)
+                    pending.append(run)
+            result.published.extend(pending)  # the batch flushed on exit without error
+        else:
+            for run in runs:
+                self._publish_one(producer, run)
+                result.published.append(run)
+
+    def _publish_one(self, producer: Producer, run: ClaimedRun) -> None:
+        route = self.route(run.task, run.queue)
+        declare = None
+        if route.queue is not None and route.queue.name not in self._declared:
+            declare = [route.queue]
+        producer.publish(
+            message_body(run),
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            headers=message_headers(run, self.origin),
+            content_type="application/json",
+            content_encoding="utf-8",
+            correlation_id=run.task_id,
+            reply_to="",
+            declare=declare,
+            retry=False,
+        )
+        if declare:
+            self._declared.add(route.queue.name)  # type: ignore[union-attr]

@@ -1,0 +1,306 @@
+"""Jobs (what to run and when), runs (one row per dispatched attempt), and fleet nodes.
+
+The job table is the hot table: it stays narrow (history lives in ``JobRun``), and two partial
+indexes cover exactly what beats look for, so a claim costs the same with ten thousand jobs as
+with ten million: the due slice of ``scheduled`` jobs, and the ``running`` jobs whose lease
+may have expired.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .conf import get_settings
+from .policies import MISFIRE_POLICIES
+
+
+def _default_timezone() -> str:
+    return settings.TIME_ZONE or "UTC"
+
+
+def _default_lease() -> int:
+    return get_settings().DEFAULT_LEASE_SECONDS
+
+
+def _default_max_retries() -> int:
+    return get_settings().DEFAULT_MAX_RETRIES
+
+
+def _default_backoff() -> timedelta:
+    return get_settings().DEFAULT_RETRY_BACKOFF
+
+
+def _default_backoff_max() -> timedelta:
+    return get_settings().DEFAULT_RETRY_BACKOFF_MAX
+
+
+def _default_misfire_policy() -> str:
+    return get_settings().DEFAULT_MISFIRE_POLICY
+
+
+def _default_misfire_grace() -> timedelta:
+    return get_settings().DEFAULT_MISFIRE_GRACE
+
+
+def _default_max_catchup() -> int:
+    return get_settings().DEFAULT_MISFIRE_MAX_CATCHUP
+
+
+class JobState(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"  # waiting for next_run_at
+    RUNNING = "running", "Running"  # claimed under a lease: dispatched or executing
+    PAUSED = "paused", "Paused"
+    SUCCEEDED = "succeeded", "Succeeded"  # a one-off job that ran
+    DEAD = "dead", "Dead"  # retries exhausted: a dead letter for a person to look at
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class MisfirePolicy(models.TextChoices):
+    RUN_ONCE = "run_once", "Run once, then continue"
+    SKIP = "skip", "Skip missed occurrences"
+    RUN_ALL = "run_all", "Run every missed occurrence (bounded)"
+
+
+assert tuple(MisfirePolicy.values) == MISFIRE_POLICIES
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    task = models.CharField(max_length=200, help_text="Registered Celery task name.")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+
+    # Exactly one schedule (see the check constraint below).
+    run_at = models.DateTimeField(null=True, blank=True, help_text="One-off: run at this time.")
+    cron = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="5 fields, or 6 with seconds first, e.g. '*/10 * * * * *'.",
+    )
+    timezone = models.CharField(max_length=64, default=_default_timezone)
+    interval = models.DurationField(null=True, blank=True, help_text="Recurring: every ...")
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.SCHEDULED)
+    priority = models.IntegerField(default=0, help_text="Higher is claimed first.")
+    queue = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Celery queue; empty uses the task's routing.",
+    )
+
+    max_retries = models.PositiveIntegerField(default=_default_max_retries)
+    retry_backoff = models.DurationField(default=_default_backoff)
+    retry_backoff_max = models.DurationField(default=_default_backoff_max)
+    jitter = models.PositiveIntegerField(
+        default=0, help_text="Seconds: each fire is spread uniformly in [t, t + jitter]."
+    )
+    lease_seconds = models.PositiveIntegerField(default=_default_lease)
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=_default_misfire_policy
+    )
+    misfire_grace = models.DurationField(default=_default_misfire_grace)
+    misfire_max_catchup = models.PositiveIntegerField(default=_default_max_catchup)
+
+    # When the next attempt is due (occurrence + jitter, or now + backoff), and the occurrence
+    # it belongs to: recurring jobs compute the next occurrence from it, so there is no drift.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    missed_runs = models.PositiveBigIntegerField(default=0)
+
+    # The lease; only schedapp.claims writes these.
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
+
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.CharField(max_length=16, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # The due slice: the claim walks it per priority level, earliest first.
+            models.Index(
+                fields=["priority", "next_run_at"],
+                name="schedapp_job_due",
+                condition=Q(state="scheduled"),
+            ),
+            # Leases that may have expired.
+            models.Index(
+                fields=["lease_expires_at"], name="schedapp_job_lease", condition=Q(state="running")
+            ),
+            models.Index(fields=["state", "task"], name="schedapp_job_state_task"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="schedapp_job_one_schedule",
+                condition=(
+                    Q(run_at__isnull=False, cron="", interval__isnull=True)
+                    | (Q(run_at__isnull=True, interval__isnull=True) & ~Q(cron=""))
+                    | Q(run_at__isnull=True, cron="", interval__isnull=False)
+                ),
+                violation_error_message="A job needs exactly one of run_at, cron or interval.",
+            ),
+            models.CheckConstraint(
+                name="schedapp_job_schedulable_has_next",
+                condition=~Q(state="scheduled") | Q(next_run_at__isnull=False),
+                violation_error_message="A scheduled job needs next_run_at.",
+            ),
+            models.CheckConstraint(
+                name="schedapp_job_positive_lease", condition=Q(lease_seconds__gte=1)
+            ),
+        ]
+        permissions = [
+            ("run_job", "Can run a job now"),
+            ("pause_job", "Can pause and resume a job"),
+            ("cancel_job", "Can cancel a job"),
+            ("requeue_job", "Can requeue a dead job"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def schedule_kind(self) -> str:
+        if self.run_at is not None:
+            return "once"
+        return "cron" if self.cron else "interval"
+
+    @property
+    def is_recurring(self) -> bool:
+        return self.run_at is None
+
+
+class RunStatus(models.TextChoices):
+    DISPATCHED = "dispatched", "Dispatched"  # claimed and published, not started yet
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    LOST = "lost", "Lost"  # lease expired (worker or beat died, or publish failed)
+    SKIPPED = "skipped", "Skipped"  # delivered with a stale token: not executed
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_RUN_STATUSES = (RunStatus.DISPATCHED, RunStatus.RUNNING)
+
+
+class JobRun(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="runs")
+    token = models.BigIntegerField()
+    attempt = models.PositiveIntegerField(default=1)
+    scheduled_for = models.DateTimeField(help_text="The occurrence this run is for.")
+    due_at = models.DateTimeField(help_text="When it became due: occurrence + jitter/backoff.")
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    claimed_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeats = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    task_id = models.CharField(max_length=255, db_index=True)
+    status = models.CharField(
+        max_length=16, choices=RunStatus.choices, default=RunStatus.DISPATCHED
+    )
+    stale = models.BooleanField(
+        default=False, help_text="Finished after its lease was lost: not applied to the job."
+    )
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            # One run per claim: a double dispatch of the same claim cannot be recorded.
+            models.UniqueConstraint(fields=["job", "token"], name="schedapp_run_job_token"),
+        ]
+        indexes = [
+            models.Index(fields=["job", "-id"], name="schedapp_run_job_recent"),
+            models.Index(fields=["finished_at"], name="schedapp_run_finished"),
+            models.Index(
+                fields=["status"],
+                name="schedapp_run_active",
+                condition=Q(status__in=["dispatched", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.token} {self.status}"
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.job_id, self.scheduled_for)
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+
+def idempotency_key(job_id: int, scheduled_for: datetime) -> str:
+    """Stable across retries and re-dispatches of one occurrence of one job."""
+    return f"schedapp:{job_id}:{scheduled_for.astimezone(UTC).isoformat()}"
+
+
+class Node(models.Model):
+    """A beat or worker process seen recently; each refreshes its row while it lives."""
+
+    class Kind(models.TextChoices):
+        BEAT = "beat", "Beat"
+        WORKER = "worker", "Worker"
+
+    name = models.CharField(max_length=255, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    stats = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+class OnceKey(models.Model):
+    """Idempotency keys recorded by ``@schedapp.once`` in the task's own transaction."""
+
+    key = models.CharField(max_length=255, unique=True)
+    job_id = models.BigIntegerField(null=True)
+    run_id = models.BigIntegerField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+TASK_ID_PREFIX = "schedapp:"
+
+
+def task_id_for(job_id: int, token: int) -> str:
+    """The Celery task id of one claim: deterministic, so a re-publish is harmless to trace,
+    and enough for any worker signal to find its run (a run is unique per job and token)."""
+    return f"{TASK_ID_PREFIX}{job_id}:{token}"
+
+
+def parse_task_id(task_id: str | None) -> tuple[int, int] | None:
+    """(job_id, token) from a schedapp task id; None for any other task."""
+    if not task_id or not task_id.startswith(TASK_ID_PREFIX):
+        return None
+    try:
+        job, token = task_id[len(TASK_ID_PREFIX) :].split(":")
+        return int(job), int(token)
+    except ValueError:
+        return None

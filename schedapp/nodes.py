@@ -1,0 +1,27 @@
+"""Beats and workers record themselves, so operators can see who is alive and how busy."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime
+from typing import Any
+
+from django.db.models.functions import Now
+
+from .models import Node
+
+
+def record_node(name: str, kind: str, started_at: datetime, stats: dict[str, Any]) -> None:
+    """Insert or refresh this process's row; ``last_seen_at`` uses the database clock."""
+    updated = Node.objects.filter(name=name).update(last_seen_at=Now(), stats=stats)
+    if not updated:
+        Node.objects.create(
+            name=name,
+            kind=kind,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=started_at,
+            last_seen_at=Now(),
+            stats=stats,
+        )

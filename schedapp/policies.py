@@ -1,0 +1,152 @@
+"""Policy decisions, pure: backoff, retry-or-dead, misfires, and a job's state after a run.
+
+Time is always passed in (the database's ``now()`` as read by the caller) and randomness comes
+from an injectable ``rng``, so these rules are tested exhaustively without a clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .schedules import (
+    Once,
+    Schedule,
+    count_fire_times,
+    next_fire_time,
+    recent_fire_times,
+)
+
+RUN_ONCE = "run_once"
+SKIP = "skip"
+RUN_ALL = "run_all"
+MISFIRE_POLICIES = (RUN_ONCE, SKIP, RUN_ALL)
+# Missed occurrences are counted up to this many per misfire, so an outage of an every-second
+# job costs bounded work inside the claim transaction.
+MISSED_COUNT_CAP = 10_000
+
+Rng = Callable[[], float]
+
+
+def compute_backoff(retry_count: int, base: timedelta, cap: timedelta) -> timedelta:
+    """``min(base * 2**retry_count, cap)``: the wait before retry number ``retry_count + 1``."""
+    if retry_count >= 64:  # 2**64 seconds overflows timedelta long before the cap matters
+        return cap
+    try:
+        return min(base * (2**retry_count), cap)
+    except OverflowError:
+        return cap
+
+
+def compute_jitter(jitter_seconds: int, rng: Rng = random.random) -> timedelta:
+    """A uniform offset in ``[0, jitter_seconds]``, so same-instant jobs spread out."""
+    if jitter_seconds <= 0:
+        return timedelta(0)
+    return timedelta(seconds=rng() * jitter_seconds)
+
+
+@dataclass(frozen=True)
+class Catchup:
+    """What to do with a recurring job found late beyond its grace time."""
+
+    run_for: datetime | None  # the occurrence to run now, or None to run nothing now
+    next_due: datetime | None  # with run_for None: the occurrence to wait for instead
+    missed: int  # occurrences that will never run (counted up to MISSED_COUNT_CAP)
+
+
+def plan_misfire(
+    schedule: Schedule, due: datetime, now: datetime, policy: str, max_catchup: int
+) -> Catchup:
+    """Decide a misfire: ``due`` is an occurrence that should have run a while before ``now``.
+
+    * ``skip``: run nothing; wait for the first occurrence after now. All missed ones count.
+    * ``run_once``: run once, for the latest missed occurrence, then continue from the next
+      occurrence after it (in the future). The older missed ones count as missed.
+    * ``run_all``: run every missed occurrence, oldest first, but at most ``max_catchup`` of
+      them: the most recent ones. Older ones beyond that bound count as missed.
+    """
+    if isinstance(schedule, Once):
+        return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
+    total = count_fire_times(schedule, due, now, MISSED_COUNT_CAP)
+    if policy == SKIP:
+        return Catchup(run_for=None, next_due=next_fire_time(schedule, now), missed=total)
+    keep = 1 if policy == RUN_ONCE else max(1, max_catchup)
+    recent = recent_fire_times(schedule, now, due, keep)
+    if not recent:  # ``due`` itself is after now: nothing was missed
+        return Catchup(run_for=due, next_due=None, missed=0)
+    return Catchup(run_for=recent[0], next_due=None, missed=max(0, total - len(recent)))
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The part of a job the after-run rules read."""
+
+    schedule: Schedule
+    state: str
+    scheduled_for: datetime
+    retry_count: int
+    max_retries: int
+    retry_backoff: timedelta
+    retry_backoff_max: timedelta
+    jitter: int
+
+
+@dataclass(frozen=True)
+class AfterRun:
+    """The job's new values. ``next_run_at`` is either absolute or a delay from DB ``now()``."""
+
+    state: str
+    scheduled_for: datetime | None
+    next_run_at: datetime | None
+    delay: timedelta | None  # when set, next_run_at = now() + delay, computed by the database
+    retry_count: int
+    dead: bool = False
+
+
+# A run's outcome moves a job only from "running"; an operator's pause or cancel made while the
+# run was in flight stands, and the run's outcome is still recorded.
+def _keep_operator_state(current: str, new: str) -> str:
+    return current if current in ("paused", "cancelled") else new
+
+
+def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
+    """One-off jobs are done; recurring ones wait for the occurrence after the one that ran."""
+    nxt = next_fire_time(job.schedule, job.scheduled_for)
+    if isinstance(job.schedule, Once) or nxt is None:
+        state = "cancelled" if job.state == "cancelled" else "succeeded"
+        return AfterRun(state, job.scheduled_for, None, None, 0)
+    return AfterRun(
+        _keep_operator_state(job.state, "scheduled"),
+        nxt,
+        nxt + compute_jitter(job.jitter, rng),
+        None,
+        0,
+    )
+
+
+def plan_after_failure(
+    job: JobFacts, delay: timedelta | None = None, rng: Rng = random.random
+) -> AfterRun:
+    """Retry the same occurrence after a capped exponential backoff, or dead-letter the job.
+
+    ``delay`` overrides the backoff (a task's own ``self.retry(countdown=...)``). A recurring
+    job's retry budget is per occurrence; when it is spent the whole job goes ``dead`` so that
+    a person looks at it (``api.requeue`` brings it back), rather than failing quietly forever.
+    """
+    if job.retry_count >= job.max_retries:
+        state = "cancelled" if job.state == "cancelled" else "dead"
+        return AfterRun(state, job.scheduled_for, None, None, job.retry_count, dead=True)
+    wait = (
+        delay
+        if delay is not None
+        else compute_backoff(job.retry_count, job.retry_backoff, job.retry_backoff_max)
+    )
+    return AfterRun(
+        _keep_operator_state(job.state, "scheduled"),
+        job.scheduled_for,
+        None,
+        wait + compute_jitter(job.jitter, rng),
+        job.retry_count + 1,
+    )

@@ -1,0 +1,316 @@
+"""Schedule math, pure: parse and validate schedules, and compute fire times.
+
+No database, no Celery, no clock: every function takes the time it reasons about as an
+argument, so hypothesis can test it in milliseconds.
+
+Cron semantics (documented in the README):
+
+* 5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field
+  (``*/10 * * * * *`` = every ten seconds), or an alias (``@hourly``, ``@daily`` ...).
+* Cron follows wall-clock time in the job's IANA time zone; we walk naive wall-clock times with
+  croniter (which never sees a time zone, so none of its DST bugs apply) and resolve each wall
+  time to instants ourselves:
+
+  - a fixed-hour job (hour field not ``*``) whose time falls in a spring-forward gap runs once,
+    at the first valid instant after the gap (02:30 in Paris on 2026-03-29 runs at 03:00+02:00);
+    one whose time is repeated in the autumn hour runs once, at its first (summer-time) instant;
+  - a job whose hour field is ``*`` follows elapsed time, like Vixie cron: wall times inside the
+    gap do not exist and are skipped, and wall times in the repeated hour fire in both offsets.
+
+* Intervals are absolute durations, independent of time zones.
+* The next occurrence is computed from the previous *occurrence*, never from "now": no drift.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from .exceptions import ScheduleError
+
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# A cron expression must fire at least once in this many years (Feb 29 needs four, or eight
+# across 2100); one that never does, such as "0 0 30 2 *", is rejected.
+MAX_YEARS_BETWEEN_FIRES = 8
+_FIELD_CHARS = re.compile(r"^[0-9A-Za-z*/,\-#?L]+$")
+_EPSILON = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Cron:
+    expr: str  # normalised: single spaces, aliases expanded
+    timezone: str
+    has_seconds: bool
+    hour_is_wildcard: bool
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return get_zone(self.timezone)
+
+
+@dataclass(frozen=True)
+class Interval:
+    every: timedelta
+
+
+@dataclass(frozen=True)
+class Once:
+    at: datetime
+
+
+Schedule = Cron | Interval | Once
+
+
+@lru_cache(maxsize=1024)
+def get_zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+def parse_timezone(name: object, field: str = "timezone") -> str:
+    """Return a valid IANA zone name, or raise naming the field."""
+    if not isinstance(name, str) or not name.strip():
+        raise ScheduleError(field, "must be an IANA time zone name such as 'Europe/Paris'.")
+    name = name.strip()
+    if name not in _zone_names():
+        raise ScheduleError(field, f"unknown time zone {name!r}.")
+    try:
+        get_zone(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ScheduleError(field, f"unknown time zone {name!r}.") from exc
+    return name
+
+
+@lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones()) | {"UTC"}
+
+
+@lru_cache(maxsize=4096)
+def parse_cron(expr: object, timezone: str, field: str = "cron") -> Cron:
+    """Validate a cron expression; it must be well formed and fire at least once."""
+    if not isinstance(expr, str) or not expr.strip():
+        raise ScheduleError(field, "must be a cron expression such as '*/5 * * * *'.")
+    text = " ".join(expr.split())
+    text = ALIASES.get(text.lower(), text)
+    if text.startswith("@"):
+        raise ScheduleError(field, f"unsupported alias {text!r}; use one of {sorted(ALIASES)}.")
+    parts = text.split(" ")
+    if len(parts) not in (5, 6):
+        raise ScheduleError(
+            field,
+            f"{expr!r} has {len(parts)} fields; expected 5 (minute hour day month weekday) "
+            "or 6 (second minute hour day month weekday).",
+        )
+    if not all(_FIELD_CHARS.match(p) for p in parts):
+        raise ScheduleError(field, f"{expr!r} contains characters cron does not allow.")
+    has_seconds = len(parts) == 6
+    try:
+        ok = croniter.is_valid(text, second_at_beginning=has_seconds)
+    except (CroniterError, ValueError, TypeError, IndexError, KeyError):
+        ok = False
+    if not ok:
+        raise ScheduleError(field, f"{expr!r} is not a valid cron expression.")
+    hour = parts[2] if has_seconds else parts[1]
+    cron = Cron(text, timezone, has_seconds, hour in ("*", "*/1"))
+    try:
+        _naive_iter(cron, datetime(2001, 1, 1)).__next__()
+    except (
+        CroniterBadDateError,
+        CroniterBadCronError,
+        CroniterError,
+        ValueError,
+        OverflowError,
+        KeyError,
+        IndexError,
+        TypeError,
+    ) as exc:
+        raise ScheduleError(field, f"{expr!r} never fires (no matching date).") from exc
+    return cron
+
+
+def parse_interval(value: object, field: str = "interval") -> Interval:
+    """Accept a timedelta or a number of seconds; it must be at least one second."""
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ScheduleError(field, "must be a duration (timedelta or seconds).")
+    every = value if isinstance(value, timedelta) else _seconds(value, field)
+    if every < timedelta(seconds=1):
+        raise ScheduleError(field, "must be at least one second.")
+    if every > timedelta(days=366 * 100):
+        raise ScheduleError(field, "must be shorter than a hundred years.")
+    return Interval(every)
+
+
+def _seconds(value: float, field: str) -> timedelta:
+    try:
+        return timedelta(seconds=value)
+    except (OverflowError, ValueError) as exc:
+        raise ScheduleError(field, f"{value!r} is out of range.") from exc
+
+
+def parse_run_at(value: object, field: str = "run_at") -> Once:
+    if not isinstance(value, datetime):
+        raise ScheduleError(field, "must be a datetime.")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ScheduleError(field, "must be timezone-aware (naive datetimes are ambiguous).")
+    return Once(value.astimezone(UTC))
+
+
+def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
+    """The first occurrence strictly after ``after`` (aware, UTC), or None if there is none."""
+    if isinstance(schedule, Once):
+        return schedule.at if schedule.at > after else None
+    if isinstance(schedule, Interval):
+        return (after + schedule.every).astimezone(UTC)
+    return _next_cron(schedule, after)
+
+
+def first_fire_time(schedule: Schedule, now: datetime) -> datetime:
+    """When a newly created job is first due. A one-off in the past is due now."""
+    if isinstance(schedule, Once):
+        return schedule.at
+    nxt = next_fire_time(schedule, now)
+    assert nxt is not None  # cron validated to fire; intervals always do
+    return nxt
+
+
+def fire_times(
+    schedule: Schedule, after: datetime, until: datetime | None = None, limit: int | None = None
+) -> Iterator[datetime]:
+    """Successive occurrences in (after, until], at most ``limit`` of them."""
+    count = 0
+    current = after
+    while limit is None or count < limit:
+        nxt = next_fire_time(schedule, current)
+        if nxt is None or (until is not None and nxt > until):
+            return
+        yield nxt
+        count += 1
+        current = nxt
+
+
+def count_fire_times(schedule: Schedule, start: datetime, end: datetime, cap: int) -> int:
+    """Occurrences in [start, end], counted up to ``cap`` (the count is min(true count, cap))."""
+    if end < start:
+        return 0
+    if isinstance(schedule, Interval):  # occurrences are start + k*every when start is one
+        return min(cap, 1 + int((end - start) / schedule.every))
+    return sum(1 for _ in fire_times(schedule, start - _EPSILON, end, limit=cap))
+
+
+def recent_fire_times(
+    schedule: Schedule, until: datetime, since: datetime, count: int
+) -> list[datetime]:
+    """The last ``count`` occurrences in [since, until], oldest first.
+
+    Searched backwards by doubling a window, so a long outage of a frequent schedule costs
+    about 2*count steps, not one step per missed occurrence.
+    """
+    if until < since or count <= 0:
+        return []
+    if isinstance(schedule, Interval):
+        n = int((until - since) / schedule.every)
+        first = max(0, n - count + 1)
+        return [since + k * schedule.every for k in range(first, n + 1)]
+    window = timedelta(seconds=1)
+    while True:
+        lo = max(since - _EPSILON, until - window)
+        times = list(fire_times(schedule, lo, until, limit=1_000_000))
+        if len(times) >= count or lo <= since - _EPSILON:
+            return times[-count:]
+        window *= 2
+
+
+# --- cron over wall-clock time ---------------------------------------------------------------
+
+
+def _naive_iter(cron: Cron, start: datetime) -> Iterator[datetime]:
+    it = croniter(
+        cron.expr,
+        start,
+        second_at_beginning=cron.has_seconds,
+        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
+    )
+    while True:
+        yield it.get_next(datetime)
+
+
+def _next_cron(cron: Cron, after: datetime) -> datetime | None:
+    tz = cron.tz
+    local = after.astimezone(tz)
+    naive = local.replace(tzinfo=None)
+    start = naive
+    if local.fold == 0:
+        other = local.replace(fold=1)
+        if other.utcoffset() != local.utcoffset():
+            # ``after`` is in the first pass of a repeated hour: wall times just before it will
+            # come round again, later than ``after``, in the second pass.
+            start = naive - (local.utcoffset() - other.utcoffset())  # type: ignore[operator]
+    best: datetime | None = None
+    try:
+        for candidate in _naive_iter(cron, start):
+            instants = _instants(candidate, tz, cron.hour_is_wildcard)
+            if not instants:
+                continue
+            for instant in instants:
+                if instant > after and (best is None or instant < best):
+                    best = instant
+            # The earliest instant of a wall time never decreases as wall time goes on, so no
+            # later candidate can beat ``best`` once this one's earliest is not before it.
+            if best is not None and instants[0] >= best:
+                return best
+    except CroniterBadDateError:
+        return best
+    return best
+
+
+def _instants(naive: datetime, tz: ZoneInfo, wildcard_hour: bool) -> list[datetime]:
+    """The UTC instants at which a wall-clock time fires, by the rules in the module doc."""
+    found: list[datetime] = []
+    for fold in (0, 1):
+        instant = naive.replace(tzinfo=tz, fold=fold).astimezone(UTC)
+        if instant.astimezone(tz).replace(tzinfo=None) == naive and instant not in found:
+            found.append(instant)
+    found.sort()
+    if len(found) == 2 and not wildcard_hour:
+        return found[:1]  # repeated hour: a fixed-time job runs once
+    if not found and not wildcard_hour:
+        return [_end_of_gap(naive, tz)]  # skipped hour: a fixed-time job runs after the gap
+    return found
+
+
+def _end_of_gap(naive: datetime, tz: ZoneInfo) -> datetime:
+    """The instant the clocks jumped over ``naive``: the first valid instant after it."""
+    lo = naive.replace(tzinfo=tz, fold=1).astimezone(UTC)  # read with the later offset
+    hi = naive.replace(tzinfo=tz, fold=0).astimezone(UTC)  # read with the earlier offset
+    lo, hi = min(lo, hi), max(lo, hi)
+    before = lo.astimezone(tz).utcoffset()
+    while hi - lo > _EPSILON:  # bisect for the first instant with the new offset
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(tz).utcoffset() == before:
+            lo = mid
+        else:
+            hi = mid
+    return hi.replace(microsecond=0) if hi.microsecond else hi
+
+
+def describe(schedule: Schedule) -> str:
+    """A short plain description, used in logs; the admin uses cron-descriptor."""
+    if isinstance(schedule, Once):
+        return f"once at {schedule.at.isoformat()}"
+    if isinstance(schedule, Interval):
+        return f"every {schedule.every}"
+    return f"cron {schedule.expr!r} ({schedule.timezone})"
