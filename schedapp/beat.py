@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import time
 import uuid
+from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -223,25 +223,25 @@ class _Listener:
         """
         deadline = time.monotonic() + timeout
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                ready, _, _ = select.select([self.conn.fileno()], [], [], remaining)
-                if not ready:
-                    return False
-                for note in self.conn.notifies(timeout=0):
-                    if wake_at_db is None or _due(note.payload) <= wake_at_db:
-                        self._drain()
-                        return True
+            while (remaining := deadline - time.monotonic()) > 0:
+                # Close each generator before the next: a suspended one holds the lock.
+                with closing(self.conn.notifies(timeout=remaining, stop_after=1)) as notes:
+                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db
+                                for n in notes)
+                if woken:
+                    self._drain()
+                    return True
+            return False
         except Exception as exc:
             log.warning("notification connection lost: %s", exc, extra={"action": "listen_lost"})
             self.close()
             return None
 
     def _drain(self) -> None:
-        for _ in self.conn.notifies(timeout=0):
-            pass
+        """Consume notifications already received: one wake-up serves them all."""
+        with closing(self.conn.notifies(timeout=0.001, stop_after=100_000)) as notes:
+            for _ in notes:
+                pass
 
     def close(self) -> None:
         try:

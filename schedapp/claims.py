@@ -23,7 +23,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from . import policies
-from .db import db_now, is_postgresql
+from .db import db_now, is_postgresql, notify_due
 from .models import (
     ACTIVE_RUN_STATUSES,
     Job,
@@ -607,6 +607,9 @@ def _write_after_run(
         changes["token"] = F("token") + 1
     updated = Job.objects.filter(id=job_id, token=token).update(**changes)
     assert updated == 1, "the row is locked by this transaction"
+    if plan.state == JobState.SCHEDULED:
+        # Beats sleep until the next due time they know of; this one may be sooner.
+        notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)
 
 
 def record_cancelled(job_id: int, token: int, *, terminated: bool) -> None:

@@ -59,6 +59,13 @@ class JobState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class JobSource(models.TextChoices):
+    API = "api", "Python API"
+    ADMIN = "admin", "Admin"
+    DECLARED = "declared", "Declared in code (SCHEDAPP_JOBS)"
+    IMPORTED = "imported", "Imported"
+
+
 class MisfirePolicy(models.TextChoices):
     RUN_ONCE = "run_once", "Run once, then continue"
     SKIP = "skip", "Skip missed occurrences"
@@ -119,6 +126,9 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
 
+    source = models.CharField(
+        max_length=16, choices=JobSource.choices, default=JobSource.API,
+        help_text="Who created the job; declared jobs are kept in sync with the code.")
     last_run_at = models.DateTimeField(null=True, blank=True)
     last_status = models.CharField(max_length=16, blank=True, default="")
     last_error = models.TextField(blank=True, default="")

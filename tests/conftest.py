@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fleet import Fleet, fleet_for
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run long tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--runslow"):
+        return
+    skip_slow = pytest.mark.skip(reason="long run: use --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip_slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def broker_url() -> str:
+    """The tests' Redis database, emptied before each test that uses it."""
+    import redis
+    from django.conf import settings
+
+    url = settings.CELERY_BROKER_URL
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def fleet(request: pytest.FixtureRequest, transactional_db: None, broker_url: str,
+          tmp_path: Path) -> Iterator[Fleet]:
+    """Real beat and worker processes against the test database and Redis."""
+    from django.db import connection
+
+    with fleet_for(tmp_path, connection.settings_dict, broker_url) as f:
+        yield f
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(f.logs())
