@@ -21,7 +21,7 @@ from . import policies
 from .conf import get_settings
 from .db import db_now, notify_due
 from .exceptions import JobStateError
-from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
 from .schedules import first_fire_time
 from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, stored_schedule, validate_job
 
@@ -102,13 +102,15 @@ def schedule(
     max_retries: int | None = None,
     jitter: int = 0,
     lease_seconds: int | None = None,
+    source: str = JobSource.API,
     **policy: Any,
 ) -> Job:
     """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, or every
     ``interval``. A ``run_at`` in the past runs at the next tick.
 
     ``policy`` takes ``retry_backoff``, ``retry_backoff_max``, ``misfire_policy``,
-    ``misfire_grace`` and ``misfire_max_catchup``.
+    ``misfire_grace`` and ``misfire_max_catchup``. ``source`` records who created the job
+    (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
     """
     given = dict(
         args=list(args) if isinstance(args, list | tuple) else args,
@@ -126,7 +128,7 @@ def schedule(
         **policy,
     )
     values = validate_job(_spec(task, given))
-    job = Job(**values)
+    job = Job(**values, source=_source(source))
     with transaction.atomic():
         _first_run(job, db_now())
         try:
@@ -137,6 +139,12 @@ def schedule(
         notify_due(job.next_run_at)
     log.info("scheduled job %s (%s)", job.pk, job.name, extra={"action": "schedule", "job": job.pk})
     return job
+
+
+def _source(source: str) -> str:
+    if source not in JobSource.values:
+        raise ValidationError({"source": [f"{source!r} is not one of {JobSource.values}."]})
+    return source
 
 
 def _integrity_error(exc: IntegrityError, name: str) -> ValidationError:
@@ -154,10 +162,12 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000)
     for index, raw in enumerate(specs):
         spec = dict(raw)
         task = spec.pop("task", None)
+        source = spec.pop("source", JobSource.API)
         if isinstance(spec.get("args"), tuple):
             spec["args"] = list(spec["args"])
         try:
             values = validate_job(_spec(task, spec))
+            values["source"] = _source(source)
         except ValidationError as exc:
             for field, messages in exc.message_dict.items():
                 errors[f"{index}.{field}"] = messages
