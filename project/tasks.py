@@ -34,13 +34,12 @@ def _record(task, label: str, finished: bool = True) -> Execution:  # type: igno
 
 @shared_task(bind=True, name="project.tasks.record")
 def record(self, label: str = "", sleep: float = 0.0) -> str:
-    """Record that it ran; optionally take ``sleep`` seconds first (a long job)."""
-    started = timezone.now()
+    """Record that it started, optionally take ``sleep`` seconds (a long job), record that it
+    finished: an execution killed midway leaves a row with no ``finished_at``."""
+    execution = _record(self, label, finished=not sleep)
     if sleep:
         time.sleep(sleep)
-    execution = _record(self, label)
-    if sleep:
-        Execution.objects.filter(pk=execution.pk).update(started_at=started)
+        Execution.objects.filter(pk=execution.pk).update(finished_at=timezone.now())
     return f"{label} done"
 
 

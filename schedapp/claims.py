@@ -139,7 +139,7 @@ claimed AS (
     RETURNING j.id, j.token, j.task, j.args::text AS args, j.kwargs::text AS kwargs, j.queue,
               j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
               j.run_at, j.cron, j.timezone, j.interval, j.misfire_policy,
-              j.misfire_max_catchup,
+              j.misfire_max_catchup, j.priority,
               (j.run_at IS NULL AND j.retry_count = 0
                AND now() - j.next_run_at > j.misfire_grace) AS late
 ),
@@ -153,6 +153,7 @@ runs AS (
     RETURNING id, job_id
 )
 SELECT r.id AS run_id, c.*, now() AS db_now FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
+ORDER BY c.priority DESC, c.next_run_at
 """
 
 _NEXT_DUE_SQL = f"""
@@ -399,6 +400,11 @@ def reap_expired_leases(limit: int, rng: policies.Rng = random.random) -> int:
     time ends dead instead of looping); one that never started (a beat died between claim and
     publish, a broker lost the message) is simply dispatched again.
     """
+    with transaction.atomic(savepoint=False):
+        return _reap(limit, rng)
+
+
+def _reap(limit: int, rng: policies.Rng) -> int:
     expired = list(
         Job.objects.select_for_update(skip_locked=True)
         .filter(state=JobState.RUNNING, lease_expires_at__lt=Now())

@@ -47,6 +47,8 @@ ALIASES = {
 # across 2100); one that never does, such as "0 0 30 2 *", is rejected.
 MAX_YEARS_BETWEEN_FIRES = 8
 _FIELD_CHARS = re.compile(r"^[0-9A-Za-z*/,\-#?L]+$")
+# croniter reads an equal range ("1-1", "jan-jan/2") as the whole field; cron means the one value.
+_EQUAL_RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)(?:/[0-9]+)?$")
 _EPSILON = timedelta(microseconds=1)
 
 
@@ -99,11 +101,15 @@ def _zone_names() -> frozenset[str]:
     return frozenset(available_timezones()) | {"UTC"}
 
 
-@lru_cache(maxsize=4096)
 def parse_cron(expr: object, timezone: str, field: str = "cron") -> Cron:
     """Validate a cron expression; it must be well formed and fire at least once."""
-    if not isinstance(expr, str) or not expr.strip():
+    if not isinstance(expr, str) or not expr.strip():  # before the cache: a list is unhashable
         raise ScheduleError(field, "must be a cron expression such as '*/5 * * * *'.")
+    return _parse_cron(expr, timezone, field)
+
+
+@lru_cache(maxsize=4096)
+def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
     text = " ".join(expr.split())
     text = ALIASES.get(text.lower(), text)
     if text.startswith("@"):
@@ -117,6 +123,8 @@ def parse_cron(expr: object, timezone: str, field: str = "cron") -> Cron:
         )
     if not all(_FIELD_CHARS.match(p) for p in parts):
         raise ScheduleError(field, f"{expr!r} contains characters cron does not allow.")
+    parts = [",".join(_single_value(item) for item in p.split(",")) for p in parts]
+    text = " ".join(parts)
     has_seconds = len(parts) == 6
     try:
         ok = croniter.is_valid(text, second_at_beginning=has_seconds)
@@ -140,6 +148,13 @@ def parse_cron(expr: object, timezone: str, field: str = "cron") -> Cron:
     ) as exc:
         raise ScheduleError(field, f"{expr!r} never fires (no matching date).") from exc
     return cron
+
+
+def _single_value(item: str) -> str:
+    match = _EQUAL_RANGE.match(item)
+    if match and match[1].lower() == match[2].lower():
+        return match[1]
+    return item
 
 
 def parse_interval(value: object, field: str = "interval") -> Interval:
@@ -171,6 +186,7 @@ def parse_run_at(value: object, field: str = "run_at") -> Once:
 
 def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
     """The first occurrence strictly after ``after`` (aware, UTC), or None if there is none."""
+    after = after.astimezone(UTC)  # arithmetic on a zone's datetime is wall-clock arithmetic
     if isinstance(schedule, Once):
         return schedule.at if schedule.at > after else None
     if isinstance(schedule, Interval):
@@ -204,6 +220,7 @@ def fire_times(
 
 def count_fire_times(schedule: Schedule, start: datetime, end: datetime, cap: int) -> int:
     """Occurrences in [start, end], counted up to ``cap`` (the count is min(true count, cap))."""
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     if end < start:
         return 0
     if isinstance(schedule, Interval):  # occurrences are start + k*every when start is one
@@ -219,6 +236,7 @@ def recent_fire_times(
     Searched backwards by doubling a window, so a long outage of a frequent schedule costs
     about 2*count steps, not one step per missed occurrence.
     """
+    until, since = until.astimezone(UTC), since.astimezone(UTC)
     if until < since or count <= 0:
         return []
     if isinstance(schedule, Interval):

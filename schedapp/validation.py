@@ -216,8 +216,8 @@ def _check_schedule(values: dict[str, Any], errors: _Errors, out: dict[str, Any]
             out["run_at"] = parse_run_at(values["run_at"]).at
         elif given == ["interval"]:
             out["interval"] = parse_interval(values["interval"]).every
-        elif timezone is not None:
-            out["cron"] = parse_cron(values["cron"], timezone).expr
+        else:  # with an invalid zone, still check the expression itself
+            out["cron"] = parse_cron(values["cron"], timezone or "UTC").expr
     except ScheduleError as exc:
         errors.add(exc.field, exc.message)
 

@@ -26,7 +26,7 @@ class Proc:
         self.argv = argv
         self.env = env
         self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "ab")  # closed in stop()
         self.popen = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill() reaches pool children

@@ -1,0 +1,197 @@
+"""The Python API: validation errors name the field and write nothing; state operations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import override_settings
+
+from schedapp import api, claims
+from schedapp.db import db_now
+from schedapp.exceptions import JobStateError
+from schedapp.models import Job, JobRun, JobState, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "project.tasks.record"
+SOON = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def errors_of(call) -> dict[str, list[str]]:
+    with pytest.raises(ValidationError) as info:
+        call()
+    assert Job.objects.count() == 0, "nothing may be written when validation fails"
+    return info.value.message_dict
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fragment"),
+    [
+        ({"cron": "61 * * * *"}, "cron", "not a valid cron expression"),
+        ({"cron": "* * * *"}, "cron", "has 4 fields"),
+        ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
+        ({"cron": "*/5 * * * *", "timezone": "Mars/Olympus_Mons"}, "timezone",
+         "unknown time zone"),
+        ({"run_at": datetime(2030, 1, 1)}, "run_at", "timezone-aware"),
+        ({}, "run_at", "exactly one schedule"),
+        ({"run_at": SOON, "cron": "* * * * *"}, "cron", "exactly one schedule"),
+        ({"run_at": SOON, "interval": 5}, "interval", "exactly one schedule"),
+        ({"interval": 0.5}, "interval", "at least one second"),
+        ({"interval": -5}, "interval", "at least one second"),
+        ({"run_at": SOON, "args": [object()]}, "args", "not JSON-serialisable"),
+        ({"run_at": SOON, "args": [{1, 2}]}, "args", "set, which is not JSON"),
+        ({"run_at": SOON, "kwargs": {"x": Decimal("1.5")}}, "kwargs", "Decimal"),
+        ({"run_at": SOON, "kwargs": {"x": float("nan")}}, "kwargs", "JSON cannot carry"),
+        ({"run_at": SOON, "kwargs": {"x": {1: "a"}}}, "kwargs", "non-string key"),
+        ({"run_at": SOON, "kwargs": {"not an identifier": 1}}, "kwargs", "identifiers"),
+        ({"run_at": SOON, "args": "abc"}, "args", "must be a list"),
+        ({"run_at": SOON, "kwargs": [1]}, "kwargs", "must be a mapping"),
+        ({"run_at": SOON, "args": ["a\x00b"]}, "args", "NUL"),
+        ({"run_at": SOON, "max_retries": -1}, "max_retries", "negative"),
+        ({"run_at": SOON, "jitter": -3}, "jitter", "negative"),
+        ({"run_at": SOON, "lease_seconds": 0}, "lease_seconds", "out of range"),
+        ({"run_at": SOON, "retry_backoff": -1}, "retry_backoff", "negative"),
+        ({"run_at": SOON, "priority": True}, "priority", "whole number"),
+        ({"run_at": SOON, "misfire_policy": "sometimes"}, "misfire_policy", "not one of"),
+        ({"run_at": SOON, "name": ""}, "name", "non-empty"),
+        ({"run_at": SOON, "queue": "has space"}, "queue", "without spaces"),
+        ({"run_at": SOON, "surprise": 1}, "surprise", "unknown option"),
+    ],
+)
+def test_bad_input_is_rejected_naming_the_field(kwargs, field, fragment):
+    messages = errors_of(lambda: api.schedule(TASK, **kwargs))
+    assert field in messages, messages
+    assert any(fragment in m for m in messages[field]), messages[field]
+
+
+def test_an_unregistered_task_is_rejected():
+    messages = errors_of(lambda: api.schedule("project.tasks.nope", run_at=SOON))
+    assert "not registered" in messages["task"][0]
+
+
+def test_a_task_outside_the_allowlist_is_rejected():
+    with override_settings(SCHEDAPP_ALLOWED_TASKS=["project.tasks.add"]):
+        messages = errors_of(lambda: api.schedule(TASK, run_at=SOON))
+    assert "not allowed" in messages["task"][0]
+
+
+def test_celery_internal_tasks_are_denied_by_default():
+    messages = errors_of(lambda: api.schedule("celery.backend_cleanup", run_at=SOON))
+    assert "not allowed" in messages["task"][0]
+
+
+def test_payload_size_is_limited():
+    with override_settings(SCHEDAPP_MAX_PAYLOAD_BYTES=1000):
+        messages = errors_of(lambda: api.schedule(TASK, run_at=SOON, args=["x" * 2000]))
+    assert "limit is 1000" in messages["args"][0]
+
+
+def test_all_problems_are_reported_together():
+    messages = errors_of(lambda: api.schedule("nope", cron="bad", max_retries=-2,
+                                              timezone="Nowhere/Land"))
+    assert {"task", "cron", "max_retries", "timezone"} <= set(messages)
+
+
+def test_duplicate_names_are_rejected_and_nothing_else_changes():
+    api.schedule(TASK, run_at=SOON, name="nightly")
+    with pytest.raises(ValidationError) as info:
+        api.schedule(TASK, run_at=SOON, name="nightly")
+    assert "already exists" in info.value.message_dict["name"][0]
+    assert Job.objects.count() == 1
+
+
+def test_schedule_many_is_all_or_nothing_with_indexed_errors():
+    specs = [{"task": TASK, "run_at": SOON, "name": f"j{i}"} for i in range(5)]
+    specs[3]["cron"] = "* * * * *"
+    with pytest.raises(ValidationError) as info:
+        api.schedule_many(specs)
+    assert "3.cron" in info.value.message_dict
+    assert Job.objects.count() == 0
+    specs[3].pop("cron")
+    assert len(api.schedule_many(specs)) == 5
+
+
+def test_schedule_many_inserts_thousands_in_bulk(django_assert_max_num_queries):
+    specs = ({"task": TASK, "interval": 60, "kwargs": {"i": i}} for i in range(3000))
+    with django_assert_max_num_queries(12):
+        jobs = api.schedule_many(specs)
+    assert len(jobs) == 3000 and Job.objects.count() == 3000
+
+
+def test_first_run_times():
+    now = db_now()
+    past = api.schedule(TASK, run_at=now - timedelta(hours=1), name="past")
+    assert past.next_run_at == now - timedelta(hours=1)  # due at the next tick
+    every = api.schedule(TASK, interval=timedelta(minutes=5), name="every")
+    assert now < every.next_run_at <= db_now() + timedelta(minutes=5)
+    cron = api.schedule(TASK, cron="0 9 * * 1-5", timezone="Europe/Paris", name="cron")
+    local = cron.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
+    assert (local.hour, local.minute) == (9, 0) and local.isoweekday() <= 5
+    jittered = api.schedule(TASK, run_at=now, jitter=30, name="jittered")
+    assert now <= jittered.next_run_at <= now + timedelta(seconds=30)
+    assert jittered.scheduled_for == now
+
+
+def test_update_replaces_the_schedule_and_recomputes_next_run():
+    job = api.schedule(TASK, cron="0 0 1 1 *", name="yearly")
+    updated = api.update(job, interval=10)
+    assert (updated.cron, updated.interval) == ("", timedelta(seconds=10))
+    assert updated.next_run_at <= db_now() + timedelta(seconds=10)
+    with pytest.raises(ValidationError) as info:
+        api.update(job.pk, cron="nonsense")
+    assert "cron" in info.value.message_dict
+    assert Job.objects.get(pk=job.pk).interval == timedelta(seconds=10)  # unchanged
+
+
+def test_pause_resume_cancel_requeue_and_run_now():
+    job = api.schedule(TASK, run_at=SOON, name="one")
+    assert api.pause(job).state == JobState.PAUSED
+    with pytest.raises(JobStateError):
+        api.pause(job)
+    with pytest.raises(JobStateError):
+        api.run_now(job)
+    assert api.resume(job.pk).state == JobState.SCHEDULED
+    now_job = api.run_now(job)
+    assert now_job.next_run_at <= db_now()
+    with pytest.raises(JobStateError):
+        api.requeue(job)
+    cancelled = api.cancel(job)
+    assert cancelled.state == JobState.CANCELLED and cancelled.next_run_at is None
+    assert api.cancel(job).state == JobState.CANCELLED  # idempotent
+    with pytest.raises(JobStateError):
+        api.resume(job)
+
+
+def test_cancel_of_a_dispatched_job_fences_its_message():
+    job = api.schedule(TASK, run_at=db_now(), name="soon")
+    (run,) = claims.claim_due_jobs("b", 10).runs
+    api.cancel(job)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.CANCELLED
+    assert claims.start_run(job.pk, run.token, "w") != claims.START_OK
+    assert claims.complete_run(job.pk, run.token, claims.SUCCEEDED) is False
+    assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+def test_requeue_brings_a_dead_job_back_with_its_retry_count_reset():
+    job = api.schedule(TASK, run_at=db_now(), name="fails", max_retries=0)
+    (run,) = claims.claim_due_jobs("b", 10).runs
+    claims.start_run(job.pk, run.token, "w")
+    claims.complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    job.refresh_from_db()
+    assert (job.state, job.last_error) == (JobState.DEAD, "boom")
+    requeued = api.requeue(job)
+    assert (requeued.state, requeued.retry_count) == (JobState.SCHEDULED, 0)
+    assert requeued.next_run_at <= db_now()
+
+
+def test_duplicate_copies_task_schedule_and_policy():
+    job = api.schedule(TASK, cron="*/5 * * * *", kwargs={"label": "x"}, name="orig",
+                       max_retries=7, priority=3)
+    copy = api.duplicate(job)
+    assert copy.pk != job.pk and copy.name.startswith("orig (copy")
+    assert (copy.cron, copy.kwargs, copy.max_retries, copy.priority) == (
+        "*/5 * * * *", {"label": "x"}, 7, 3)

@@ -1,0 +1,274 @@
+"""Claiming against real PostgreSQL: concurrent claims, leases, fencing tokens, reaping."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+
+from schedapp import api, claims
+from schedapp.claims import claim_due_jobs, complete_run, renew_leases, start_run
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def due_jobs(n: int, **options) -> list[Job]:
+    when = db_now() - timedelta(seconds=1)
+    return api.schedule_many(
+        {"task": "project.tasks.record", "run_at": when, "name": f"job-{i}", **options}
+        for i in range(n))
+
+
+def expire_lease(job_id: int) -> None:
+    Job.objects.filter(pk=job_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+
+
+def in_thread(fn):
+    """Run ``fn`` on its own thread, hence its own database connection."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+def test_two_open_claim_transactions_never_return_the_same_job():
+    # Given 20 due jobs
+    due_jobs(20)
+    first_claimed = threading.Event()
+    release_first = threading.Event()
+
+    # When connection A claims 10 and keeps its transaction open...
+    def claim_and_hold():
+        with transaction.atomic():
+            rows = claims._claim_postgresql("beat-A", 10)
+            first_claimed.set()
+            release_first.wait(10)
+        return {r["id"] for r in rows}
+
+    thread, out = in_thread(claim_and_hold)
+    assert first_claimed.wait(10)
+    # ... connection B claims at the same time (its rows are locked by A, not yet committed)
+    second = {r.job_id for r in claim_due_jobs("beat-B", 100).runs}
+    release_first.set()
+    thread.join(10)
+
+    # Then they got disjoint sets that together cover every due job
+    first = out["value"]
+    assert len(first) == 10 and len(second) == 10
+    assert not first & second
+    assert len(first | second) == 20
+
+
+def test_many_racing_connections_claim_each_job_exactly_once():
+    due_jobs(600)
+    barrier = threading.Barrier(4)
+    results = []
+
+    def racer(name):
+        def run():
+            barrier.wait(10)
+            got = []
+            while True:
+                batch = claim_due_jobs(name, 25).runs
+                if not batch:
+                    return got
+                got.extend(r.job_id for r in batch)
+        return run
+
+    threads = [in_thread(racer(f"beat-{i}")) for i in range(4)]
+    for thread, out in threads:
+        thread.join(60)
+        assert "error" not in out, out.get("error")
+        results.append(out["value"])
+    every = [job for got in results for job in got]
+    assert len(every) == 600
+    assert len(set(every)) == 600
+    assert sum(1 for got in results if got) > 1  # the work was actually shared
+    assert JobRun.objects.count() == 600
+
+
+def test_a_claim_stamps_lease_token_and_a_run_from_database_time():
+    (job,) = due_jobs(1, lease_seconds=30)
+    before = db_now()
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert job.claimed_by == "beat-1"
+    assert job.token == run.token == 1
+    assert before + timedelta(seconds=29) < job.lease_expires_at <= db_now() + timedelta(seconds=30)
+    db_run = JobRun.objects.get(pk=run.run_id)
+    assert (db_run.job_id, db_run.token, db_run.status) == (job.pk, 1, RunStatus.DISPATCHED)
+    assert db_run.task_id == f"schedapp:{job.pk}:1"
+    assert db_run.scheduled_for == job.scheduled_for
+
+
+def test_an_expired_lease_is_claimed_again_with_a_higher_token():
+    (job,) = due_jobs(1)
+    (first,) = claim_due_jobs("beat-1", 10).runs
+    # Not expired yet: nobody else can take it
+    assert claim_due_jobs("beat-2", 10).runs == []
+    expire_lease(job.pk)
+    (second,) = claim_due_jobs("beat-2", 10).runs
+    assert second.job_id == job.pk
+    assert second.token > first.token
+    assert JobRun.objects.get(pk=first.run_id).status == RunStatus.LOST
+    job.refresh_from_db()
+    assert job.claimed_by == "beat-2" and job.token == second.token
+
+
+def test_a_lease_that_has_not_expired_is_not_reclaimed_at_the_boundary():
+    (job,) = due_jobs(1)
+    claim_due_jobs("beat-1", 10)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() + timedelta(seconds=2))
+    assert claim_due_jobs("beat-2", 10).runs == []
+
+
+def test_stale_completion_changes_nothing_on_the_job():
+    # Given a recurring job claimed twice (the first lease expired)
+    job = api.schedule("project.tasks.record", interval=60, name="every-minute")
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (old,) = claim_due_jobs("beat-1", 10).runs
+    expire_lease(job.pk)
+    (new,) = claim_due_jobs("beat-2", 10).runs
+    before = Job.objects.get(pk=job.pk)
+    # When the first holder reports success late
+    applied = complete_run(job.pk, old.token, claims.SUCCEEDED)
+    # Then its run records it, flagged stale, and the job is untouched
+    assert applied is False
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.next_run_at, after.token, after.claimed_by, after.retry_count) == (
+        before.state, before.next_run_at, before.token, before.claimed_by, before.retry_count)
+    old_run = JobRun.objects.get(pk=old.run_id)
+    assert old_run.stale and old_run.status == RunStatus.SUCCEEDED
+    # ... and the current holder's completion still applies
+    assert complete_run(job.pk, new.token, claims.SUCCEEDED) is True
+    after = Job.objects.get(pk=job.pk)
+    assert after.state == JobState.SCHEDULED
+    assert after.scheduled_for == new.scheduled_for + timedelta(seconds=60)
+
+
+def test_the_door_starts_only_the_current_dispatched_claim():
+    (job,) = due_jobs(1)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    assert start_run(job.pk, run.token, "w1") == claims.START_OK
+    # a second delivery of the same message (broker redelivery) does not start it again
+    assert start_run(job.pk, run.token, "w2") == "run already running"
+    assert JobRun.objects.get(pk=run.run_id).worker == "w1"
+
+
+def test_the_door_refuses_a_message_older_than_the_latest_claim():
+    (job,) = due_jobs(1)
+    (old,) = claim_due_jobs("beat-1", 10).runs
+    expire_lease(job.pk)
+    (new,) = claim_due_jobs("beat-2", 10).runs
+    # the old message is already marked lost by the reaper: not started again
+    assert start_run(job.pk, old.token, "w1") == "run already lost"
+    assert start_run(job.pk, new.token, "w1") == claims.START_OK
+
+
+def test_the_door_skips_a_message_for_a_job_paused_after_dispatch():
+    (job,) = due_jobs(1)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    api.pause(job)
+    assert start_run(job.pk, run.token, "w1") == "job is paused"
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SKIPPED
+    # the lease was given back, so resuming makes it claimable at once
+    api.resume(job)
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    (again,) = claim_due_jobs("beat-1", 10).runs
+    assert again.token > run.token
+
+
+def test_renewal_extends_only_current_leases_and_counts_heartbeats():
+    a, b = due_jobs(2, lease_seconds=5)
+    runs = {r.job_id: r for r in claim_due_jobs("beat-1", 10).runs}
+    for r in runs.values():
+        start_run(r.job_id, r.token, "w1")
+    expire_lease(b.pk)
+    claim_due_jobs("beat-2", 10)  # b is reaped and claimed again: its old token is stale
+    renewed = renew_leases([(a.pk, runs[a.pk].token, 5), (b.pk, runs[b.pk].token, 5)])
+    assert renewed == {(a.pk, runs[a.pk].token)}
+    assert JobRun.objects.get(pk=runs[a.pk].run_id).heartbeats == 1
+    a.refresh_from_db()
+    assert a.lease_expires_at > db_now() + timedelta(seconds=4)
+
+
+def test_a_lost_run_that_had_started_counts_as_a_failed_attempt():
+    (job,) = due_jobs(1, max_retries=1, retry_backoff=0)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    start_run(job.pk, run.token, "w1")
+    expire_lease(job.pk)
+    claims.reap_expired_leases(10)
+    job.refresh_from_db()
+    assert (job.state, job.retry_count, job.last_status) == (JobState.SCHEDULED, 1, "lost")
+    (run2,) = claim_due_jobs("beat-1", 10).runs
+    start_run(job.pk, run2.token, "w1")
+    expire_lease(job.pk)
+    claims.reap_expired_leases(10)
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+
+
+def test_a_run_never_started_is_dispatched_again_without_spending_a_retry():
+    (job,) = due_jobs(1, max_retries=0)
+    claim_due_jobs("beat-1", 10)  # the beat "dies" before publishing
+    expire_lease(job.pk)
+    (run,) = claim_due_jobs("beat-2", 10).runs
+    job.refresh_from_db()
+    assert job.retry_count == 0 and run.attempt == 1
+
+
+def test_higher_priority_is_claimed_first_then_earliest():
+    now = db_now()
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=9), name="low-early")
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=1), name="high-late",
+                 priority=5)
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=5), name="high-early",
+                 priority=5)
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=3), name="mid",
+                 priority=1)
+    order = [Job.objects.get(pk=r.job_id).name for r in claim_due_jobs("b", 10).runs]
+    assert order == ["high-early", "high-late", "mid", "low-early"]
+
+
+def test_a_future_job_is_not_claimed_and_the_beat_knows_when_to_wake():
+    api.schedule("project.tasks.record", run_at=db_now() + timedelta(seconds=30), name="later")
+    assert claim_due_jobs("b", 10).runs == []
+    _now, delay = claims.seconds_until_due()
+    assert 28 < delay <= 30
+
+
+def test_publish_failure_releases_claims_and_fences_the_old_token():
+    (job,) = due_jobs(1)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    assert claims.release_claims([(job.pk, run.token)], "broker down") == 1
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED and job.token > run.token
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
+    # a message that did reach the broker after all is refused at the door
+    assert start_run(job.pk, run.token, "w1") != claims.START_OK
+    (again,) = claim_due_jobs("beat-1", 10).runs
+    assert again.job_id == job.pk
+
+
+def test_the_claim_query_walks_the_due_index_not_the_table():
+    due_jobs(5)
+    with connection.cursor() as cursor, transaction.atomic():
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + claims._CLAIM_SQL, {"limit": 10, "beat": "b"})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "schedapp_job_due" in plan
+    assert "Seq Scan on schedapp_job" not in plan
