@@ -58,6 +58,10 @@ class Proc:
         except ProcessLookupError:
             pass
 
+    def signal_main(self, sig: int) -> None:
+        """Signal the main process only (e.g. SIGSTOP: pool children keep running)."""
+        self.popen.send_signal(sig)
+
     def kill(self) -> None:
         """SIGKILL the whole process group: main process and pool children, no cleanup."""
         self.signal_group(signal.SIGKILL)
