@@ -146,3 +146,18 @@ CELERY_BEAT_SCHEDULER = "schedapp.beat:LeaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 SCHEDAPP_ALLOWED_TASKS = ["project.*", "schedapp.*"]
+
+# Jobs declared in code: synced to the database when a beat starts (schedapp.declared); a
+# declaration removed later pauses its job rather than deleting it. The demo prunes its own
+# run history every night.
+SCHEDAPP_JOBS = {
+    "schedapp-prune-runs": {
+        "task": "schedapp.prune_runs",
+        "cron": "0 3 * * *",
+        "timezone": TIME_ZONE,
+        "kwargs": {"older_than_seconds": 30 * 86400},
+    },
+}
+# Prometheus: beats and workers serve /metrics on this port when it is set (see
+# schedapp.metrics; prefork workers also need PROMETHEUS_MULTIPROC_DIR).
+SCHEDAPP_METRICS_PORT = int(os.environ.get("SCHEDAPP_METRICS_PORT", "0")) or None

@@ -9,6 +9,9 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/7")
 
 from .settings import *  # noqa: F403
 
+# Tests declare their own jobs: the demo's SCHEDAPP_JOBS would appear in every beat they start.
+SCHEDAPP_JOBS: dict = {}
+
 # Subprocesses started by the end-to-end tests get schedapp settings through the environment:
 # SCHEDAPP_BATCH_SIZE=100 becomes settings.SCHEDAPP_BATCH_SIZE = 100.
 for _key, _value in os.environ.items():
@@ -19,3 +22,13 @@ for _key, _value in os.environ.items():
             globals()[_key] = _value
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# django-celery-beat (a test extra, never a runtime dependency): installed here so that its
+# tables exist in the test database and `schedapp_import --from-django-celery-beat` can be
+# tested against them. Its scheduler is never used.
+try:
+    import django_celery_beat  # noqa: F401
+except ImportError:
+    pass
+else:
+    INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405

@@ -1,0 +1,278 @@
+"""The Django admin for schedapp: jobs, runs, fleet nodes and an overview page.
+
+Built for tables of millions of rows: changelists never count a whole table
+(``admin_filters.LargeTablePaginator``), never run a query per row (the schedule text, the
+next run in the job's zone and the last outcome come from the job row itself), and their
+filters never ``SELECT DISTINCT`` over the job table. Every change to a job goes through
+``schedapp.api``: the form validates with the API's rules, saving calls ``api.schedule`` /
+``api.update``, and actions and buttons call ``api.run_now``, ``api.pause`` and friends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.db.models.functions import Left
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from . import api
+from .admin_filters import (
+    LargeTablePaginator,
+    QueueFilter,
+    ScheduleKindFilter,
+    TaskFilter,
+    allowed_registered_tasks,
+)
+from .admin_operations import OPERATIONS, error_text, make_action
+from .admin_runs import JobRunAdmin, NodeAdmin, badge, runs_summary
+from .admin_views import JobViewsMixin
+from .display import job_schedule_text, local_time, timezone_names
+from .exceptions import JobStateError
+from .forms import JobForm, preview_for
+from .models import Job, JobRun, JobSource, JobState, Node
+from .validation import JOB_FIELDS, SCHEDULE_FIELDS
+
+__all__ = ["JobAdmin", "JobRunAdmin", "NodeAdmin"]
+
+_EDITABLE = (
+    (None, {"fields": ("name", "task", "args", "kwargs")}),
+    ("Schedule", {
+        "fields": ("cron", "interval", "run_at", "timezone", "fire_preview"),
+        "description": "Give exactly one of cron, interval or run_at.",
+    }),
+    ("Delivery", {"fields": ("priority", "queue", "lease_seconds", "jitter")}),
+    ("Retries and misfires", {
+        "fields": ("max_retries", "retry_backoff", "retry_backoff_max", "misfire_policy",
+                   "misfire_grace", "misfire_max_catchup"),
+        "classes": ("collapse",),
+    }),
+)
+_STATUS = (
+    ("State", {"fields": ("state_badge", "source", "next_run", "occurrence", "retry_count",
+                          "missed_runs", "last_run", "last_error_text", "runs")}),
+    ("Lease", {"fields": ("claimed_by", "lease_expiry", "token")}),
+    ("Record", {"fields": ("created_at", "updated_at"), "classes": ("collapse",)}),
+)
+# Deleting a job deletes its runs in the same statement: above this, prune first.
+DELETE_RUNS_MAX = 100_000
+_STATUS_FIELDS = tuple(f for _title, spec in _STATUS for f in spec["fields"])
+
+
+@admin.register(Job)
+class JobAdmin(JobViewsMixin, admin.ModelAdmin):
+    form = JobForm
+    change_form_template = "admin/schedapp/job/change_form.html"
+    change_list_template = "admin/schedapp/job/change_list.html"
+    list_display = ("name", "task", "schedule", "state_badge", "next_run", "last_run", "lease",
+                    "retry_count")
+    list_filter = ("state", TaskFilter, QueueFilter, ScheduleKindFilter, "source")
+    search_fields = ("name", "task")
+    search_help_text = "Name or task contains ..."
+    sortable_by = ("name",)  # the unique index delivers it; other columns would sort the table
+    list_per_page = 100
+    paginator = LargeTablePaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facets count every filter option: not at this scale
+    actions = [make_action(op) for op in OPERATIONS]
+
+    class Media:
+        js = ("schedapp/job_form.js",)
+
+    # --- permissions: Django's model permissions plus the custom ones of Job.Meta ---------
+
+    def has_run_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return request.user.has_perm("schedapp.run_job")
+
+    def has_pause_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return request.user.has_perm("schedapp.pause_job")
+
+    def has_cancel_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return request.user.has_perm("schedapp.cancel_job")
+
+    def has_requeue_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return request.user.has_perm("schedapp.requeue_job")
+
+    def _may(self, request: HttpRequest, permission: str) -> bool:
+        return bool(getattr(self, f"has_{permission}_permission")(request))
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        # Deleting jobs in bulk would cascade to their history in one transaction: cancel them,
+        # and let schedapp_prune remove history in batches.
+        actions.pop("delete_selected", None)
+        return actions
+
+    # --- changelist -----------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name == "schedapp_job_changelist":
+            # Rows carry up to 64 KB of arguments and 10 KB of error: a page needs neither.
+            queryset = queryset.defer("args", "kwargs", "last_error").annotate(
+                last_error_head=Left("last_error", 300))
+        return queryset
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if request.GET.get("state__exact") == JobState.DEAD:  # the dead-letter view
+            return ("name", "task", "schedule", "state_badge", "last_run", "retry_count",
+                    "last_error_head_text")
+        return self.list_display
+
+    @admin.display(description="schedule")
+    def schedule(self, job: Job) -> str:
+        return job_schedule_text(job)
+
+    @admin.display(description="state")
+    def state_badge(self, job: Job) -> str:
+        return badge(job.state, job.get_state_display())
+
+    @admin.display(description="next run")
+    def next_run(self, job: Job) -> str:
+        if job.next_run_at is None or job.state not in (JobState.SCHEDULED, JobState.PAUSED):
+            return "-"
+        return format_html('<span title="{} UTC">{}</span>',
+                           job.next_run_at.strftime("%Y-%m-%d %H:%M:%S"),
+                           local_time(job.next_run_at, job.timezone))
+
+    @admin.display(description="last run")
+    def last_run(self, job: Job) -> str:
+        if job.last_run_at is None:
+            return "-"
+        return format_html("{} {}", local_time(job.last_run_at, job.timezone),
+                           badge(job.last_status, job.last_status) if job.last_status else "")
+
+    @admin.display(description="lease")
+    def lease(self, job: Job) -> str:
+        if not job.claimed_by:
+            return "-"
+        return format_html("{}<br><small>until {}</small>", job.claimed_by,
+                           local_time(job.lease_expires_at, job.timezone, seconds=True))
+
+    @admin.display(description="last error")
+    def last_error_head_text(self, job: Job) -> str:
+        head = getattr(job, "last_error_head", None)
+        head = job.last_error[:300] if head is None else head
+        return format_html('<span style="white-space: pre-wrap">{}</span>', head or "-")
+
+    # --- the job page ---------------------------------------------------------------------
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        return _EDITABLE if obj is None else (*_EDITABLE, *_STATUS)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        return ("fire_preview",) if obj is None else ("fire_preview", *_STATUS_FIELDS)
+
+    @admin.display(description="next fire times")
+    def fire_preview(self, job: Job) -> str:
+        times = getattr(job, "_schedapp_preview", None)
+        if times is None and job.pk:
+            values = {f: getattr(job, f) for f in JOB_FIELDS}
+            try:
+                times = preview_for(values, scheduled_for=job.scheduled_for)
+            except Exception:
+                times = []
+        note = ""
+        if job.pk and job.state in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.PAUSED):
+            note = f"(the job is {job.state}: nothing fires until it is resumed or run)"
+        return format_html(
+            '<div class="schedapp-preview" data-url="{}">'
+            '<ol id="schedapp-preview-list">{}</ol><p class="help">{}</p>'
+            '<p id="schedapp-preview-error" class="errornote" style="display: none"></p>'
+            '<button type="button" class="button" id="schedapp-preview-button">'
+            "Preview next 5 fire times</button></div>",
+            reverse("admin:schedapp_job_preview"),
+            format_html_join("", "<li>{}</li>", ((t,) for t in times or ())),
+            note,
+        )
+
+    @admin.display(description="occurrence")
+    def occurrence(self, job: Job) -> str:
+        """The occurrence the next run belongs to (next run = occurrence + jitter/backoff)."""
+        return local_time(job.scheduled_for, job.timezone, seconds=True)
+
+    @admin.display(description="lease expires")
+    def lease_expiry(self, job: Job) -> str:
+        return local_time(job.lease_expires_at, job.timezone, seconds=True)
+
+    @admin.display(description="last error")
+    def last_error_text(self, job: Job) -> str:
+        if not job.last_error:
+            return "-"
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+                           job.last_error)
+
+    @admin.display(description="runs")
+    def runs(self, job: Job) -> str:
+        return runs_summary(job)
+
+    def _form_context(self, request: HttpRequest, job: Job | None) -> dict[str, Any]:
+        context: dict[str, Any] = {"schedapp_buttons": []}
+        editable = (self.has_add_permission(request) if job is None
+                    else self.has_change_permission(request, job))
+        if editable:
+            context["schedapp_tasks"] = allowed_registered_tasks()
+            context["schedapp_timezones"] = timezone_names()
+        if job is not None:
+            context["schedapp_buttons"] = [
+                {"op": op, "url": reverse("admin:schedapp_job_operation",
+                                          args=[job.pk, op.slug])}
+                for op in OPERATIONS
+                if job.state in op.states and self._may(request, op.permission)
+            ]
+        return context
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None,
+                        form_url: str = "", extra_context: dict | None = None) -> HttpResponse:
+        job = self.get_object(request, unquote(object_id)) if object_id else None
+        context = {**(extra_context or {}), **self._form_context(request, job)}
+        try:
+            return super().changeform_view(request, object_id, form_url, context)
+        except (ValidationError, JobStateError) as exc:  # lost a race after the form checks
+            self.message_user(request, error_text(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def save_model(self, request: HttpRequest, obj: Job, form: JobForm, change: bool) -> None:
+        values = dict(form.job_values)
+        if not change:
+            task = values.pop("task")
+            job = api.schedule(task, source=JobSource.ADMIN, **values)
+        else:
+            changes = {f: v for f, v in values.items() if getattr(obj, f) != v}
+            if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
+                changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+            job = api.update(obj.pk, **changes) if changes else obj
+        for field in Job._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(job, field.attname))
+        obj._state.adding = False
+        obj._state.db = job._state.db
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        if obj.state == JobState.RUNNING:
+            raise PermissionDenied("cancel a running job before deleting it")
+        super().delete_model(request, obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """Summarise instead of listing every run of the job (there may be millions), and
+        refuse what would be one long cascading DELETE: a running job, or a huge history."""
+        jobs = list(objs)
+        runs = JobRun.objects.filter(job__in=jobs).values("id")[: DELETE_RUNS_MAX + 1].count()
+        too_many = runs > DELETE_RUNS_MAX
+        runs_text = f"more than {DELETE_RUNS_MAX:,}" if too_many else f"{runs:,}"
+        protected = [f"{j.name} is running: cancel it first" for j in jobs
+                     if j.state == JobState.RUNNING]
+        if too_many:
+            protected.append(f"{runs_text} runs: prune the history first (schedapp_prune)")
+        perms_needed = set() if self.has_delete_permission(request) else {"job"}
+        summary = [f"{j.name} and its run history ({runs_text} runs)" for j in jobs]
+        return summary, {"jobs": len(jobs), "runs": runs}, perms_needed, protected
+
+
+admin.site.register(JobRun, JobRunAdmin)
+admin.site.register(Node, NodeAdmin)

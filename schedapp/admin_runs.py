@@ -1,0 +1,196 @@
+"""Run history and fleet nodes in the admin: read-only for everybody.
+
+Runs are written by beats and workers only; history is removed by ``schedapp_prune`` (in
+batches), never from the admin, so nobody can add, change or delete a run here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html, format_html_join
+
+from .admin_filters import LargeTablePaginator, RunJobFilter
+from .display import duration_text, local_time, seconds_text
+from .models import Job, JobRun
+
+COLOURS = {
+    # job states
+    "scheduled": "#417690",
+    "running": "#b36b00",
+    "paused": "#777777",
+    "succeeded": "#2e7d32",
+    "dead": "#ba2121",
+    "cancelled": "#444444",
+    # run statuses
+    "dispatched": "#417690",
+    "failed": "#ba2121",
+    "lost": "#8e24aa",
+    "skipped": "#777777",
+}
+RECENT_RUNS_ON_JOB_PAGE = 5
+
+
+def badge(value: str, label: str) -> str:
+    colour = COLOURS.get(value, "#555555")
+    return format_html(
+        '<span class="schedapp-badge schedapp-{}" style="background:{};color:#fff;'
+        'padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap">{}</span>',
+        value, colour, label)
+
+
+def runs_summary(job: Job) -> str:
+    """A link to the job's runs (the runs changelist, paginated) and its latest few runs."""
+    url = f"{reverse('admin:schedapp_jobrun_changelist')}?job={job.pk}"
+    latest = list(JobRun.objects.filter(job_id=job.pk).order_by("-id")
+                  .only("id", "status", "scheduled_for", "started_at", "finished_at",
+                        "attempt", "worker")[:RECENT_RUNS_ON_JOB_PAGE])
+    rows = format_html_join(
+        "",
+        '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+        ((reverse("admin:schedapp_jobrun_change", args=[r.pk]), r.pk, badge(r.status, r.status),
+          local_time(r.scheduled_for, job.timezone, seconds=True), r.attempt,
+          duration_text(r.duration)) for r in latest),
+    )
+    table = format_html(
+        "<table><thead><tr><th>run</th><th>status</th><th>scheduled for</th><th>attempt</th>"
+        "<th>duration</th></tr></thead><tbody>{}</tbody></table>", rows) if latest else "none yet"
+    return format_html('<p><a href="{}" id="schedapp-runs-link">All runs of this job</a></p>{}',
+                       url, table)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class JobRunAdmin(ReadOnlyAdmin):
+    list_display = ("id", "status_badge", "job_link", "scheduled", "started", "duration_col",
+                    "worker", "claimed_by", "attempt", "error_head")
+    list_display_links = ("id",)
+    list_filter = ("status", "stale", RunJobFilter)
+    list_select_related = ("job",)
+    search_fields = ("=task_id",)
+    search_help_text = "Exact Celery task id, e.g. schedapp:42:7"
+    sortable_by = ("id",)
+    list_per_page = 100
+    paginator = LargeTablePaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    fields = ("job_link", "status_badge", "stale", "attempt", "token", "task_result",
+              "scheduled", "due", "claimed", "dispatched", "started", "finished",
+              "duration_col", "lag", "claimed_by", "worker", "last_heartbeat", "heartbeats",
+              "error_text", "traceback_text")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request).select_related("job").defer(
+            "job__args", "job__kwargs", "job__last_error")
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name == "schedapp_jobrun_changelist":
+            queryset = queryset.defer("traceback")
+        return queryset
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet,
+                           search_term: str) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        return (queryset.filter(task_id=term) if term else queryset), False  # indexed
+
+    @admin.display(description="status")
+    def status_badge(self, run: JobRun) -> str:
+        label = f"{run.status} (stale)" if run.stale else run.status
+        return badge(run.status, label)
+
+    @admin.display(description="job")
+    def job_link(self, run: JobRun) -> str:
+        return format_html('<a href="{}">{}</a>',
+                           reverse("admin:schedapp_job_change", args=[run.job_id]), run.job.name)
+
+    @admin.display(description="scheduled for")
+    def scheduled(self, run: JobRun) -> str:
+        return local_time(run.scheduled_for, run.job.timezone, seconds=True)
+
+    # Every time of a run is shown in its job's zone, to the second, like the job's page.
+    def _at(self, run: JobRun, value: Any) -> str:
+        return local_time(value, run.job.timezone, seconds=True)
+
+    @admin.display(description="started")
+    def started(self, run: JobRun) -> str:
+        return self._at(run, run.started_at)
+
+    @admin.display(description="due at")
+    def due(self, run: JobRun) -> str:
+        return self._at(run, run.due_at)
+
+    @admin.display(description="claimed at")
+    def claimed(self, run: JobRun) -> str:
+        return self._at(run, run.claimed_at)
+
+    @admin.display(description="dispatched at")
+    def dispatched(self, run: JobRun) -> str:
+        return self._at(run, run.dispatched_at)
+
+    @admin.display(description="finished at")
+    def finished(self, run: JobRun) -> str:
+        return self._at(run, run.finished_at)
+
+    @admin.display(description="last heartbeat")
+    def last_heartbeat(self, run: JobRun) -> str:
+        return self._at(run, run.heartbeat_at)
+
+    @admin.display(description="duration")
+    def duration_col(self, run: JobRun) -> str:
+        return duration_text(run.duration)
+
+    @admin.display(description="dispatch lag")
+    def lag(self, run: JobRun) -> str:
+        if run.dispatched_at is None:
+            return "-"
+        return seconds_text((run.dispatched_at - run.due_at).total_seconds())
+
+    @admin.display(description="error")
+    def error_head(self, run: JobRun) -> str:
+        first = run.error.splitlines()[0][:160] if run.error else ""
+        return first or "-"
+
+    @admin.display(description="error")
+    def error_text(self, run: JobRun) -> str:
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+                           run.error or "-")
+
+    @admin.display(description="traceback")
+    def traceback_text(self, run: JobRun) -> str:
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+                           run.traceback or "-")
+
+    @admin.display(description="Celery task id")
+    def task_result(self, run: JobRun) -> str:
+        """The task id, linked to django-celery-results' record of it when that is installed."""
+        try:
+            url = reverse("admin:django_celery_results_taskresult_changelist")
+        except NoReverseMatch:
+            return run.task_id
+        return format_html('<a href="{}?task_id={}">{}</a> (result)', url, run.task_id,
+                           run.task_id)
+
+
+class NodeAdmin(ReadOnlyAdmin):
+    """Beats and workers as they recorded themselves; a crashed process's row stays until it
+    ages out of the overview (or someone with delete permission removes it)."""
+
+    list_display = ("name", "kind", "hostname", "pid", "started_at", "last_seen_at", "stats")
+    list_filter = ("kind",)
+    readonly_fields = ("name", "kind", "hostname", "pid", "started_at", "last_seen_at", "stats")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return admin.ModelAdmin.has_delete_permission(self, request, obj)

@@ -1,0 +1,100 @@
+"""The job admin's own pages: the buttons of the job page, the schedule preview, the overview.
+
+All three are admin views (``admin_site.admin_view``: staff login, CSRF on POST) registered by
+``JobAdmin.get_urls`` under ``/admin/schedapp/job/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from . import overview
+from .admin_operations import BY_SLUG, apply_operation
+from .admin_runs import badge
+from .forms import preview_from_query
+from .models import JobState
+
+
+class JobViewsMixin:
+    """Mixed into ``JobAdmin`` (which provides the permission checks and ``_may``)."""
+
+    # Provided by JobAdmin / ModelAdmin (annotations only: nothing is shadowed).
+    admin_site: Any
+    model: Any
+    _may: Callable[[HttpRequest, str], bool]
+    get_object: Callable[..., Any]
+    has_view_or_change_permission: Callable[..., bool]
+    has_add_permission: Callable[..., bool]
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("overview/", wrap(self.overview_view), name="schedapp_job_overview"),
+            path("preview/", wrap(self.preview_view), name="schedapp_job_preview"),
+            path("<path:object_id>/do/<slug:slug>/", wrap(self.operation_view),
+                 name="schedapp_job_operation"),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def operation_view(self, request: HttpRequest, object_id: str, slug: str) -> HttpResponse:
+        """A button of the job page (POST only; CSRF-checked by ``admin_view``)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        op = BY_SLUG.get(slug)
+        if op is None:
+            raise Http404(f"no operation {slug!r}")
+        if not self._may(request, op.permission):
+            raise PermissionDenied
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404("no such job")
+        results = apply_operation(self, request, op, [(job.pk, job.name)])
+        target = results[0].pk if (results and op.slug == "duplicate") else job.pk
+        return HttpResponseRedirect(reverse("admin:schedapp_job_change", args=[target]))
+
+    def preview_view(self, request: HttpRequest) -> HttpResponse:
+        """The next fire times of a schedule being typed (GET; computes, never writes)."""
+        if not (self.has_view_or_change_permission(request)
+                or self.has_add_permission(request)):
+            raise PermissionDenied
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        times, errors = preview_from_query(request.GET)
+        return JsonResponse({"times": times, "errors": errors})
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        data = overview.collect()
+        changelist = reverse("admin:schedapp_job_changelist")
+        states = [
+            {"state": state, "label": label, "count": data.counts.get(state, 0),
+             "badge": badge(state, str(label)), "url": f"{changelist}?state__exact={state}"}
+            for state, label in JobState.choices
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Scheduler overview",
+            "opts": self.model._meta,
+            "overview": data,
+            "states": states,
+            "dead_url": f"{changelist}?state__exact={JobState.DEAD}",
+            "runs_url": reverse("admin:schedapp_jobrun_changelist"),
+            "nodes_url": reverse("admin:schedapp_node_changelist"),
+            "node_groups": [("Beats", data.beats, "beats"), ("Workers", data.workers, "workers")],
+        }
+        return TemplateResponse(request, "admin/schedapp/overview.html", context)

@@ -1,0 +1,203 @@
+"""Jobs declared in code, kept in sync with the database when a beat starts.
+
+Two ways to declare, merged (a name may be declared only once)::
+
+    # settings.py
+    SCHEDAPP_JOBS = {
+        "nightly-report": {"task": "reports.tasks.nightly", "cron": "0 2 * * *",
+                           "timezone": "Europe/Paris", "kwargs": {"full": True}},
+    }
+
+    # tasks.py: put @periodic above @shared_task
+    @periodic(cron="*/15 * * * *", name="refresh-cache", queue="low")
+    @shared_task(name="cache.refresh")
+    def refresh() -> None: ...
+
+``sync_declared_jobs()`` creates missing jobs (source "declared"), updates those whose
+declaration changed (through ``api.update``: an unchanged job keeps its ``next_run_at``), and
+*pauses* declared jobs whose declaration disappeared: their history stays, and declaring them
+again shows them (still paused: a person resumes them, because sync cannot tell its own pause
+from an operator's). A job created by someone else under a declared name is never touched.
+A bad declaration is reported and skipped; the others are still synced. Beats call it at
+start; several beats starting together are serialised by an advisory lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+
+from . import api
+from .exceptions import JobStateError
+from .forms import model_default
+from .models import Job, JobSource, JobState
+from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, validate_job
+
+log = logging.getLogger("schedapp.declared")
+
+# pg_advisory_xact_lock key: "schedapp" declared-jobs sync.
+_LOCK_KEY = 0x5C4ED_D3C1
+_registry: list[dict[str, Any]] = []
+
+
+def periodic(*, name: str | None = None, task: str | None = None,
+             **spec: Any) -> Callable[[Any], Any]:
+    """Declare a job for the decorated Celery task (``cron=``, ``interval=`` or ``run_at=``,
+    plus any job option). ``name`` defaults to the task name."""
+
+    def decorate(target: Any) -> Any:
+        # The task name is read when jobs are synced, not here: reading a shared_task's name
+        # now would bind it to whichever Celery app happens to be current at import time.
+        if name is not None and any(e["_name"] == name for e in _registry):
+            raise ValueError(f"job {name!r} is declared twice with @periodic")
+        _registry.append({"_target": target, "_task": task, "_name": name, **spec})
+        return target
+
+    return decorate
+
+
+def _default_task_name(target: Any) -> str:
+    return f"{target.__module__}.{target.__name__}"
+
+
+def _resolve_task(entry: Mapping[str, Any]) -> str:
+    if entry.get("_task"):
+        return str(entry["_task"])
+    target = entry["_target"]
+    name = getattr(target, "name", None)  # a Celery task (or shared_task's proxy)
+    return name if isinstance(name, str) else _default_task_name(target)
+
+
+def declarations() -> dict[str, dict[str, Any]]:
+    """Every declared job, by name: ``SCHEDAPP_JOBS`` and ``@periodic`` merged."""
+    from django.conf import settings
+
+    celery_app().loader.import_default_modules()  # load tasks modules, so @periodic ran
+    found: dict[str, dict[str, Any]] = {}
+    for name, spec in (getattr(settings, "SCHEDAPP_JOBS", None) or {}).items():
+        found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
+    for entry in _registry:
+        spec = {k: v for k, v in entry.items() if not k.startswith("_")}
+        spec["task"] = _resolve_task(entry)
+        name = entry["_name"] or spec["task"]
+        if name in found:
+            spec = {"_duplicate": True}
+        found[name] = spec
+    return found
+
+
+def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated field values of one declaration; defaults fill what it leaves out.
+
+    Raises ValidationError keyed ``"<job name>.<field>"``.
+    """
+    if spec.get("_duplicate"):
+        raise ValidationError({f"{name}.name": ["declared more than once (SCHEDAPP_JOBS and/or "
+                                                "@periodic)."]})
+    if "_invalid" in spec:
+        raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
+    values = {f: model_default(f) for f in JOB_FIELDS}
+    values.update(run_at=None, cron="", interval=None, name=name)
+    unknown = sorted(set(spec) - set(JOB_FIELDS))
+    if unknown:
+        raise ValidationError({f"{name}.{key}": [f"unknown option {key!r}."] for key in unknown})
+    values.update(spec)
+    if isinstance(values.get("args"), tuple):
+        values["args"] = list(values["args"])
+    try:
+        return validate_job(values)
+    except ValidationError as exc:
+        raise ValidationError({f"{name}.{field}": messages
+                               for field, messages in exc.message_dict.items()}) from exc
+
+
+@dataclass
+class SyncReport:
+    created: list[str] = field(default_factory=list)
+    updated: dict[str, list[str]] = field(default_factory=dict)  # name -> changed fields
+    paused: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    conflicts: dict[str, str] = field(default_factory=dict)  # name taken by another source
+    waiting: list[str] = field(default_factory=list)  # declared again, still paused
+    errors: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.paused)
+
+    def __str__(self) -> str:
+        parts = [f"{len(self.created)} created", f"{len(self.updated)} updated",
+                 f"{len(self.paused)} paused", f"{len(self.unchanged)} unchanged"]
+        if self.conflicts:
+            parts.append(f"{len(self.conflicts)} name conflicts")
+        if self.errors:
+            parts.append(f"{len(self.errors)} invalid")
+        return "declared jobs: " + ", ".join(parts)
+
+
+def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> SyncReport:
+    """Bring the database in line with the declarations; idempotent (see the module doc)."""
+    decls = declarations() if decls is None else decls
+    report = SyncReport()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
+        for name, spec in decls.items():
+            try:
+                values = declared_values(name, spec)
+                _sync_one(name, values, existing.get(name), report)
+            except (ValidationError, JobStateError) as exc:
+                report.errors[name] = _messages(exc)
+                log.error("declared job %s is invalid: %s", name, report.errors[name],
+                          extra={"action": "declared_invalid", "job_name": name})
+        gone = (Job.objects.filter(source=JobSource.DECLARED)
+                .exclude(name__in=list(decls))
+                .filter(state__in=(JobState.SCHEDULED, JobState.RUNNING)))
+        for job in gone:
+            api.pause(job.pk)
+            report.paused.append(job.name)
+    log.info("%s", report, extra={"action": "declared_sync"})
+    return report
+
+
+def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncReport) -> None:
+    if job is None:
+        task = values.pop("task")
+        with transaction.atomic():
+            api.schedule(task, source=JobSource.DECLARED, **values)
+        report.created.append(name)
+        return
+    if job.source != JobSource.DECLARED:
+        report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
+        return
+    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
+    if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
+        changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+    if changes:
+        with transaction.atomic():
+            api.update(job.pk, **changes)
+        report.updated[name] = sorted(changes)
+    else:
+        report.unchanged.append(name)
+    if job.state == JobState.PAUSED:
+        report.waiting.append(name)
+
+
+def _messages(exc: Exception) -> list[str]:
+    if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
+        return [f"{key}: {' '.join(msgs)}" for key, msgs in exc.message_dict.items()]
+    if isinstance(exc, ValidationError):
+        return list(exc.messages)
+    return [str(exc)]
+
+
+def clear_registry() -> None:
+    """Forget @periodic declarations (for tests)."""
+    _registry.clear()

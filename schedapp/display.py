@@ -1,0 +1,118 @@
+"""Human-readable schedules and times, for the admin, the status command and previews.
+
+Everything here is computed in Python from a job's own fields, so a changelist page of a
+hundred jobs costs no query per row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from .exceptions import ScheduleError
+from .schedules import get_zone, parse_timezone
+
+PREVIEW_COUNT = 5
+
+
+@lru_cache(maxsize=1)
+def timezone_names() -> list[str]:
+    """Every IANA zone name this host knows, sorted (offered in the job form)."""
+    from zoneinfo import available_timezones
+
+    return sorted(available_timezones() | {"UTC"})
+
+
+@lru_cache(maxsize=4096)
+def describe_cron(expr: str) -> str:
+    """'0 0 * * 1-5' -> 'At 00:00, Monday through Friday' (cron-descriptor, 24-hour clock)."""
+    try:
+        from cron_descriptor import ExpressionDescriptor, Options
+
+        options = Options()
+        options.use_24hour_time_format = True
+        options.verbose = False
+        return str(ExpressionDescriptor(expr, options).get_description())
+    except Exception:  # an expression cron-descriptor cannot read: show it as is
+        return f"cron {expr}"
+
+
+def describe_interval(every: timedelta) -> str:
+    """timedelta(minutes=90) -> 'Every 1 hour 30 minutes'."""
+    seconds = every.total_seconds()
+    if seconds <= 0:
+        return "Never"
+    parts: list[str] = []
+    remaining = int(seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        amount, remaining = divmod(remaining, size)
+        if amount:
+            parts.append(f"{amount} {unit}{'' if amount == 1 else 's'}")
+    fraction = seconds - int(seconds)
+    if fraction:
+        parts.append(f"{fraction:.3f} s")
+    if len(parts) == 1 and parts[0].startswith("1 "):
+        return f"Every {parts[0][2:]}"
+    return "Every " + " ".join(parts)
+
+
+def describe_schedule(run_at: datetime | None, cron: str, interval: timedelta | None,
+                      timezone: str) -> str:
+    """The schedule of a job in plain words, with its time zone where it matters."""
+    if run_at is not None:
+        return f"Once, at {local_time(run_at, timezone)}"
+    if cron:
+        return f"{describe_cron(cron)} ({timezone})"
+    if interval is not None:
+        return describe_interval(interval)
+    return "No schedule"
+
+
+def job_schedule_text(job: Any) -> str:
+    return describe_schedule(job.run_at, job.cron, job.interval, job.timezone)
+
+
+def safe_zone(name: str) -> Any:
+    """The job's zone, or UTC if the stored name is unknown to this host."""
+    try:
+        return get_zone(parse_timezone(name))
+    except (ScheduleError, ValueError):
+        return get_zone("UTC")
+
+
+def local_time(value: datetime | None, timezone: str, seconds: bool = False) -> str:
+    """An instant as wall-clock time in ``timezone``: '2026-05-04 09:00 CEST'."""
+    if value is None:
+        return "-"
+    local = value.astimezone(safe_zone(timezone))
+    fmt = "%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z"
+    return local.strftime(fmt)
+
+
+def preview_text(value: datetime, timezone: str) -> str:
+    """One previewed fire time: wall time, zone abbreviation and UTC offset."""
+    local = value.astimezone(safe_zone(timezone))
+    offset = local.strftime("%z")
+    return f"{local:%a %Y-%m-%d %H:%M:%S} {local.tzname()} (UTC{offset[:3]}:{offset[3:]})"
+
+
+def duration_text(value: timedelta | None) -> str:
+    if value is None:
+        return "-"
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return str(timedelta(seconds=round(seconds)))
+
+
+def seconds_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    return str(timedelta(seconds=round(value)))

@@ -1,0 +1,228 @@
+"""The admin's job form: the API's rules and messages, and a preview of the next fire times.
+
+The form validates with ``schedapp.validation.validate_job``, the function the API calls, so
+an operator reads exactly the message a developer would get from ``api.schedule``; each error
+is attached to the field it names. The form never saves: the admin hands the validated values
+to ``api.schedule`` / ``api.update``.
+
+``run_at`` is typed as wall-clock time in the job's time zone (the zone chosen in the form),
+like cron, not in the server's ``TIME_ZONE``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.utils import timezone as django_tz
+from django.utils.dateparse import parse_date, parse_duration, parse_time
+
+from .display import PREVIEW_COUNT, preview_text, safe_zone
+from .models import Job
+from .schedules import Once, fire_times
+from .validation import JOB_FIELDS, SCHEDULE_FIELDS, stored_schedule, validate_job
+
+FORM_FIELDS = [
+    "name",
+    "task",
+    "args",
+    "kwargs",
+    "cron",
+    "interval",
+    "run_at",
+    "timezone",
+    "priority",
+    "queue",
+    "lease_seconds",
+    "jitter",
+    "max_retries",
+    "retry_backoff",
+    "retry_backoff_max",
+    "misfire_policy",
+    "misfire_grace",
+    "misfire_max_catchup",
+]
+assert set(FORM_FIELDS) == set(JOB_FIELDS)
+
+
+def _datalist(field: forms.Field, list_id: str) -> None:
+    field.widget.attrs.update({"list": list_id, "autocomplete": "off", "class": "vTextField"})
+
+
+class JobForm(forms.ModelForm):
+    class Meta:
+        model = Job
+        fields = FORM_FIELDS
+        help_texts = {
+            "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
+            "run_at": "One-off: wall-clock time in the job's time zone.",
+            "args": "A JSON list, e.g. [1, \"two\"].",
+            "kwargs": "A JSON object, e.g. {\"label\": \"nightly\"}.",
+            "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job_values: dict[str, Any] = {}
+        self.preview: list[str] = []
+        for name in ("task", "timezone"):
+            if name in self.fields:
+                _datalist(self.fields[name], f"schedapp-{name}s")
+        for name in ("args", "kwargs"):
+            if name in self.fields:
+                self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
+        instance = self.instance
+        if instance.pk and instance.run_at is not None and "run_at" in self.fields:
+            local = instance.run_at.astimezone(safe_zone(instance.timezone))
+            self.initial["run_at"] = local.replace(tzinfo=None)
+
+    @property
+    def adding(self) -> bool:
+        return self.instance.pk is None
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        values = self._values(data)
+        self._preview(values)
+        check_task = self.adding or values.get("task") != self.instance.task
+        try:
+            cleaned = validate_job(values, check_task=check_task)
+        except ValidationError as exc:
+            self._attach(exc)
+            return data
+        clash = Job.objects.filter(name=cleaned["name"]).exclude(pk=self.instance.pk)
+        if clash.exists():
+            # The API's own message for this (api._integrity_error).
+            self.add_error("name", f"a job named {cleaned['name']!r} already exists.")
+            return data
+        self.job_values = cleaned
+        return data
+
+    def _preview(self, values: dict[str, Any]) -> None:
+        """Shown again with the form (e.g. after an error elsewhere): the schedule as typed."""
+        try:
+            times, _errors = schedule_preview(values.get("cron") or "", values.get("interval"),
+                                              values.get("run_at"), values.get("timezone") or "")
+        except Exception:  # a preview never blocks a save
+            times = []
+        self.preview = times
+        self.instance._schedapp_preview = times  # read by JobAdmin.fire_preview
+
+    def _values(self, data: dict[str, Any]) -> dict[str, Any]:
+        """All of a job's fields: what the form cleaned, else the job's (or the default)
+        value for fields that already carry a form error, so each problem is said once."""
+        values: dict[str, Any] = {}
+        for name in JOB_FIELDS:
+            if name in data:
+                values[name] = data[name]
+            elif self.instance.pk:
+                values[name] = getattr(self.instance, name)
+            else:
+                values[name] = model_default(name)
+        if values.get("args") is None:
+            values["args"] = []
+        if values.get("kwargs") is None:
+            values["kwargs"] = {}
+        for name in ("cron", "queue"):
+            if values.get(name) is None:
+                values[name] = ""
+        run_at = values.get("run_at")
+        if isinstance(run_at, datetime) and "timezone" not in self.errors:
+            values["run_at"] = in_zone(run_at, values.get("timezone") or "UTC")
+        return values
+
+    def _attach(self, exc: ValidationError) -> None:
+        for field, messages in exc.message_dict.items():
+            target = field if field in self.fields else None
+            if target is not None and target in self.errors:
+                continue  # the field's own parsing already said what is wrong
+            self.add_error(target, messages)
+
+    def _post_clean(self) -> None:
+        # No model validation: the rules (and the messages) are the API's, checked in clean().
+        # The model's constraints (e.g. "a scheduled job has next_run_at") hold for what the
+        # API writes, not for the half-built instance a ModelForm would check.
+        pass
+
+
+def model_default(name: str) -> Any:
+    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
+    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
+
+
+def in_zone(value: datetime, zone_name: str) -> datetime:
+    """Re-read an aware datetime's wall-clock time in ``zone_name`` (the form parsed it in the
+    current Django time zone)."""
+    naive = django_tz.make_naive(value) if django_tz.is_aware(value) else value
+    return naive.replace(tzinfo=safe_zone(zone_name))
+
+
+def preview_for(values: dict[str, Any], scheduled_for: datetime | None,
+                now: datetime | None = None, count: int = PREVIEW_COUNT) -> list[str]:
+    """The next ``count`` fire times of validated values, as text in the job's zone.
+
+    A saved recurring job continues from ``scheduled_for`` (its next occurrence), so an
+    interval preview shows the occurrences that will really happen.
+    """
+    from .db import db_now
+
+    schedule = stored_schedule(values)
+    now = now or db_now()
+    if isinstance(schedule, Once):
+        times = [schedule.at]
+    elif scheduled_for is not None and scheduled_for > now:
+        times = [scheduled_for, *fire_times(schedule, scheduled_for, limit=count - 1)]
+    else:
+        times = list(fire_times(schedule, now, limit=count))
+    return [preview_text(t, values["timezone"]) for t in times]
+
+
+def schedule_preview(cron: str, interval: Any, run_at: datetime | None,
+                     zone: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(fire times, errors by field) of a schedule alone.
+
+    Validated by ``validate_job`` itself, so the errors read like the API's; the fields other
+    than the schedule get harmless placeholders.
+    """
+    values: dict[str, Any] = {name: model_default(name) for name in JOB_FIELDS}
+    values.update(task="preview", name="preview", args=[], kwargs={}, queue="",
+                  cron=cron or "", interval=interval, run_at=run_at, timezone=zone)
+    try:
+        cleaned = validate_job(values, check_task=False)
+    except ValidationError as exc:
+        relevant = (*SCHEDULE_FIELDS, "timezone")
+        return [], {k: v for k, v in exc.message_dict.items() if k in relevant}
+    return preview_for(cleaned, scheduled_for=None), {}
+
+
+def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
+    """The preview of the schedule fields of a form still being typed (the admin's preview
+    endpoint reads them from the query string, as the form names them)."""
+    zone = (params.get("timezone") or "").strip()
+    errors: dict[str, list[str]] = {}
+    interval = None
+    interval_text = (params.get("interval") or "").strip()
+    if interval_text:
+        interval = parse_duration(interval_text)
+        if interval is None:
+            errors["interval"] = ["Enter a valid duration."]
+    run_at = _run_at(params, zone, errors)
+    if errors:
+        return [], errors
+    return schedule_preview((params.get("cron") or "").strip(), interval, run_at, zone)
+
+
+def _run_at(params: Any, zone: str, errors: dict[str, list[str]]) -> datetime | None:
+    day = (params.get("run_at_0") or "").strip()
+    clock = (params.get("run_at_1") or "").strip()
+    if not day and not clock:
+        return None
+    parsed_day = parse_date(day) if day else None
+    parsed_clock = parse_time(clock or "00:00:00")
+    if parsed_day is None or parsed_clock is None:
+        errors["run_at"] = ["Enter a valid date/time."]
+        return None
+    return datetime.combine(parsed_day, parsed_clock).replace(tzinfo=safe_zone(zone or "UTC"))

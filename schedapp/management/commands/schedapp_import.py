@@ -1,0 +1,43 @@
+"""``manage.py schedapp_import``: switch from Celery beat or django-celery-beat in one step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from schedapp import importer
+
+
+class Command(BaseCommand):
+    help = ("Import CELERY_BEAT_SCHEDULE (default) and/or django-celery-beat's periodic tasks "
+            "as schedapp jobs; existing names are skipped (or updated with --update), and "
+            "entries that cannot be mapped are reported.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--from-settings", action="store_true",
+                            help="Import CELERY_BEAT_SCHEDULE (the default source).")
+        parser.add_argument("--from-django-celery-beat", action="store_true",
+                            help="Import django-celery-beat's PeriodicTask rows.")
+        parser.add_argument("--update", action="store_true",
+                            help="Update jobs imported before whose source entry changed.")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Validate and report; write nothing.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        candidates: list[importer.Candidate] = []
+        if options["from_settings"] or not options["from_django_celery_beat"]:
+            candidates += importer.from_beat_schedule(importer.beat_schedule_from_settings())
+        if options["from_django_celery_beat"]:
+            try:
+                candidates += importer.from_django_celery_beat()
+            except RuntimeError as exc:
+                raise CommandError(str(exc)) from exc
+        if not candidates:
+            self.stdout.write("nothing to import")
+            return
+        report = importer.import_candidates(candidates, update=options["update"],
+                                            dry_run=options["dry_run"])
+        for line in report.lines():
+            stream = self.stderr if line.startswith(("NOT MAPPED", "INVALID")) else self.stdout
+            stream.write(line)

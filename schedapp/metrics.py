@@ -1,0 +1,226 @@
+"""Prometheus metrics for beats and workers, and two ways to expose them.
+
+Beats and worker hooks call the small functions below (``claimed``, ``dispatched``,
+``run_finished`` ...); each is a few counter increments, safe to call on every tick.
+
+Exposition:
+
+* ``SCHEDAPP_METRICS_PORT`` + ``start_metrics_server()``: an HTTP endpoint in the beat or in
+  the worker's main process (``prometheus_client.start_http_server``).
+* ``schedapp.views.metrics``: a Django view. Besides this process's metrics it reports gauges
+  read from the database at scrape time (jobs by state, due backlog, age of the oldest due
+  job, live beats and workers), i.e. the whole fleet's view, whatever process serves it.
+
+Prefork workers: completions are recorded in the pool's child processes, whose counters the
+main process cannot see. Set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (per host,
+wiped before the worker starts): prometheus_client then writes every process's values there
+and the endpoint aggregates them (``MultiProcessCollector``). Beats are single processes and
+need nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("schedapp.metrics")
+
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+CLAIMS = Counter("schedapp_claims", "Jobs claimed by beats (leases taken).")
+DISPATCHES = Counter("schedapp_dispatches", "Runs published to the broker.")
+PUBLISH_FAILURES = Counter("schedapp_publish_failures",
+                           "Runs whose publish failed; their claims were released.")
+DISPATCH_LAG = Histogram("schedapp_dispatch_lag_seconds",
+                         "Seconds from a run being due to its publication.", buckets=LAG_BUCKETS)
+LEASE_EXPIRIES = Counter("schedapp_lease_expiries",
+                         "Expired leases reaped by beats (a worker or beat stopped renewing).")
+MISFIRES_SKIPPED = Counter("schedapp_misfires_skipped",
+                           "Missed occurrences skipped by the misfire policy.")
+DOOR_SKIPS = Counter("schedapp_door_skips",
+                     "Deliveries refused at the worker's door (stale token, job state).",
+                     ["reason"])
+RUNS_FINISHED = Counter("schedapp_runs_finished", "Runs that finished, by status.", ["status"])
+STALE_COMPLETIONS = Counter("schedapp_stale_completions",
+                            "Completions that arrived after their lease was lost (not applied).")
+DEAD_LETTERS = Counter("schedapp_dead_letters", "Jobs that exhausted their retries.")
+HEARTBEATS = Counter("schedapp_heartbeats", "Heartbeats recorded, by node kind.", ["kind"])
+LEASES_RENEWED = Counter("schedapp_leases_renewed", "Leases renewed by worker heartbeats.")
+LEASES_LOST = Counter("schedapp_leases_lost",
+                      "Leases found lost at renewal (the job was reclaimed or cancelled).")
+BEAT_TICKS = Counter("schedapp_beat_ticks", "Beat ticks (claim, publish, sleep).")
+BEAT_TICK_SECONDS = Histogram("schedapp_beat_tick_seconds", "Duration of one beat tick's work.",
+                              buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+BEAT_LAST_TICK = Gauge("schedapp_beat_last_tick_timestamp_seconds",
+                       "Unix time of the last beat tick in this process.",
+                       multiprocess_mode="max")
+
+
+# --- what beats and workers call ---------------------------------------------------------
+
+
+def claimed(count: int, *, reaped: int = 0, misfires_skipped: int = 0) -> None:
+    """After ``claims.claim_due_jobs``: claims taken, leases reaped, misfires skipped."""
+    if count:
+        CLAIMS.inc(count)
+    if reaped:
+        LEASE_EXPIRIES.inc(reaped)
+    if misfires_skipped:
+        MISFIRES_SKIPPED.inc(misfires_skipped)
+
+
+def dispatched(count: int, lags_seconds: Iterable[float] = ()) -> None:
+    """After publishing: how many, and each run's lag (publish time minus due time)."""
+    if count:
+        DISPATCHES.inc(count)
+    for lag in lags_seconds:
+        DISPATCH_LAG.observe(max(0.0, float(lag)))
+
+
+def publish_failed(count: int) -> None:
+    if count:
+        PUBLISH_FAILURES.inc(count)
+
+
+def lease_expired(count: int = 1) -> None:
+    if count:
+        LEASE_EXPIRIES.inc(count)
+
+
+def door_skipped(reason: str) -> None:
+    """A delivery refused by the worker's door; ``reason`` is a short fixed word
+    (``stale_token``, ``job_state``, ``error``) so the label set stays small."""
+    DOOR_SKIPS.labels(reason=reason).inc()
+
+
+def run_finished(status: str, *, stale: bool = False, dead: bool = False) -> None:
+    """A completion: ``status`` is the run's (succeeded, failed, lost, cancelled)."""
+    RUNS_FINISHED.labels(status=status).inc()
+    if stale:
+        STALE_COMPLETIONS.inc()
+    if dead:
+        DEAD_LETTERS.inc()
+
+
+def heartbeat(kind: str, *, renewed: int = 0, lost: int = 0) -> None:
+    """A beat's or worker's heartbeat; for workers, the leases it renewed and found lost."""
+    HEARTBEATS.labels(kind=kind).inc()
+    if renewed:
+        LEASES_RENEWED.inc(renewed)
+    if lost:
+        LEASES_LOST.inc(lost)
+
+
+def beat_tick(seconds: float, at: float) -> None:
+    """One beat tick's work took ``seconds``; ``at`` is its Unix time."""
+    BEAT_TICKS.inc()
+    BEAT_TICK_SECONDS.observe(max(0.0, seconds))
+    BEAT_LAST_TICK.set(at)
+
+
+# --- exposition --------------------------------------------------------------------------
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
+        "prometheus_multiproc_dir") or None
+
+
+def process_registry() -> CollectorRegistry:
+    """The registry to expose: all processes of this host in multiprocess mode, else ours."""
+    if multiprocess_dir():
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+def process_exited(pid: int) -> None:
+    """Call from ``worker_process_shutdown`` in multiprocess mode (drops live gauges)."""
+    if multiprocess_dir():
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+def metrics_port() -> int | None:
+    from django.conf import settings
+
+    port = getattr(settings, "SCHEDAPP_METRICS_PORT", None)
+    return int(port) if port else None
+
+
+_server_started: list[int] = []
+
+
+def start_metrics_server(port: int | None = None, addr: str = "0.0.0.0") -> bool:
+    """Serve this process's metrics on ``port`` (default ``SCHEDAPP_METRICS_PORT``).
+
+    Returns False (and logs) if no port is configured, the server already runs, or the port
+    is taken: metrics never stop a beat or a worker from starting.
+    """
+    from prometheus_client import start_http_server
+
+    port = port if port is not None else metrics_port()
+    if not port or _server_started:
+        return False
+    try:
+        start_http_server(port, addr=addr, registry=process_registry())
+    except OSError as exc:
+        log.warning("metrics server not started on %s:%s: %s", addr, port, exc,
+                    extra={"action": "metrics_failed"})
+        return False
+    _server_started.append(port)
+    log.info("metrics on http://%s:%s/metrics", addr, port, extra={"action": "metrics_started"})
+    return True
+
+
+class FleetCollector:
+    """Gauges read from the database at scrape time: the same for every process."""
+
+    def collect(self) -> Iterator[Any]:
+        from . import overview
+
+        data = overview.collect()
+        jobs = GaugeMetricFamily("schedapp_jobs", "Jobs by state.", labels=["state"])
+        for state, count in data.counts.items():
+            jobs.add_metric([state], count)
+        yield jobs
+        yield GaugeMetricFamily("schedapp_due_backlog",
+                                "Scheduled jobs already due (capped count).", value=data.backlog)
+        yield GaugeMetricFamily("schedapp_oldest_due_seconds",
+                                "How long the oldest due job has waited (0 if none).",
+                                value=data.oldest_due_seconds or 0.0)
+        yield GaugeMetricFamily("schedapp_expired_leases",
+                                "Running jobs whose lease expired, not yet reaped.",
+                                value=data.expired_leases)
+        nodes = GaugeMetricFamily("schedapp_nodes_alive",
+                                  "Beats and workers seen in the last minute.", labels=["kind"])
+        nodes.add_metric(["beat"], len(data.beats))
+        nodes.add_metric(["worker"], len(data.workers))
+        yield nodes
+
+
+def exposition(include_fleet: bool = True) -> tuple[bytes, str]:
+    """(body, content type) of a scrape: this host's processes, plus the fleet gauges."""
+    body = generate_latest(process_registry())
+    if include_fleet:
+        fleet = CollectorRegistry(auto_describe=False)
+        fleet.register(FleetCollector())  # type: ignore[arg-type]
+        body += generate_latest(fleet)
+    return body, CONTENT_TYPE_LATEST

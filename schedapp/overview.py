@@ -1,0 +1,269 @@
+"""What an operator asks first: how many jobs in each state, how far behind are we, who is alive.
+
+Shared by the admin's overview page and ``manage.py schedapp_status``. Every query here is
+bounded, so the page stays fast with millions of jobs and runs:
+
+* counts by state: one ``GROUP BY state`` over the ``(state, task)`` index;
+* the due backlog: a loose index scan of the due partial index, one range per priority level,
+  counted up to ``BACKLOG_CAP`` (shown as "100,000+" beyond);
+* dispatch lag: computed from the newest ``LAG_SAMPLE`` runs (read backwards on the primary
+  key), restricted to the last ``window`` minutes, so a busy history costs the same as an idle
+  one;
+* beats and workers: the ``Node`` rows refreshed in the last ``NODE_FRESH_SECONDS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Min
+from django.db.models.functions import Now
+
+from .db import db_now, is_postgresql
+from .models import Job, JobState, Node
+
+BACKLOG_CAP = 100_000
+LAG_SAMPLE = 20_000
+NODE_FRESH_SECONDS = 60
+LAG_WINDOW_MINUTES = 5
+
+# Due jobs, per priority level: the levels are found by a loose index scan of the due partial
+# index, then each level's due range is read in index order. Bounded by %(cap)s rows.
+_BACKLOG_SQL = """
+WITH RECURSIVE levels(priority) AS (
+    (SELECT priority FROM schedapp_job WHERE state = 'scheduled'
+     ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM schedapp_job j
+            WHERE j.state = 'scheduled' AND j.priority < levels.priority
+            ORDER BY j.priority DESC LIMIT 1)
+    FROM levels WHERE levels.priority IS NOT NULL
+)
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM levels l CROSS JOIN LATERAL (
+            SELECT 1 FROM schedapp_job j
+            WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+            LIMIT %(cap)s) x
+        WHERE l.priority IS NOT NULL LIMIT %(cap)s) due),
+    (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
+        SELECT j.next_run_at FROM schedapp_job j
+        WHERE j.state = 'scheduled' AND j.priority = l.priority
+        ORDER BY j.next_run_at LIMIT 1) x
+     WHERE l.priority IS NOT NULL)
+"""
+
+# Dispatch lag (dispatched_at - due_at) per minute over the newest runs.
+_LAG_SQL = """
+SELECT date_trunc('minute', r.claimed_at) AS minute,
+       count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
+       max(lag)
+FROM (SELECT claimed_at,
+             extract(epoch FROM dispatched_at - due_at) AS lag
+      FROM schedapp_jobrun
+      ORDER BY id DESC LIMIT %(sample)s) r
+WHERE r.claimed_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
+GROUP BY ROLLUP (minute)
+ORDER BY minute NULLS FIRST
+"""
+
+
+_STATUS_SQL = """
+SELECT r.status, count(*)
+FROM (SELECT status, claimed_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
+WHERE r.claimed_at >= now() - make_interval(mins => %(minutes)s)
+GROUP BY r.status ORDER BY r.status
+"""
+
+
+@dataclass(frozen=True)
+class Lag:
+    """Dispatch lag in seconds over a window: how late beats publish what is due."""
+
+    label: str
+    runs: int
+    p50: float | None
+    p95: float | None
+    max: float | None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    kind: str
+    hostname: str
+    pid: int | None
+    started_at: datetime
+    last_seen_at: datetime
+    age_seconds: float
+    stats: dict[str, Any]
+
+
+@dataclass
+class Overview:
+    now: datetime
+    counts: dict[str, int]
+    total: int
+    backlog: int
+    backlog_capped: bool
+    oldest_due: datetime | None
+    expired_leases: int
+    lag: Lag | None
+    lag_by_minute: list[Lag] = field(default_factory=list)
+    beats: list[NodeInfo] = field(default_factory=list)
+    workers: list[NodeInfo] = field(default_factory=list)
+    recent_statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dead(self) -> int:
+        return self.counts.get(JobState.DEAD, 0)
+
+    @property
+    def oldest_due_seconds(self) -> float | None:
+        """How long the oldest due job has waited (None when nothing is due)."""
+        if self.oldest_due is None or self.oldest_due > self.now:
+            return None
+        return (self.now - self.oldest_due).total_seconds()
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form, for ``schedapp_status --json`` and monitoring scripts."""
+
+        def lag(value: Lag | None) -> dict[str, Any] | None:
+            return None if value is None else value.__dict__
+
+        def node(n: NodeInfo) -> dict[str, Any]:
+            return {**n.__dict__, "started_at": n.started_at.isoformat(),
+                    "last_seen_at": n.last_seen_at.isoformat()}
+
+        return {
+            "now": self.now.isoformat(),
+            "counts": self.counts,
+            "total": self.total,
+            "backlog": self.backlog,
+            "backlog_capped": self.backlog_capped,
+            "oldest_due": self.oldest_due.isoformat() if self.oldest_due else None,
+            "oldest_due_seconds": self.oldest_due_seconds,
+            "expired_leases": self.expired_leases,
+            "dead": self.dead,
+            "lag": lag(self.lag),
+            "lag_by_minute": [lag(m) for m in self.lag_by_minute],
+            "beats": [node(n) for n in self.beats],
+            "workers": [node(n) for n in self.workers],
+            "recent_statuses": self.recent_statuses,
+        }
+
+
+def state_counts() -> dict[str, int]:
+    """Jobs per state, every state present (zero when none)."""
+    counts = {state: 0 for state in JobState.values}
+    # COUNT(*), not COUNT(id): an index-only scan of the (state, task) index suffices.
+    for row in Job.objects.order_by().values("state").annotate(n=Count("*")):
+        counts[row["state"]] = row["n"]
+    return counts
+
+
+def backlog(cap: int = BACKLOG_CAP) -> tuple[int, datetime | None]:
+    """(scheduled jobs already due, counted up to ``cap``; the oldest next_run_at)."""
+    if is_postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(_BACKLOG_SQL, {"cap": cap})
+            due, oldest = cursor.fetchone()
+        return int(due), oldest
+    scheduled = Job.objects.filter(state=JobState.SCHEDULED)
+    due = scheduled.filter(next_run_at__lte=Now()).order_by().values("id")[:cap].count()
+    oldest = scheduled.aggregate(m=Min("next_run_at"))["m"]
+    return due, oldest
+
+
+def dispatch_lag(minutes: int = LAG_WINDOW_MINUTES,
+                 sample: int = LAG_SAMPLE) -> tuple[Lag | None, list[Lag]]:
+    """(lag over the whole window, lag per minute), from the newest ``sample`` runs."""
+    if not is_postgresql():
+        return None, []
+    with connection.cursor() as cursor:
+        cursor.execute(_LAG_SQL, {"sample": sample, "minutes": minutes})
+        rows = cursor.fetchall()
+    total: Lag | None = None
+    per_minute: list[Lag] = []
+    for minute, runs, p50, p95, worst in rows:
+        value = Lag(
+            label=f"{minute:%H:%M}" if minute else f"last {minutes} min",
+            runs=int(runs),
+            p50=_float(p50),
+            p95=_float(p95),
+            max=_float(worst),
+        )
+        if minute is None:
+            total = value
+        else:
+            per_minute.append(value)
+    return total, per_minute
+
+
+def recent_statuses(minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE) -> dict[str, int]:
+    """Runs claimed in the last ``minutes`` by status (from the newest ``sample`` runs)."""
+    if not is_postgresql():
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(_STATUS_SQL, {"sample": sample, "minutes": minutes})
+        return {status: int(count) for status, count in cursor.fetchall()}
+
+
+def live_nodes(now: datetime, fresh_seconds: int = NODE_FRESH_SECONDS) -> list[NodeInfo]:
+    """Beats and workers that refreshed their row recently (in the database's clock)."""
+    rows = Node.objects.filter(last_seen_at__gte=now - timedelta(seconds=fresh_seconds))
+    return [
+        NodeInfo(
+            name=n.name,
+            kind=n.kind,
+            hostname=n.hostname,
+            pid=n.pid,
+            started_at=n.started_at,
+            last_seen_at=n.last_seen_at,
+            age_seconds=max(0.0, (now - n.last_seen_at).total_seconds()),
+            stats=n.stats or {},
+        )
+        for n in rows.order_by("kind", "name")[:500]
+    ]
+
+
+def expired_leases() -> int:
+    """Running jobs whose lease has expired and that no beat has reaped yet (a partial index)."""
+    return (
+        Job.objects.filter(state=JobState.RUNNING, lease_expires_at__lt=Now())
+        .order_by()
+        .values("id")[:BACKLOG_CAP]
+        .count()
+    )
+
+
+def collect(minutes: int = LAG_WINDOW_MINUTES) -> Overview:
+    """Everything the overview page and the status command show, in a handful of queries."""
+    now = db_now()
+    counts = state_counts()
+    due, oldest = backlog()
+    total_lag, per_minute = dispatch_lag(minutes)
+    nodes = live_nodes(now)
+    return Overview(
+        now=now,
+        counts=counts,
+        total=sum(counts.values()),
+        backlog=due,
+        backlog_capped=due >= BACKLOG_CAP,
+        oldest_due=oldest,
+        expired_leases=expired_leases(),
+        lag=total_lag,
+        lag_by_minute=per_minute,
+        beats=[n for n in nodes if n.kind == Node.Kind.BEAT],
+        workers=[n for n in nodes if n.kind == Node.Kind.WORKER],
+        recent_statuses=recent_statuses(minutes),
+    )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else round(float(value), 3)

@@ -1,0 +1,30 @@
+"""Optional views: ``path("metrics/", schedapp.views.metrics)`` in a project's URLconf.
+
+``SCHEDAPP_METRICS_TOKEN``, when set, must be sent as ``Authorization: Bearer <token>``
+(Prometheus: ``authorization: {credentials: ...}``); without it the view is open, like
+``prometheus_client``'s own HTTP server, so protect it at the proxy.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from . import metrics as _metrics
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus exposition: this host's schedapp processes and fleet gauges from the DB."""
+    token = getattr(settings, "SCHEDAPP_METRICS_TOKEN", None)
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return HttpResponse("unauthorised\n", status=401, content_type="text/plain")
+    body, content_type = _metrics.exposition()
+    return HttpResponse(body, content_type=content_type)

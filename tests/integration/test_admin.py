@@ -1,0 +1,317 @@
+"""The jobs changelist and the job form, through Django's test client.
+
+Given/When/Then in comments; every assertion reads what an operator sees (HTML) or what the
+database holds afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import override_settings
+from django.urls import reverse
+
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobSource, JobState
+from schedapp.schedules import fire_times, parse_cron
+
+pytestmark = [pytest.mark.django_db]
+
+CHANGELIST = "admin:schedapp_job_changelist"
+ADD = "admin:schedapp_job_add"
+
+
+def change_url(job: Job) -> str:
+    return reverse("admin:schedapp_job_change", args=[job.pk])
+
+
+def form_data(**overrides: object) -> dict[str, object]:
+    """A complete, valid add/change form post, as the browser sends it."""
+    data: dict[str, object] = {
+        "name": "nightly-report",
+        "task": "project.tasks.record",
+        "args": "[]",
+        "kwargs": '{"label": "nightly"}',
+        "cron": "0 0 * * 1-5",
+        "interval": "",
+        "run_at_0": "",
+        "run_at_1": "",
+        "timezone": "Europe/Paris",
+        "priority": "0",
+        "queue": "",
+        "lease_seconds": "60",
+        "jitter": "0",
+        "max_retries": "3",
+        "retry_backoff": "00:00:10",
+        "retry_backoff_max": "01:00:00",
+        "misfire_policy": "run_once",
+        "misfire_grace": "00:01:00",
+        "misfire_max_catchup": "100",
+    }
+    data.update(overrides)
+    return data
+
+
+def api_error(**spec: object) -> dict[str, list[str]]:
+    """The API's own error for the same input, to compare messages with the form's."""
+    task = spec.pop("task", "project.tasks.record")
+    with pytest.raises(ValidationError) as caught:
+        api.schedule(task, **spec)  # type: ignore[arg-type]
+    return caught.value.message_dict
+
+
+def form_errors(response) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    form = response.context["adminform"].form
+    return {field: list(errors) for field, errors in form.errors.items()}
+
+
+# --- changelist ------------------------------------------------------------------------------
+
+
+def test_changelist_shows_schedule_in_words_state_next_run_last_run_lease_and_retries(
+        admin_client):
+    # Given a weekday-midnight cron job in Paris, an interval job holding a lease, and a
+    # one-off job that failed once
+    cron = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
+                        name="weekdays")
+    leased = api.schedule("project.tasks.record", interval=90, name="every-90s")
+    now = db_now()
+    Job.objects.filter(pk=leased.pk).update(state=JobState.RUNNING, claimed_by="beat-a:42",
+                                            lease_expires_at=now + timedelta(seconds=60))
+    failed = api.schedule("project.tasks.record", run_at=now + timedelta(hours=1),
+                          name="one-off")
+    Job.objects.filter(pk=failed.pk).update(last_run_at=now, last_status="failed",
+                                            retry_count=2)
+
+    # When the operator opens the jobs list
+    response = admin_client.get(reverse(CHANGELIST))
+
+    # Then each row says it in plain words
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "At 00:00, Monday through Friday (Europe/Paris)" in html
+    assert "Every 1 minute 30 seconds" in html
+    assert "Once, at " in html
+    # ... the next run in the job's own zone (CET or CEST: Paris)
+    cron.refresh_from_db()
+    paris = cron.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
+    assert f"{paris:%Y-%m-%d %H:%M} {paris.tzname()}" in html
+    # ... the state with a colour, the lease holder, the last status and the retry count
+    assert 'class="schedapp-badge schedapp-running"' in html
+    assert "beat-a:42" in html
+    assert 'class="schedapp-badge schedapp-failed"' in html
+    row = re.search(r'<tr>(?:(?!</tr>).)*one-off(?:(?!</tr>).)*</tr>', html, re.S).group(0)
+    assert '<td class="field-retry_count">2</td>' in row
+
+
+def test_changelist_filters_by_state_task_queue_and_kind_and_searches_name_and_task(
+        admin_client):
+    api.schedule("project.tasks.record", cron="*/5 * * * *", name="alpha", queue="reports")
+    api.schedule("project.tasks.noop", interval=60, name="beta")
+    paused = api.schedule("project.tasks.add", args=[1, 2], run_at=db_now() + timedelta(days=1),
+                          name="gamma")
+    api.pause(paused)
+    url = reverse(CHANGELIST)
+
+    def names(query: str) -> set[str]:
+        response = admin_client.get(f"{url}?{query}")
+        assert response.status_code == 200, response.content[:500]
+        return {job.name for job in response.context["cl"].result_list}
+
+    assert names("") == {"alpha", "beta", "gamma"}
+    assert names("state__exact=paused") == {"gamma"}
+    assert names("task=project.tasks.noop") == {"beta"}
+    assert names("queue=reports") == {"alpha"}
+    assert names("queue=__default__") == {"beta", "gamma"}
+    assert names("kind=cron") == {"alpha"}
+    assert names("kind=interval") == {"beta"}
+    assert names("kind=once") == {"gamma"}
+    assert names("q=bet") == {"beta"}
+    assert names("q=tasks.add") == {"gamma"}
+    # The filter sidebar lists registered tasks and the queues in use, without a DISTINCT scan
+    response = admin_client.get(url)
+    html = response.content.decode()
+    assert "?task=project.tasks.record" in html
+    assert "?queue=reports" in html
+
+
+def test_dead_letter_view_shows_the_last_error_of_dead_jobs(admin_client):
+    job = api.schedule("project.tasks.fail", interval=60, name="broken")
+    api.schedule("project.tasks.record", interval=60, name="healthy")
+    Job.objects.filter(pk=job.pk).update(state=JobState.DEAD, last_status="failed",
+                                         last_error="RuntimeError: broken failed on purpose",
+                                         last_run_at=db_now(), retry_count=3)
+
+    response = admin_client.get(reverse(CHANGELIST) + "?state__exact=dead")
+
+    html = response.content.decode()
+    assert [j.name for j in response.context["cl"].result_list] == ["broken"]
+    assert "RuntimeError: broken failed on purpose" in html
+    assert "Requeue selected jobs" in html
+    # The changelist links to this view
+    assert 'id="schedapp-dead-letters"' in admin_client.get(reverse(CHANGELIST)).content.decode()
+
+
+# --- the job form ----------------------------------------------------------------------------
+
+
+def test_adding_a_job_in_the_form_schedules_it_through_the_api(admin_client):
+    # When the operator submits the add form ("Save and continue editing")
+    response = admin_client.post(reverse(ADD), form_data(_continue="1"))
+
+    # Then the job exists, marked as created in the admin, with its first run computed
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert job.source == JobSource.ADMIN
+    assert job.state == JobState.SCHEDULED
+    assert job.kwargs == {"label": "nightly"}
+    expected = next(fire_times(parse_cron("0 0 * * 1-5", "Europe/Paris"), job.created_at))
+    assert job.next_run_at == expected
+    assert response["Location"] == change_url(job)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "spec"),
+    [
+        ({"cron": "61 * * * *"}, "cron", {"cron": "61 * * * *"}),
+        ({"cron": "0 0 30 2 *"}, "cron", {"cron": "0 0 30 2 *"}),
+        ({"timezone": "Mars/Olympus"}, "timezone", {"cron": "0 0 * * *",
+                                                    "timezone": "Mars/Olympus"}),
+        ({"task": "project.tasks.nope"}, "task", {"task": "project.tasks.nope",
+                                                  "cron": "0 0 * * *"}),
+        ({"task": "os.system"}, "task", {"task": "os.system", "cron": "0 0 * * *"}),
+        ({"args": '{"a": 1}'}, "args", {"args": {"a": 1}, "cron": "0 0 * * *"}),
+        ({"kwargs": '{"not valid": 1}'}, "kwargs", {"kwargs": {"not valid": 1},
+                                                    "cron": "0 0 * * *"}),
+        ({"cron": "", "interval": "300"}, None, None),
+        ({"interval": "300"}, "cron", {"cron": "0 0 * * 1-5", "interval": 300}),
+        ({"cron": ""}, "cron", {}),
+        ({"lease_seconds": "0"}, "lease_seconds", {"cron": "0 0 * * *", "lease_seconds": 0}),
+    ],
+)
+def test_the_form_refuses_what_the_api_refuses_with_the_same_message(
+        admin_client, overrides, field, spec):
+    response = admin_client.post(reverse(ADD), form_data(**overrides))
+    if field is None:  # a valid variant, to show the others fail for their own reason
+        assert response.status_code == 302
+        return
+    assert response.status_code == 200
+    errors = form_errors(response)
+    expected = api_error(name="via-api", **spec)[field]
+    assert errors[field] == expected, errors
+    assert not Job.objects.filter(name="nightly-report").exists()
+
+
+def test_a_disallowed_task_is_refused_in_the_form_and_by_the_api(admin_client):
+    # Given an allowlist that permits only project.tasks.record
+    with override_settings(SCHEDAPP_ALLOWED_TASKS=["project.tasks.record"]):
+        response = admin_client.post(reverse(ADD), form_data(task="project.tasks.noop"))
+        assert response.status_code == 200
+        message = "task 'project.tasks.noop' is not allowed (SCHEDAPP_ALLOWED_TASKS)."
+        assert form_errors(response)["task"] == [message]
+        assert api_error(task="project.tasks.noop", cron="* * * * *")["task"] == [message]
+        # ... and the task list offered in the form does not suggest it
+        page = admin_client.get(reverse(ADD)).content.decode()
+        assert '<option value="project.tasks.record">' in page
+        assert '<option value="project.tasks.noop">' not in page
+    assert not Job.objects.exists()
+
+
+def test_invalid_json_is_a_field_error(admin_client):
+    response = admin_client.post(reverse(ADD), form_data(args="[1, 2", kwargs="{'single': 1}"))
+    errors = form_errors(response)
+    assert errors["args"] == ["Enter a valid JSON."]
+    assert errors["kwargs"] == ["Enter a valid JSON."]
+    assert not Job.objects.exists()
+
+
+def test_a_name_in_use_gets_the_api_message(admin_client):
+    api.schedule("project.tasks.record", interval=60, name="nightly-report")
+    response = admin_client.post(reverse(ADD), form_data())
+    assert form_errors(response)["name"] == api_error(name="nightly-report", interval=60)["name"]
+
+
+def test_run_at_is_read_in_the_jobs_time_zone(admin_client):
+    response = admin_client.post(reverse(ADD), form_data(
+        cron="", run_at_0="2031-07-01", run_at_1="09:30:00", timezone="America/New_York"))
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert job.run_at == datetime(2031, 7, 1, 9, 30, tzinfo=ZoneInfo("America/New_York"))
+    # ... and shown back in that zone on the job page
+    page = admin_client.get(change_url(job)).content.decode()
+    assert 'value="09:30:00"' in page
+    assert "Tue 2031-07-01 09:30:00 EDT (UTC-04:00)" in page
+
+
+def test_changing_the_schedule_recomputes_the_next_run_and_other_changes_keep_it(admin_client):
+    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
+                       name="nightly-report", kwargs={"label": "nightly"})
+    before = job.next_run_at
+
+    # When only the priority changes, the next run stays
+    response = admin_client.post(change_url(job), form_data(priority="5"))
+    assert response.status_code == 302, form_errors(response)
+    job.refresh_from_db()
+    assert (job.priority, job.next_run_at) == (5, before)
+
+    # When the cron changes, the next run follows it
+    response = admin_client.post(change_url(job), form_data(priority="5", cron="30 6 * * *"))
+    assert response.status_code == 302, form_errors(response)
+    job.refresh_from_db()
+    assert job.cron == "30 6 * * *"
+    local = job.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
+    assert (local.hour, local.minute) == (6, 30)
+
+
+def test_lease_and_run_fields_are_read_only(admin_client):
+    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
+                       name="nightly-report", kwargs={"label": "nightly"})
+    response = admin_client.post(change_url(job), form_data(
+        claimed_by="intruder", token="999", state="dead", lease_expires_at_0="2030-01-01",
+        next_run_at_0="2030-01-01", retry_count="7"))
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.claimed_by, job.token, job.state, job.retry_count) == ("", 0, "scheduled", 0)
+    page = admin_client.get(change_url(job)).content.decode()
+    for field in ("claimed_by", "lease_expires_at", "token", "state", "next_run_at"):
+        assert f'name="{field}"' not in page
+    assert 'class="readonly">0</div>' in page  # the token, shown
+
+
+def test_job_page_previews_the_next_five_fire_times(admin_client):
+    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
+                       name="weekdays")
+    page = admin_client.get(change_url(job)).content.decode()
+    preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
+    items = re.findall(r"<li>(.*?)</li>", preview)
+    assert len(items) == 5
+    assert all("00:00:00 CE" in item for item in items)
+    assert not any(item.startswith(("Sat", "Sun")) for item in items)
+
+
+def test_preview_endpoint_answers_for_a_schedule_being_typed(admin_client):
+    url = reverse("admin:schedapp_job_preview")
+    data = admin_client.get(url, {"cron": "30 2 * * *", "timezone": "Europe/Paris"}).json()
+    assert len(data["times"]) == 5 and data["errors"] == {}
+    assert all("02:30:00" in t for t in data["times"])
+    data = admin_client.get(url, {"interval": "90", "timezone": "UTC"}).json()
+    assert len(data["times"]) == 5
+    data = admin_client.get(url, {"cron": "61 * * * *", "timezone": "UTC"}).json()
+    assert data["times"] == []
+    assert data["errors"]["cron"] == api_error(name="x", cron="61 * * * *")["cron"]
+    data = admin_client.get(url, {"cron": "* * * * *", "timezone": "Nowhere"}).json()
+    assert data["errors"]["timezone"] == ["unknown time zone 'Nowhere'."]
+    assert admin_client.post(url, {"cron": "* * * * *"}).status_code == 405
+
+
+def test_form_redisplay_after_an_error_keeps_the_preview(admin_client):
+    response = admin_client.post(reverse(ADD), form_data(task="project.tasks.nope",
+                                                         cron="15 4 * * *", timezone="UTC"))
+    page = response.content.decode()
+    preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
+    assert len(re.findall(r"<li>[^<]*04:15:00 UTC", preview)) == 5

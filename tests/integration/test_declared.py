@@ -1,0 +1,154 @@
+"""Jobs declared in code (SCHEDAPP_JOBS and @periodic), synced when a beat starts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import shared_task
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from schedapp import api, declared
+from schedapp.models import Job, JobSource, JobState
+
+pytestmark = [pytest.mark.django_db]
+
+JOBS = {
+    "nightly": {"task": "project.tasks.record", "cron": "0 2 * * *", "timezone": "Europe/Paris",
+                "kwargs": {"label": "nightly"}},
+    "every-minute": {"task": "project.tasks.noop", "interval": 60, "priority": 5},
+}
+
+
+@pytest.fixture(autouse=True)
+def empty_registry():
+    saved = list(declared._registry)
+    declared.clear_registry()
+    yield
+    declared.clear_registry()
+    declared._registry.extend(saved)
+
+
+def snapshot() -> dict[str, tuple]:
+    return {j.name: (j.pk, j.state, j.next_run_at, j.updated_at, j.cron, j.interval, j.priority)
+            for j in Job.objects.all()}
+
+
+def test_sync_creates_declared_jobs_and_a_second_sync_changes_nothing():
+    with override_settings(SCHEDAPP_JOBS=JOBS):
+        report = declared.sync_declared_jobs()
+        assert sorted(report.created) == ["every-minute", "nightly"]
+        first = snapshot()
+        again = declared.sync_declared_jobs()
+    assert not again.changed and sorted(again.unchanged) == ["every-minute", "nightly"]
+    assert snapshot() == first  # not even next_run_at or updated_at moved
+    nightly = Job.objects.get(name="nightly")
+    assert (nightly.source, nightly.cron, nightly.timezone, nightly.kwargs) == (
+        JobSource.DECLARED, "0 2 * * *", "Europe/Paris", {"label": "nightly"})
+    assert Job.objects.get(name="every-minute").interval == timedelta(seconds=60)
+
+
+def test_a_changed_declaration_updates_the_job_and_only_a_new_schedule_moves_next_run():
+    with override_settings(SCHEDAPP_JOBS=JOBS):
+        declared.sync_declared_jobs()
+    before = snapshot()
+    changed = {**JOBS, "nightly": {**JOBS["nightly"], "kwargs": {"label": "v2"}},
+               "every-minute": {"task": "project.tasks.noop", "interval": 120}}
+    with override_settings(SCHEDAPP_JOBS=changed):
+        report = declared.sync_declared_jobs()
+    assert report.updated == {"nightly": ["kwargs"],
+                              "every-minute": ["cron", "interval", "priority", "run_at",
+                                               "timezone"]}
+    after = snapshot()
+    assert Job.objects.get(name="nightly").kwargs == {"label": "v2"}
+    assert after["nightly"][2] == before["nightly"][2]  # same next run
+    minute = Job.objects.get(name="every-minute")
+    assert (minute.interval, minute.priority) == (timedelta(seconds=120), 0)  # back to default
+
+
+def test_a_removed_declaration_pauses_the_job_and_keeps_it():
+    with override_settings(SCHEDAPP_JOBS=JOBS):
+        declared.sync_declared_jobs()
+    api.schedule("project.tasks.record", interval=60, name="not-declared")
+    with override_settings(SCHEDAPP_JOBS={"nightly": JOBS["nightly"]}):
+        report = declared.sync_declared_jobs()
+        assert report.paused == ["every-minute"]
+        assert Job.objects.get(name="every-minute").state == JobState.PAUSED
+        assert Job.objects.get(name="not-declared").state == JobState.SCHEDULED
+        assert declared.sync_declared_jobs().paused == []  # idempotent
+    # Declared again: it stays paused until a person resumes it, and the report says so
+    with override_settings(SCHEDAPP_JOBS=JOBS):
+        report = declared.sync_declared_jobs()
+    assert report.waiting == ["every-minute"]
+    assert Job.objects.get(name="every-minute").state == JobState.PAUSED
+
+
+def test_a_bad_declaration_names_job_and_field_and_the_others_still_sync():
+    with pytest.raises(ValidationError) as caught:
+        declared.declared_values("broken", {"task": "project.tasks.record", "cron": "99 * * * *"})
+    assert list(caught.value.message_dict) == ["broken.cron"]
+
+    bad = {**JOBS, "broken": {"task": "project.tasks.record", "cron": "99 * * * *"},
+           "typo": {"task": "project.tasks.record", "interval": 5, "prority": 1},
+           "not-allowed": {"task": "celery.backend_cleanup", "interval": 5}}
+    with override_settings(SCHEDAPP_JOBS=bad):
+        report = declared.sync_declared_jobs()
+    assert sorted(report.created) == ["every-minute", "nightly"]
+    assert report.errors["broken"][0].startswith("broken.cron: ")
+    assert report.errors["typo"] == ["typo.prority: unknown option 'prority'."]
+    assert "not allowed" in report.errors["not-allowed"][0]
+    assert not Job.objects.filter(name__in=["broken", "typo", "not-allowed"]).exists()
+
+
+def test_a_job_of_another_source_with_a_declared_name_is_left_alone():
+    mine = api.schedule("project.tasks.record", interval=3600, name="nightly")
+    with override_settings(SCHEDAPP_JOBS=JOBS):
+        report = declared.sync_declared_jobs()
+    assert "nightly" in report.conflicts
+    mine.refresh_from_db()
+    assert (mine.source, mine.interval, mine.cron) == (JobSource.API, timedelta(hours=1), "")
+
+
+def test_the_periodic_decorator_declares_a_job_for_its_task():
+    @declared.periodic(cron="*/15 * * * *", name="refresh-cache", queue="low")
+    @shared_task(name="project.tasks.test_declared_refresh")
+    def refresh() -> None:
+        pass
+
+    @declared.periodic(interval=timedelta(hours=1))
+    @shared_task(name="project.tasks.test_declared_hourly")
+    def hourly() -> None:
+        pass
+
+    report = declared.sync_declared_jobs()
+    assert sorted(report.created) == ["project.tasks.test_declared_hourly", "refresh-cache"]
+    job = Job.objects.get(name="refresh-cache")
+    assert (job.task, job.cron, job.queue, job.source) == (
+        "project.tasks.test_declared_refresh", "*/15 * * * *", "low", JobSource.DECLARED)
+    assert Job.objects.get(name="project.tasks.test_declared_hourly").interval == timedelta(
+        hours=1)
+    # The same name in the setting too: reported, not guessed
+    with override_settings(SCHEDAPP_JOBS={"refresh-cache": JOBS["nightly"]}):
+        report = declared.sync_declared_jobs()
+    message = "declared more than once (SCHEDAPP_JOBS and/or @periodic)"
+    assert message in report.errors["refresh-cache"][0]
+    with pytest.raises(ValueError, match="declared twice"):
+        declared.periodic(cron="* * * * *", name="refresh-cache")(refresh)
+
+
+def test_sync_takes_an_advisory_lock_so_beats_starting_together_do_not_race():
+    with override_settings(SCHEDAPP_JOBS=JOBS), CaptureQueriesContext(connection) as queries:
+        declared.sync_declared_jobs()
+    assert any("pg_advisory_xact_lock" in q["sql"] for q in queries)
+
+
+def test_the_demo_projects_declarations_are_valid():
+    from project import settings as demo
+
+    assert demo.SCHEDAPP_JOBS, "the demo declares its nightly prune"
+    for name, spec in demo.SCHEDAPP_JOBS.items():
+        values = declared.declared_values(name, spec)
+        assert values["task"] == spec["task"]

@@ -1,0 +1,187 @@
+"""Importing Celery beat's schedule and django-celery-beat's periodic tasks."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+from zoneinfo import ZoneInfo
+
+import pytest
+from celery.schedules import crontab, schedule, solar
+from django.core.management import call_command
+from django.test import override_settings
+
+from schedapp import importer
+from schedapp.models import Job, JobSource, JobState
+
+pytestmark = [pytest.mark.django_db]
+
+BEAT_SCHEDULE = {
+    "weekday-report": {
+        "task": "project.tasks.record",
+        "schedule": crontab(minute=0, hour=7, day_of_week="mon-fri"),
+        "args": ("report",),
+        "options": {"queue": "reports", "priority": 5, "expires": 30},
+    },
+    "twice-hourly": {
+        "task": "project.tasks.record",
+        "schedule": crontab(minute=[0, 30]),
+        "kwargs": {"label": "half"},
+    },
+    "every-ten-seconds": {"task": "project.tasks.noop", "schedule": 10.0},
+    "every-five-minutes": {"task": "project.tasks.noop", "schedule": timedelta(minutes=5)},
+    "schedule-object": {"task": "project.tasks.noop", "schedule": schedule(run_every=90)},
+    # (solar() needs the ephem package to be built; the importer only looks at its type)
+    "at-dawn": {"task": "project.tasks.noop", "schedule": solar.__new__(solar)},
+    "no-task": {"schedule": 60},
+    "unknown-task": {"task": "project.tasks.missing", "schedule": 60},
+}
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("schedapp_import", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_crontab_expressions_keep_the_original_fields():
+    assert importer.crontab_expression(crontab(minute=0, hour="*/3", day_of_week="mon-fri")) == (
+        "0 */3 * * mon-fri")
+    assert importer.crontab_expression(crontab(minute={30, 0}, hour=[2, 1])) == "0,30 1,2 * * *"
+    assert importer.crontab_expression(crontab()) == "* * * * *"
+
+
+def test_import_from_celery_beat_schedule_maps_crontab_timedelta_and_numbers():
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE, CELERY_TIMEZONE="Europe/Paris"):
+        out, err = run()
+
+    jobs = {job.name: job for job in Job.objects.all()}
+    assert set(jobs) == {"weekday-report", "twice-hourly", "every-ten-seconds",
+                         "every-five-minutes", "schedule-object"}
+    report = jobs["weekday-report"]
+    assert (report.cron, report.args, report.queue, report.priority) == (
+        "0 7 * * mon-fri", ["report"], "reports", 5)
+    assert report.source == JobSource.IMPORTED and report.state == JobState.SCHEDULED
+    assert report.next_run_at.astimezone(ZoneInfo(report.timezone)).hour == 7
+    assert jobs["twice-hourly"].cron == "0,30 * * * *"
+    assert jobs["twice-hourly"].kwargs == {"label": "half"}
+    assert jobs["every-ten-seconds"].interval == timedelta(seconds=10)
+    assert jobs["every-five-minutes"].interval == timedelta(minutes=5)
+    assert jobs["schedule-object"].interval == timedelta(seconds=90)
+    # Reported: what could not be mapped, and why
+    assert "NOT MAPPED at-dawn: solar schedules" in err
+    assert "NOT MAPPED no-task: an entry needs a 'task'" in err
+    assert "INVALID unknown-task: task: task 'project.tasks.missing' is not registered" in err
+    assert "note weekday-report: options ignored: expires" in out
+    assert "5 created, 0 updated, 0 skipped, 2 not mapped, 1 invalid" in out
+
+
+def test_crontab_jobs_take_the_celery_app_time_zone():
+    with override_settings(CELERY_BEAT_SCHEDULE={"x": BEAT_SCHEDULE["weekday-report"]}):
+        run()
+    from schedapp.validation import celery_app
+
+    expected = str(celery_app().conf.timezone or "UTC")
+    assert Job.objects.get(name="x").timezone == getattr(expected, "key", expected)
+
+
+def test_import_is_idempotent_by_name_and_update_follows_changes():
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
+        run()
+        before = {j.name: (j.pk, j.next_run_at) for j in Job.objects.all()}
+        out, _ = run()
+    assert "0 created, 0 updated, 5 skipped" in out
+    assert {j.name: (j.pk, j.next_run_at) for j in Job.objects.all()} == before
+
+    changed = {**BEAT_SCHEDULE, "every-ten-seconds": {"task": "project.tasks.noop",
+                                                      "schedule": 20}}
+    with override_settings(CELERY_BEAT_SCHEDULE=changed):
+        out, _ = run("--update")
+    assert "updated: every-ten-seconds" in out
+    assert Job.objects.get(name="every-ten-seconds").interval == timedelta(seconds=20)
+    assert Job.objects.get(name="weekday-report").next_run_at == before["weekday-report"][1]
+    assert "unchanged: weekday-report" in out
+
+
+def test_update_never_touches_a_job_created_by_someone_else():
+    from schedapp import api
+
+    api.schedule("project.tasks.record", interval=3600, name="twice-hourly")
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
+        out, _ = run("--update")
+    assert "skipped (a job with this name exists): twice-hourly" in out
+    job = Job.objects.get(name="twice-hourly")
+    assert (job.source, job.interval) == (JobSource.API, timedelta(hours=1))
+
+
+def test_dry_run_writes_nothing():
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
+        out, _ = run("--dry-run")
+    assert "would create: weekday-report" in out
+    assert not Job.objects.exists()
+
+
+# --- django-celery-beat ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def periodic_tasks():
+    dcb = pytest.importorskip("django_celery_beat.models")
+    paris = dcb.CrontabSchedule.objects.create(minute="15", hour="2", day_of_week="1-5",
+                                               timezone=ZoneInfo("Europe/Paris"))
+    every = dcb.IntervalSchedule.objects.create(every=45, period=dcb.IntervalSchedule.SECONDS)
+    hours = dcb.IntervalSchedule.objects.create(every=2, period=dcb.IntervalSchedule.HOURS)
+    clocked = dcb.ClockedSchedule.objects.create(
+        clocked_time=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC))
+    sun = dcb.SolarSchedule.objects.create(event="sunset", latitude=48.85, longitude=2.35)
+    create = dcb.PeriodicTask.objects.create
+    create(name="dcb-cron", task="project.tasks.record", crontab=paris,
+           kwargs=json.dumps({"label": "cron"}), queue="reports", priority=3)
+    create(name="dcb-interval", task="project.tasks.record", interval=every,
+           args=json.dumps(["a", 1]))
+    create(name="dcb-disabled", task="project.tasks.noop", interval=hours, enabled=False)
+    create(name="dcb-clocked", task="project.tasks.noop", clocked=clocked, one_off=True)
+    create(name="dcb-one-off-cron", task="project.tasks.noop", crontab=paris, one_off=True)
+    create(name="dcb-solar", task="project.tasks.noop", solar=sun)
+    create(name="dcb-bad-json", task="project.tasks.noop", interval=every, kwargs="{oops")
+    create(name="dcb-ran-once", task="project.tasks.noop", clocked=clocked, one_off=True,
+           total_run_count=1, enabled=False)
+    return dcb
+
+
+def test_import_from_django_celery_beat_tables(periodic_tasks):
+    out, err = run("--from-django-celery-beat")
+
+    jobs = {job.name: job for job in Job.objects.all()}
+    assert set(jobs) == {"dcb-cron", "dcb-interval", "dcb-disabled", "dcb-clocked",
+                         "dcb-one-off-cron"}
+    cron = jobs["dcb-cron"]
+    assert (cron.cron, cron.timezone, cron.kwargs, cron.queue, cron.priority) == (
+        "15 2 * * 1-5", "Europe/Paris", {"label": "cron"}, "reports", 3)
+    assert cron.source == JobSource.IMPORTED
+    local = cron.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
+    assert (local.hour, local.minute) == (2, 15) and local.isoweekday() <= 5
+    assert jobs["dcb-interval"].interval == timedelta(seconds=45)
+    assert jobs["dcb-interval"].args == ["a", 1]
+    assert jobs["dcb-disabled"].state == JobState.PAUSED
+    assert jobs["dcb-disabled"].interval == timedelta(hours=2)
+    assert jobs["dcb-clocked"].run_at == datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    one_off = jobs["dcb-one-off-cron"]
+    assert one_off.run_at is not None and one_off.cron == ""
+    assert one_off.run_at.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M") == "02:15"
+    assert "NOT MAPPED dcb-solar: solar schedules" in err
+    assert "NOT MAPPED dcb-bad-json: kwargs is not valid JSON" in err
+    assert "NOT MAPPED dcb-ran-once: a one-off task that already ran" in err
+
+    # Idempotent: a second import changes nothing
+    out, _ = run("--from-django-celery-beat")
+    assert "0 created, 0 updated, 5 skipped" in out
+    assert Job.objects.count() == 5
+
+
+def test_both_sources_in_one_step(periodic_tasks):
+    with override_settings(CELERY_BEAT_SCHEDULE={"beat-one": {"task": "project.tasks.noop",
+                                                              "schedule": 30}}):
+        run("--from-settings", "--from-django-celery-beat")
+    assert Job.objects.filter(name__in=["beat-one", "dcb-cron"]).count() == 2
