@@ -146,12 +146,14 @@ class LeaseScheduler(Scheduler):
         now_and_delay = seconds_until_due()
         if now_and_delay is None:
             self._wake_at_db = None
-            return self.settings.MAX_SLEEP
+            return self.settings.MAX_SLEEP if self._listener is not None else 1.0
         db_now, delay = now_and_delay
         if delay <= 0:
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
-        delay = min(delay, self.settings.MAX_SLEEP, float(self.max_interval or delay))
+        # Without notifications (SQLite) nothing wakes us early: look again every second.
+        ceiling = self.settings.MAX_SLEEP if self._listener is not None else 1.0
+        delay = min(delay, ceiling, float(self.max_interval or delay))
         self._wake_at_db = db_now.timestamp() + delay
         return delay
 
