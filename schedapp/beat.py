@@ -116,7 +116,7 @@ class LeaseScheduler(Scheduler):
     # --- one unit of work -----------------------------------------------------------------
 
     def _work(self) -> float:
-        from .claims import claim_due_jobs, mark_dispatched, release_claims, seconds_until_due
+        from .claims import claim_due_jobs, release_claims, seconds_until_due
 
         batch = self.settings.BATCH_SIZE
         result = claim_due_jobs(self.beat_id, batch)
@@ -131,7 +131,6 @@ class LeaseScheduler(Scheduler):
                 # now rather than make them wait for their leases to expire.
                 release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
                 raise
-            mark_dispatched([r.run_id for r in published.published])
             self.stats["dispatched"] += len(published.published)
             if published.failed:
                 self.stats["publish_failures"] += 1
