@@ -34,6 +34,6 @@ def test_postgres_restart_beats_and_worker_hooks_reconnect_and_forget_nothing():
 
 
 def test_short_chaos_run_loses_nothing_and_explains_every_duplicate():
+    # exit status 0: every check of the history passed, "lost" (never executed) among them
     out = run_scenario("--duration", "90", "--seed", "7", timeout=600)
-    assert "lost                        0" in out
-    assert "passed" in out
+    assert "chaos seed 7: passed" in out
