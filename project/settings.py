@@ -128,7 +128,13 @@ else:
     # A message not acknowledged within this time is redelivered by Redis; schedapp's fencing
     # token makes such a late redelivery harmless (it is skipped at the worker's door).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
-CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "django-db")
+# django-celery-results' table, through a backend that retries across a database restart
+# (see schedapp/results.py): task results are where Django users look, in the admin.
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "schedapp.results.DatabaseBackend")
+CELERY_RESULT_BACKEND_ALWAYS_RETRY = True
+CELERY_RESULT_BACKEND_MAX_RETRIES = 20
+CELERY_RESULT_BACKEND_BASE_SLEEP_BETWEEN_RETRIES_MS = 100
+CELERY_RESULT_BACKEND_MAX_SLEEP_BETWEEN_RETRIES_MS = 5000
 CELERY_RESULT_EXTENDED = True
 # JSON only, never pickle.
 CELERY_TASK_SERIALIZER = "json"

@@ -7,6 +7,7 @@ import socket
 import time
 
 from celery import shared_task
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 import schedapp
@@ -39,8 +40,22 @@ def record(self, label: str = "", sleep: float = 0.0) -> str:
     execution = _record(self, label, finished=not sleep)
     if sleep:
         time.sleep(sleep)
-        Execution.objects.filter(pk=execution.pk).update(finished_at=timezone.now())
+        _finish(execution.pk)
     return f"{label} done"
+
+
+def _finish(execution_id: int) -> None:
+    """Mark the execution finished, reconnecting if the database restarted meanwhile (a
+    long task's connection does not survive a restart; Django does not reconnect mid-task)."""
+    for attempt in range(30):
+        try:
+            Execution.objects.filter(pk=execution_id).update(finished_at=timezone.now())
+            return
+        except OperationalError:
+            connection.close()
+            if attempt == 29:
+                raise
+            time.sleep(1)
 
 
 @shared_task(bind=True, name="project.tasks.fail")
@@ -48,6 +63,16 @@ def fail(self, label: str = "") -> None:
     """Record the attempt, then fail: for retry and dead-letter behaviour."""
     _record(self, label)
     raise RuntimeError(f"{label} failed on purpose")
+
+
+@shared_task(bind=True, name="project.tasks.flaky")
+def flaky(self, label: str = "", failures: int = 2) -> str:
+    """Fail the first ``failures`` attempts of each occurrence, then succeed (and record)."""
+    run = schedapp.current_run()
+    if run is not None and run.attempt <= failures:
+        raise RuntimeError(f"{label} attempt {run.attempt} fails on purpose")
+    _record(self, label)
+    return f"{label} done"
 
 
 @shared_task(bind=True, name="project.tasks.retry_self")

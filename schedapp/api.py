@@ -237,8 +237,9 @@ def update(job: JobRef, **changes: Any) -> Job:
 
 
 def pause(job: JobRef) -> Job:
-    """Stop claiming the job. A run in flight finishes; its outcome is recorded and the job
-    stays paused."""
+    """Stop claiming the job. A run in flight finishes and its outcome is recorded; a
+    recurring job stays paused (a one-off that succeeds is done; a job out of retries is dead,
+    since resuming it would only repeat the failure)."""
     with transaction.atomic():
         current = _locked(job)
         if current.state not in (JobState.SCHEDULED, JobState.RUNNING):

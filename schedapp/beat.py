@@ -34,6 +34,7 @@ class LeaseScheduler(Scheduler):
         self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._dispatcher: Any = None
         self._listener: _Listener | None = None
+        self._listener_tried = 0.0
         self._failures = 0
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
@@ -59,7 +60,8 @@ class LeaseScheduler(Scheduler):
 
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
-        self._listener = _Listener.open()
+        _guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
+        self._ensure_listener()
         log.info(
             "beat %s started (batch %d)",
             self.beat_id,
@@ -73,6 +75,7 @@ class LeaseScheduler(Scheduler):
         if self._dispatcher is None:  # created lazily, then ticked: set up now
             self.setup_schedule()
         self.stats["ticks"] += 1
+        self._ensure_listener()
         try:
             delay = self._work()
             self._failures = 0
@@ -116,7 +119,7 @@ class LeaseScheduler(Scheduler):
     # --- one unit of work -----------------------------------------------------------------
 
     def _work(self) -> float:
-        from .claims import claim_due_jobs, mark_dispatched, release_claims, seconds_until_due
+        from .claims import claim_due_jobs, release_claims, seconds_until_due
 
         batch = self.settings.BATCH_SIZE
         result = claim_due_jobs(self.beat_id, batch)
@@ -131,7 +134,6 @@ class LeaseScheduler(Scheduler):
                 # now rather than make them wait for their leases to expire.
                 release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
                 raise
-            mark_dispatched([r.run_id for r in published.published])
             self.stats["dispatched"] += len(published.published)
             if published.failed:
                 self.stats["publish_failures"] += 1
@@ -146,12 +148,14 @@ class LeaseScheduler(Scheduler):
         now_and_delay = seconds_until_due()
         if now_and_delay is None:
             self._wake_at_db = None
-            return self.settings.MAX_SLEEP
+            return self.settings.MAX_SLEEP if self._listener is not None else 1.0
         db_now, delay = now_and_delay
         if delay <= 0:
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
-        delay = min(delay, self.settings.MAX_SLEEP, float(self.max_interval or delay))
+        # Without notifications (SQLite) nothing wakes us early: look again every second.
+        ceiling = self.settings.MAX_SLEEP if self._listener is not None else 1.0
+        delay = min(delay, ceiling, float(self.max_interval or delay))
         self._wake_at_db = db_now.timestamp() + delay
         return delay
 
@@ -164,10 +168,18 @@ class LeaseScheduler(Scheduler):
         if delay <= 0 or self._listener is None:
             return delay
         woken = self._listener.wait(delay, self._wake_at_db)
-        if woken is None:  # the listener broke: let celery sleep instead
-            self._listener = _Listener.open()
-            return delay
+        if woken is None:  # the listener broke: poll until it can be opened again
+            self._listener = None
+            return min(delay, 1.0)
         return 0.0
+
+    def _ensure_listener(self) -> None:
+        """(Re)open the notification connection, at most every few seconds (it fails while
+        PostgreSQL is down; meanwhile the beat polls every second)."""
+        if self._listener is not None or time.monotonic() - self._listener_tried < 5.0:
+            return
+        self._listener_tried = time.monotonic()
+        self._listener = _Listener.open()
 
     def _maybe_update_node(self) -> None:
         now = time.monotonic()
@@ -177,6 +189,24 @@ class LeaseScheduler(Scheduler):
         from .nodes import record_node
 
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
+
+
+def _guard_idle_transactions(seconds: float) -> None:
+    """Have PostgreSQL end this beat's transactions that stall (a SIGSTOPped or swapped-out
+    beat inside a claim): its row locks would otherwise hide those jobs from every other beat
+    and from the reaper until it woke up."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, "
+                               "false)", [f"{int(seconds * 1000)}ms"])
+
+    connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
+    if connection.connection is not None:
+        configure(connection=connection)
 
 
 class _Listener:

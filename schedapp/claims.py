@@ -77,7 +77,6 @@ class ClaimResult:
     claimed: int = 0  # jobs locked by this claim, including misfires that were skipped
     skipped_misfires: int = 0
     reaped: int = 0
-    now: datetime | None = None
 
 
 def schedule_of(
@@ -138,21 +137,21 @@ claimed AS (
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.token, j.task, j.args::text AS args, j.kwargs::text AS kwargs, j.queue,
               j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
-              j.run_at, j.cron, j.timezone, j.interval, j.misfire_policy,
+              j.cron, j.timezone, j.interval, j.misfire_policy,
               j.misfire_max_catchup, j.priority,
               (j.run_at IS NULL AND j.retry_count = 0
                AND now() - j.next_run_at > j.misfire_grace) AS late
 ),
 runs AS (
     INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
-                                 claimed_at, task_id, status, heartbeats, stale, worker,
+                                 dispatched_at, task_id, status, heartbeats, stale, worker,
                                  error, traceback)
     SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
            'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', ''
     FROM claimed c WHERE NOT c.late
     RETURNING id, job_id
 )
-SELECT r.id AS run_id, c.*, now() AS db_now FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
+SELECT r.id AS run_id, c.* FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
 ORDER BY c.priority DESC, c.next_run_at
 """
 
@@ -181,14 +180,13 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
         result.reaped = reap_expired_leases(limit, rng=rng)
         rows = _claim_postgresql(beat, limit) if is_postgresql() else _claim_portable(beat, limit)
         result.claimed = len(rows)
-        if rows:
-            result.now = rows[0]["db_now"]
         late = [r for r in rows if r["late"]]
         ready = [r for r in rows if not r["late"]]
+        now = db_now() if late or not is_postgresql() else None  # the transaction's time
         if not is_postgresql():
-            _insert_runs(beat, ready)
+            _insert_runs(beat, ready, now)  # type: ignore[arg-type]
         if late:
-            result.skipped_misfires = _apply_misfires(beat, late, rng)
+            result.skipped_misfires = _apply_misfires(beat, late, now, rng)  # type: ignore[arg-type]
             ready.extend(r for r in late if r.get("run_id"))
     result.runs = [_claimed_run(r) for r in ready]
     return result
@@ -244,7 +242,6 @@ def _claim_portable(beat: str, limit: int) -> list[dict]:
         row["token"] += 1
         row["args"] = json.dumps(row["args"])
         row["kwargs"] = json.dumps(row["kwargs"])
-        row["db_now"] = now
         row["late"] = (
             row["run_at"] is None
             and row["retry_count"] == 0
@@ -253,10 +250,9 @@ def _claim_portable(beat: str, limit: int) -> list[dict]:
     return rows
 
 
-def _insert_runs(beat: str, rows: list[dict], now: datetime | None = None) -> None:
+def _insert_runs(beat: str, rows: list[dict], now: datetime) -> None:
     if not rows:
         return
-    claimed_at = now or rows[0]["db_now"]
     runs = JobRun.objects.bulk_create(
         [
             JobRun(
@@ -266,7 +262,7 @@ def _insert_runs(beat: str, rows: list[dict], now: datetime | None = None) -> No
                 scheduled_for=r["scheduled_for"],
                 due_at=r["next_run_at"],
                 claimed_by=beat,
-                claimed_at=claimed_at,
+                dispatched_at=now,
                 task_id=task_id_for(r["id"], r["token"]),
             )
             for r in rows
@@ -276,16 +272,16 @@ def _insert_runs(beat: str, rows: list[dict], now: datetime | None = None) -> No
         row["run_id"] = run.pk
 
 
-def _apply_misfires(beat: str, rows: list[dict], rng: policies.Rng) -> int:
+def _apply_misfires(beat: str, rows: list[dict], now: datetime, rng: policies.Rng) -> int:
     """Apply each late job's misfire policy; returns how many were released without a run."""
     skipped = 0
     to_run: list[dict] = []
     for row in rows:
-        schedule = schedule_of(row["run_at"], row["cron"], row["timezone"], row["interval"])
+        schedule = schedule_of(None, row["cron"], row["timezone"], row["interval"])
         plan = policies.plan_misfire(
             schedule,
             row["scheduled_for"],
-            row["db_now"],
+            now,
             row["misfire_policy"],
             row["misfire_max_catchup"],
         )
@@ -313,7 +309,7 @@ def _apply_misfires(beat: str, rows: list[dict], rng: policies.Rng) -> int:
         )
         row["scheduled_for"] = plan.run_for
         to_run.append(row)
-    _insert_runs(beat, to_run)
+    _insert_runs(beat, to_run, now)
     return skipped
 
 
@@ -366,12 +362,6 @@ def _pairs(
     claims: Iterable[tuple[int, int]], job_field: str = "id", token_field: str = "token"
 ) -> Q:
     return reduce(or_, (Q(**{job_field: j, token_field: t}) for j, t in claims), Q(pk__in=[]))
-
-
-def mark_dispatched(run_ids: Sequence[int]) -> None:
-    """Stamp the publish time (database clock) on runs whose messages reached the broker."""
-    if run_ids:
-        JobRun.objects.filter(id__in=run_ids).update(dispatched_at=Now())
 
 
 def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:

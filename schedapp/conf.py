@@ -17,6 +17,9 @@ class Settings:
     # Longest a beat sleeps without looking at the table, even if nothing seems due: a safety
     # net for missed notifications and for databases without LISTEN/NOTIFY.
     MAX_SLEEP: float = 5.0
+    # A beat transaction left idle this long (the beat was stopped or stalled mid-claim) is
+    # ended by PostgreSQL, releasing its row locks to the other beats.
+    BEAT_TRANSACTION_TIMEOUT: float = 15.0
     # Shortest pause when due work exists but other beats hold its row locks.
     MIN_SLEEP: float = 0.05
     # Defaults for new jobs (each can be overridden per job).

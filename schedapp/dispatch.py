@@ -10,8 +10,11 @@ and idempotency key; its task id is deterministic per claim.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +98,7 @@ class Dispatcher:
         self.origin = origin or f"schedapp-beat@{socket.gethostname()}"
         self._routes: dict[tuple[str, str], Route] = {}
         self._declared: set[str] = set()
+        self._queues: dict[Route, tuple[str, ...]] = {}
 
     def route(self, task: str, queue: str) -> Route:
         key = (task, queue)
@@ -120,32 +124,63 @@ class Dispatcher:
             return result
         try:
             with self.app.producer_or_acquire() as producer:
-                self._publish_all(producer, runs, result)
+                channel = _redis_channel(producer)
+                if channel is not None:
+                    self._publish_redis(producer, channel, runs)
+                    result.published.extend(runs)
+                else:
+                    self._publish_kombu(producer, runs, result)
         except Exception as exc:  # broker down, connection reset, ...: the lease recovers
             self._declared.clear()  # a restarted broker may have lost its bindings
+            self._queues.clear()
             result.error = exc
             done = {r.run_id for r in result.published}
             result.failed = [r for r in runs if r.run_id not in done]
-            result.published = [r for r in result.published if r.run_id in done]
-            log.error(
-                "publishing %d run(s) failed: %s",
-                len(result.failed),
-                exc,
-                extra={"action": "publish_failed", "count": len(result.failed)},
-            )
+            log.error("publishing %d run(s) failed: %s", len(result.failed), exc,
+                      extra={"action": "publish_failed", "count": len(result.failed)})
         return result
 
-    def _publish_all(
-        self, producer: Producer, runs: Sequence[ClaimedRun], result: PublishResult
-    ) -> None:
+    def _publish_redis(self, producer: Producer, channel: Any,
+                       runs: Sequence[ClaimedRun]) -> None:
+        """The fast path for Redis: the exact message kombu's Redis transport would store,
+        built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or
+        nothing as far as we know: on an error every run is released (and so fenced)."""
+        pipe = channel.client.pipeline(transaction=False)
+        for run in runs:
+            route = self.route(run.task, run.queue)
+            queues = self._queues.get(route) or self._bound_queues(channel, route)
+            payload = redis_message(run, route, self.origin)
+            for queue in queues:
+                pipe.lpush(queue, payload)
+        pipe.execute()
+
+    def _bound_queues(self, channel: Any, route: Route) -> tuple[str, ...]:
+        """The queue lists a route delivers to, as kombu's exchange lookup finds them.
+
+        An empty lookup means the bindings are gone (a Redis restart without persistence, a
+        flushed database): declare the queue again rather than push into nowhere, as kombu's
+        own publish silently would.
+        """
+        queues = tuple(channel._lookup(route.exchange, route.routing_key))
+        if not queues and route.queue is not None:
+            route.queue.bind(channel).declare()  # kombu may skip this: it remembers the old
+            channel._queue_bind(route.exchange, route.routing_key, "", route.queue.name)
+            queues = tuple(channel._lookup(route.exchange, route.routing_key))
+        if not queues:
+            raise LookupError(f"no queue is bound to exchange {route.exchange!r} with routing "
+                              f"key {route.routing_key!r}")
+        self._queues[route] = queues
+        return queues
+
+    def _publish_kombu(self, producer: Producer, runs: Sequence[ClaimedRun],
+                       result: PublishResult) -> None:
+        """Any other broker: kombu's publish, in a transport batch where kombu offers one."""
         batch = getattr(producer, "batch", None)
         if batch is not None:
-            pending: list[ClaimedRun] = []
             with batch(max_size=len(runs) + 1):
                 for run in runs:
                     self._publish_one(producer, run)
-                    pending.append(run)
-            result.published.extend(pending)  # the batch flushed on exit without error
+            result.published.extend(runs)  # the batch flushed on exit without error
         else:
             for run in runs:
                 self._publish_one(producer, run)
@@ -170,3 +205,33 @@ class Dispatcher:
         )
         if declare:
             self._declared.add(route.queue.name)  # type: ignore[union-attr]
+
+
+def redis_message(run: ClaimedRun, route: Route, origin: str) -> str:
+    """The JSON kombu's Redis transport stores for a published message (its
+    ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell."""
+    return json.dumps({
+        "body": base64.b64encode(message_body(run)).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": message_headers(run, origin),
+        "properties": {
+            "correlation_id": run.task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": route.exchange, "routing_key": route.routing_key},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    })
+
+
+def _redis_channel(producer: Producer) -> Any:
+    """The producer's kombu Redis channel, or None for any other transport."""
+    try:
+        from kombu.transport.redis import Channel as RedisChannel
+    except ImportError:  # redis-py is not installed
+        return None
+    channel = producer.channel
+    return channel if isinstance(channel, RedisChannel) else None

@@ -209,9 +209,9 @@ class JobRun(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     scheduled_for = models.DateTimeField(help_text="The occurrence this run is for.")
     due_at = models.DateTimeField(help_text="When it became due: occurrence + jitter/backoff.")
-    claimed_by = models.CharField(max_length=200, blank=True, default="")
-    claimed_at = models.DateTimeField()
-    dispatched_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=200, blank=True, default="", help_text="Beat id.")
+    dispatched_at = models.DateTimeField(
+        help_text="Claimed for dispatch (database time); published right after that commit.")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)

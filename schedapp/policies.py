@@ -33,7 +33,7 @@ Rng = Callable[[], float]
 def compute_backoff(retry_count: int, base: timedelta, cap: timedelta) -> timedelta:
     """``min(base * 2**retry_count, cap)``: the wait before retry number ``retry_count + 1``."""
     if retry_count >= 64:  # 2**64 seconds overflows timedelta long before the cap matters
-        return cap
+        return cap if base else min(base, cap)  # a zero base stays zero
     try:
         return min(base * (2**retry_count), cap)
     except OverflowError:
@@ -71,7 +71,11 @@ def plan_misfire(
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
     total = count_fire_times(schedule, due, now, MISSED_COUNT_CAP)
     if policy == SKIP:
-        return Catchup(run_for=None, next_due=next_fire_time(schedule, now), missed=total)
+        # Continue from the latest missed occurrence, not from now, so an interval keeps its
+        # phase: next_fire_time(interval, now) would be now + every, which is no occurrence.
+        latest = recent_fire_times(schedule, now, due, 1)
+        nxt = next_fire_time(schedule, latest[-1] if latest else now)
+        return Catchup(run_for=None, next_due=nxt, missed=total)
     keep = 1 if policy == RUN_ONCE else max(1, max_catchup)
     recent = recent_fire_times(schedule, now, due, keep)
     if not recent:  # ``due`` itself is after now: nothing was missed

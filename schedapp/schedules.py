@@ -152,9 +152,13 @@ def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
 
 def _single_value(item: str) -> str:
     match = _EQUAL_RANGE.match(item)
-    if match and match[1].lower() == match[2].lower():
+    if match and _bound(match[1]) == _bound(match[2]):
         return match[1]
     return item
+
+
+def _bound(text: str) -> int | str:
+    return int(text) if text.isdigit() else text.lower()
 
 
 def parse_interval(value: object, field: str = "interval") -> Interval:

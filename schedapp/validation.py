@@ -217,6 +217,8 @@ def _check_schedule(values: dict[str, Any], errors: _Errors, out: dict[str, Any]
         elif given == ["interval"]:
             out["interval"] = parse_interval(values["interval"]).every
         else:  # with an invalid zone, still check the expression itself
+            if isinstance(values["cron"], str) and len(values["cron"]) > 200:
+                raise ScheduleError("cron", "must be at most 200 characters.")
             out["cron"] = parse_cron(values["cron"], timezone or "UTC").expr
     except ScheduleError as exc:
         errors.add(exc.field, exc.message)

@@ -259,7 +259,10 @@ def _complete(task_id: str | None, outcome: str, **kwargs: Any) -> None:
 
     job_id, token = claim
     try:
-        with_retries(lambda: complete_run(job_id, token, outcome, **kwargs), what="completion")
+        # Long enough to ride out a database restart; after that the lease expires and the
+        # job runs again (at-least-once), which is the safe failure.
+        with_retries(lambda: complete_run(job_id, token, outcome, **kwargs), what="completion",
+                     attempts=10)
     except Exception as exc:  # never break the worker; the lease will expire
         log.exception(
             "could not record completion of job %s token %s: %s",

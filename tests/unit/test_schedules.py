@@ -16,12 +16,12 @@ and applies the rules above to field sets the strategies built themselves.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections import Counter
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
-from functools import lru_cache
+from functools import cache
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -96,10 +96,15 @@ def elapsed_steps(instants: list[str]) -> set[timedelta]:
     return {b - a for a, b in itertools.pairwise(times)}
 
 
+def just_before_local_midnight(day: date, tz: ZoneInfo) -> datetime:
+    # In UTC: subtracting from a zoned datetime is wall-clock arithmetic.
+    return datetime.combine(day, datetime.min.time(), tz).astimezone(UTC) - EPSILON
+
+
 def fires_per_local_date(expr: str, zone: str, first: date, days: int) -> Counter[date]:
     tz = ZoneInfo(zone)
-    start = datetime.combine(first, datetime.min.time(), tz) - EPSILON
-    end = datetime.combine(first + timedelta(days=days), datetime.min.time(), tz) - EPSILON
+    start = just_before_local_midnight(first, tz)
+    end = just_before_local_midnight(first + timedelta(days=days), tz)
     return Counter(t.astimezone(tz).date() for t in fire_times(parse_cron(expr, zone), start, end))
 
 
@@ -296,8 +301,8 @@ def test_given_hourly_cron_when_a_local_day_passes_then_it_fires_every_elapsed_h
     zone, day, expected_count
 ):
     tz = ZoneInfo(zone)
-    start = datetime.combine(day, datetime.min.time(), tz) - EPSILON
-    end = datetime.combine(day + DAY, datetime.min.time(), tz) - EPSILON
+    start = just_before_local_midnight(day, tz)
+    end = just_before_local_midnight(day + DAY, tz)
     fires = list(fire_times(parse_cron("0 * * * *", zone), start, end))
     assert len(fires) == expected_count
     assert {b - a for a, b in itertools.pairwise(fires)} == {HOUR}
@@ -511,6 +516,36 @@ def test_given_spring_forward_when_after_is_the_end_of_gap_run_then_it_is_not_re
             ["2026-01-31T00:00:00", "2026-02-28T00:00:00", "2026-03-31T00:00:00"],
             id="last-day-of-month",
         ),
+        # An equal range is its one value, as cron and cron-descriptor read it (croniter alone
+        # would read "1-1" as the whole field and run a monthly job every day).
+        pytest.param(
+            "0 9 1-1 * *",
+            "UTC",
+            "2026-01-01T10:00+00:00",
+            ["2026-02-01T09:00:00", "2026-03-01T09:00:00"],
+            id="equal-range-day",
+        ),
+        pytest.param(
+            "1-1 * * * *",
+            "UTC",
+            "2026-01-01T00:00+00:00",
+            ["00:01:00", "01:01:00", "02:01:00"],
+            id="equal-range-minute",
+        ),
+        pytest.param(
+            "0 0 1 jan-jan *",
+            "UTC",
+            "2026-01-01T00:00+00:00",
+            ["2027-01-01T00:00:00", "2028-01-01T00:00:00"],
+            id="equal-range-month-name",
+        ),
+        pytest.param(
+            "5-5/10 * * * * *",
+            "UTC",
+            "2026-01-01T00:00+00:00",
+            ["00:00:05", "00:01:05", "00:02:05"],
+            id="equal-range-with-step",
+        ),
         pytest.param(
             "30 9 * * *",
             "Asia/Kolkata",
@@ -586,6 +621,10 @@ def test_given_alias_when_parsed_then_it_expands_and_fires_like_its_expansion(al
         ("0 0 1-3 * 1", ["Fri 02", "Sat 03", "Mon 05", "Mon 12", "Mon 19", "Mon 26"]),
         # croniter counts a stepped day field such as */2 as restricted (Vixie cron does not).
         ("0 0 */10 * 1", ["Mon 05", "Sun 11", "Mon 12", "Mon 19", "Wed 21", "Mon 26"]),
+        # A day-of-week field listing every day counts as "*" next to a "*" day field ...
+        ("0 0 */2 * 0-6", ["Sat 03", "Mon 05", "Wed 07", "Fri 09", "Sun 11", "Tue 13"]),
+        # ... and as restricted next to a plain one: the OR makes it every day.
+        ("0 0 1 * 0-6", ["Fri 02", "Sat 03", "Sun 04", "Mon 05", "Tue 06", "Wed 07"]),
         # One day field restricted: only it matters.
         ("0 0 13 * *", ["Tue 13", "Fri 13", "Fri 13", "Mon 13", "Wed 13", "Sat 13"]),
         ("0 0 * * 5", ["Fri 02", "Fri 09", "Fri 16", "Fri 23", "Fri 30", "Fri 06"]),
@@ -594,7 +633,10 @@ def test_given_alias_when_parsed_then_it_expands_and_fires_like_its_expansion(al
         ("0 0 * * 0", ["Sun 04", "Sun 11", "Sun 18", "Sun 25", "Sun 01", "Sun 08"]),
         ("0 0 * * 7", ["Sun 04", "Sun 11", "Sun 18", "Sun 25", "Sun 01", "Sun 08"]),
         ("0 0 * * sun", ["Sun 04", "Sun 11", "Sun 18", "Sun 25", "Sun 01", "Sun 08"]),
-        ("0 0 1 jan,feb *", ["Sun 01", "Fri 01", "Mon 01", "Sat 01", "Tue 01", "Mon 01"]),  # 2026-2029
+        (
+            "0 0 1 jan,feb *",
+            ["Sun 01", "Fri 01", "Mon 01", "Sat 01", "Tue 01", "Mon 01"],
+        ),  # 2026-2029
     ],
 )
 def test_given_day_fields_then_croniter_day_of_month_or_day_of_week_semantics_apply(
@@ -607,6 +649,22 @@ def test_given_day_fields_then_croniter_day_of_month_or_day_of_week_semantics_ap
 def test_given_cron_with_extra_whitespace_when_parsed_then_expression_is_normalised():
     cron = parse_cron("  */5\t *  * * *  ", "UTC")
     assert cron == Cron("*/5 * * * *", "UTC", has_seconds=False, hour_is_wildcard=True)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("0 9 1-1 * *", "0 9 1 * *"),
+        ("0 0-0 * * *", "0 0 * * *"),
+        ("0 0 * JAN-jan sun-SUN", "0 0 * JAN sun"),
+        ("1-1/5,3-3,4-6 * * * *", "1,3,4-6 * * * *"),
+        ("0 0 1-2 * *", "0 0 1-2 * *"),
+        ("0 0 01-1 * *", "0 0 01 * *"),
+    ],
+)
+def test_given_equal_ranges_when_parsed_then_they_become_single_values(expr, expected):
+    cron = parse_cron(expr, "UTC")
+    assert cron.expr == expected
 
 
 @pytest.mark.parametrize(
@@ -678,6 +736,33 @@ def test_given_daily_interval_when_clocks_spring_forward_then_it_is_24_elapsed_h
     ]
 
 
+PARIS = ZoneInfo("Europe/Paris")
+
+
+def test_given_after_in_a_dst_zone_when_adding_an_interval_then_it_is_elapsed_time():
+    # Python adds a timedelta to a zoned datetime on the wall clock (12:00 -> 12:00 next day,
+    # 23 hours across the change); an interval is an absolute duration.
+    after = datetime(2026, 3, 28, 12, tzinfo=PARIS)
+    assert next_fire_time(Interval(DAY), after) == at("2026-03-29T11:00+00:00")
+
+
+def test_given_bounds_in_a_dst_zone_when_counting_then_elapsed_time_is_used():
+    # 01:00+02:00 to 03:00+01:00 on 2026-10-25 is three hours: four hourly occurrences.
+    start = datetime(2026, 10, 25, 1, tzinfo=PARIS)
+    end = datetime(2026, 10, 25, 3, tzinfo=PARIS)
+    hourly = Interval(HOUR)
+    expected = [at("2026-10-24T23:00+00:00") + k * HOUR for k in range(4)]
+    assert count_fire_times(hourly, start, end, cap=100) == 4
+    assert recent_fire_times(hourly, end, start, 10) == expected
+    # The second 02:00 (+01:00): one every-minute occurrence in [02:00, 02:00], not 61.
+    second_two = datetime(2026, 10, 25, 2, fold=1, tzinfo=PARIS)
+    every_minute = parse_cron("* * * * *", "Europe/Paris")
+    assert count_fire_times(every_minute, second_two, second_two, cap=100) == 1
+    assert recent_fire_times(every_minute, second_two, second_two, 5) == [
+        at("2026-10-25T01:00+00:00")
+    ]
+
+
 def test_given_fire_times_with_until_and_limit_then_bounds_are_respected():
     cron = parse_cron("* * * * *", "UTC")
     start = at("2026-01-01T00:00+00:00")
@@ -695,7 +780,11 @@ def test_given_counts_and_recent_times_on_an_every_minute_cron_then_they_match_a
     assert count_fire_times(cron, ten, now, cap=100) == 6  # 10:00 .. 10:05, both ends included
     assert count_fire_times(cron, ten, now, cap=4) == 4
     assert count_fire_times(cron, now, ten, cap=100) == 0
-    assert recent_fire_times(cron, now, ten, 3) == [ten + 3 * MINUTE, ten + 4 * MINUTE, ten + 5 * MINUTE]
+    assert recent_fire_times(cron, now, ten, 3) == [
+        ten + 3 * MINUTE,
+        ten + 4 * MINUTE,
+        ten + 5 * MINUTE,
+    ]
     assert recent_fire_times(cron, now, ten, 100) == [ten + k * MINUTE for k in range(6)]
     assert recent_fire_times(cron, ten, now, 3) == []
     assert recent_fire_times(cron, now, ten, 0) == []
@@ -790,7 +879,7 @@ def test_given_custom_field_name_when_cron_is_invalid_then_error_uses_it():
 
 @pytest.mark.parametrize(
     "expr",
-    ["0 0 29 2 *", "0 0 31 * *", "0 0 31 4 1", "0 0 * * 0#5", "0 0 L 2 *", "5-1 * * * *"],
+    ["0 0 29 2 *", "0 0 31 * *", "0 0 31 4 1", "0 0 * * 0#5", "0 0 L 2 *"],
 )
 def test_given_rare_but_possible_cron_when_parsed_then_it_is_accepted(expr):
     cron = parse_cron(expr, "UTC")
@@ -898,7 +987,7 @@ def test_given_aware_run_at_when_parsed_then_it_is_the_same_instant_in_utc():
 @dataclass(frozen=True)
 class Field:
     text: str
-    values: frozenset[int]
+    values: frozenset[int] = dataclass_field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -919,6 +1008,12 @@ class CronSpec:
             fields.insert(0, self.second)
         return " ".join(f.text for f in fields)
 
+    def __repr__(self) -> str:
+        return f"CronSpec({self.text!r})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # how hypothesis shows a failing example
+        printer.text(repr(self))
+
     @property
     def seconds(self) -> list[int]:
         return [0] if self.second is None else sorted(self.second.values)
@@ -927,14 +1022,22 @@ class CronSpec:
     def follows_elapsed_time(self) -> bool:
         return self.hour.text in ("*", "*/1")
 
+    @property
+    def days_are_ored(self) -> bool:
+        """croniter ORs the two day fields when both are restricted. A field is unrestricted
+        when it is ``*``, or when it lists every value and the other field's text holds a
+        ``*`` (croniter then reads it as ``*``, so "*/2 * 0-6" is the odd days, as in Vixie
+        cron, while "1 * 0-6" is every day)."""
+        dom_any = self.dom.text == "*" or (len(self.dom.values) == 31 and "*" in self.dow.text)
+        dow_any = self.dow.text == "*" or (len(self.dow.values) == 7 and "*" in self.dom.text)
+        return not dom_any and not dow_any
+
     def day_matches(self, day: date) -> bool:
         if day.month not in self.month.values:
             return False
         dom_ok = day.day in self.dom.values
         dow_ok = day.isoweekday() % 7 in self.dow.values
-        if self.dom.text == "*" or self.dow.text == "*":
-            return dom_ok and dow_ok
-        return dom_ok or dow_ok  # croniter ORs two restricted day fields
+        return (dom_ok or dow_ok) if self.days_are_ored else (dom_ok and dow_ok)
 
     def minute_matches(self, wall: datetime) -> bool:
         return (
@@ -945,7 +1048,7 @@ class CronSpec:
 
     def can_fire(self) -> bool:
         """Whether some date matches (Feb 29 counts): parse_cron must accept exactly these."""
-        if self.dom.text != "*" and self.dow.text != "*":
+        if self.days_are_ored:
             return True  # any matching weekday will do
         return any(_day_exists(m, d) for m in self.month.values for d in self.dom.values)
 
@@ -980,15 +1083,17 @@ def _floor_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0)
 
 
-def reference_fires(spec: CronSpec, zone: str, start: datetime, end: datetime) -> list[datetime]:
-    """All firing instants in (start, end], found by walking every UTC minute."""
+def reference_fires(
+    spec: CronSpec, zone: str, start: datetime, end: datetime, limit: int | None = None
+) -> list[datetime]:
+    """The firing instants in (start, end] (the first ``limit``), walking every UTC minute."""
     tz = ZoneInfo(zone)
     found: list[datetime] = []
     t = _floor_minute(start)
-    while t <= end:
+    while t <= end and (limit is None or len(found) < limit):
         found.extend(f for f in reference_fires_in_minute(spec, tz, t) if start < f <= end)
         t += MINUTE
-    return found
+    return found[:limit]
 
 
 def reference_next(
@@ -997,7 +1102,7 @@ def reference_next(
     """The first firing instant in (after, after + horizon], or None."""
     tz = ZoneInfo(zone)
     t = _floor_minute(after)
-    end = after + horizon
+    end = after.astimezone(UTC) + horizon  # elapsed time: not wall-clock arithmetic
     while t <= end:
         for f in reference_fires_in_minute(spec, tz, t):
             if after < f <= end:
@@ -1007,13 +1112,11 @@ def reference_next(
 
 
 def reference_fires_at(spec: CronSpec, zone: str, instant: datetime) -> bool:
-    if instant.microsecond or instant.second not in spec.seconds:
-        return False
     fires = reference_fires_in_minute(spec, ZoneInfo(zone), _floor_minute(instant))
     return instant in fires
 
 
-@lru_cache(maxsize=None)
+@cache
 def transitions(zone: str) -> tuple[datetime, ...]:
     """The instants in 2000-2040 at which ``zone`` changes its UTC offset."""
     tz = ZoneInfo(zone)
@@ -1047,10 +1150,22 @@ def test_reference_agrees_with_the_documented_examples():
         Field("*", frozenset(range(1, 13))),
         Field("*", frozenset(range(7))),
     )
-    fires = reference_fires(spec, "Europe/Paris", at("2026-03-28T00:00+01:00"), at("2026-03-31T00:00+02:00"))
-    assert fires == [at("2026-03-28T02:30+01:00"), at("2026-03-29T03:00+02:00"), at("2026-03-30T02:30+02:00")]
-    fires = reference_fires(spec, "Europe/Paris", at("2026-10-24T00:00+02:00"), at("2026-10-27T00:00+01:00"))
-    assert fires == [at("2026-10-24T02:30+02:00"), at("2026-10-25T02:30+02:00"), at("2026-10-26T02:30+01:00")]
+    fires = reference_fires(
+        spec, "Europe/Paris", at("2026-03-28T00:00+01:00"), at("2026-03-31T00:00+02:00")
+    )
+    assert fires == [
+        at("2026-03-28T02:30+01:00"),
+        at("2026-03-29T03:00+02:00"),
+        at("2026-03-30T02:30+02:00"),
+    ]
+    fires = reference_fires(
+        spec, "Europe/Paris", at("2026-10-24T00:00+02:00"), at("2026-10-27T00:00+01:00")
+    )
+    assert fires == [
+        at("2026-10-24T02:30+02:00"),
+        at("2026-10-25T02:30+02:00"),
+        at("2026-10-26T02:30+01:00"),
+    ]
     paris = transitions("Europe/Paris")
     assert at("2026-03-29T01:00+00:00") in paris and at("2026-10-25T01:00+00:00") in paris
 
@@ -1059,22 +1174,14 @@ def test_reference_agrees_with_the_documented_examples():
 
 
 def _field(lo: int, hi: int, extra_single: tuple[int, ...] = ()) -> st.SearchStrategy[Field]:
-    def norm(v: int) -> int:
-        return 0 if v == 7 else v  # day of week 7 is Sunday
-
-    single_value = st.integers(lo, hi)
-    if extra_single:
-        single_value |= st.sampled_from(extra_single)
-    single = single_value.map(lambda v: Field(str(v), frozenset({norm(v)})))
+    single = st.integers(lo, hi).map(lambda v: Field(str(v), frozenset({v})))
+    if extra_single:  # day of week 7 is Sunday (0)
+        single |= st.sampled_from(extra_single).map(lambda v: Field(str(v), frozenset({v % 7})))
     pair = st.tuples(st.integers(lo, hi), st.integers(lo, hi)).map(sorted)
     span = pair.map(lambda ab: Field(f"{ab[0]}-{ab[1]}", frozenset(range(ab[0], ab[1] + 1))))
-    step = st.integers(1, hi - lo).map(
-        lambda k: Field(f"*/{k}", frozenset(range(lo, hi + 1, k)))
-    )
+    step = st.integers(1, hi - lo).map(lambda k: Field(f"*/{k}", frozenset(range(lo, hi + 1, k))))
     span_step = st.tuples(pair, st.integers(1, hi - lo)).map(
-        lambda p: Field(
-            f"{p[0][0]}-{p[0][1]}/{p[1]}", frozenset(range(p[0][0], p[0][1] + 1, p[1]))
-        )
+        lambda p: Field(f"{p[0][0]}-{p[0][1]}/{p[1]}", frozenset(range(p[0][0], p[0][1] + 1, p[1])))
     )
     items = st.lists(single | span, min_size=2, max_size=4)
     listed = items.map(
@@ -1137,9 +1244,7 @@ def zone_and_instant(draw) -> tuple[str, datetime]:
     return zone, instant.astimezone(shown_in)
 
 
-PROPERTY = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -1150,7 +1255,7 @@ PROPERTY = settings(
 def test_property_parse_cron_accepts_a_built_cron_iff_it_can_ever_fire(spec):
     if spec.can_fire():
         cron = parse_cron(spec.text, "UTC")
-        assert cron.expr == spec.text
+        assert len(cron.expr.split()) == len(spec.text.split())
         assert cron.has_seconds == (spec.second is not None)
         assert cron.hour_is_wildcard == spec.follows_elapsed_time
     else:
@@ -1191,7 +1296,7 @@ def test_property_next_fire_time_equals_a_minute_by_minute_reference(spec, where
     got = next_fire_time(cron, after)
     expected = reference_next(spec, zone, after, HORIZON)
     if expected is None:
-        assert got is not None and got > after + HORIZON
+        assert got is not None and got > after.astimezone(UTC) + HORIZON
         assert reference_fires_at(spec, zone, got)
     else:
         assert got == expected, (
@@ -1206,11 +1311,11 @@ def test_property_next_fire_time_equals_a_minute_by_minute_reference(spec, where
 def test_property_fire_times_are_strictly_increasing_and_complete(spec, where, hours):
     zone, after = where
     cron = parse_cron(spec.text, zone)
-    until = after + hours * HOUR
+    until = after.astimezone(UTC) + hours * HOUR
     got = list(fire_times(cron, after, until, limit=300))
     assert all(a < b for a, b in itertools.pairwise(got))
     assert all(after < t <= until for t in got)
-    expected = reference_fires(spec, zone, after, until)[:300]
+    expected = reference_fires(spec, zone, after, until, limit=300)
     assert got == expected
 
 
@@ -1227,9 +1332,14 @@ def test_property_count_and_recent_fire_times_agree_with_enumeration(
 ):
     zone, start = where
     cron = parse_cron(spec.text, zone)
-    end = start + minutes * MINUTE
-    everything = reference_fires(spec, zone, start - EPSILON, end)  # [start, end]
-    assert everything == list(fire_times(cron, start - EPSILON, end))
+    # ``start`` may carry the job's zone: the module must not do wall-clock arithmetic on it,
+    # and neither may the test (03:00+02:00 minus 1 us is no 02:59:59.999999 on a gap day).
+    start_utc = start.astimezone(UTC)
+    if spec.second is not None:
+        minutes //= 8  # at most half an hour of a per-second cron
+    end = start_utc + minutes * MINUTE
+    everything = reference_fires(spec, zone, start_utc - EPSILON, end)  # [start, end]
+    assert everything == list(fire_times(cron, start_utc - EPSILON, end))
     assert count_fire_times(cron, start, end, cap) == min(cap, len(everything))
     assert recent_fire_times(cron, end, start, count) == everything[-count:]
 

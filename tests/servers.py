@@ -1,0 +1,116 @@
+"""Private PostgreSQL and Redis servers that a test may stop, kill and restart at will,
+without disturbing the machine's shared servers (or anyone else's tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PG_BIN = Path("/usr/lib/postgresql") / (
+    sorted(os.listdir("/usr/lib/postgresql"))[-1] if os.path.isdir("/usr/lib/postgresql") else "15"
+) / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, up: bool, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                if up:
+                    return
+        except OSError:
+            if not up:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not go {'up' if up else 'down'} in {timeout}s")
+
+
+class PrivateRedis:
+    """A redis-server of our own: no persistence, so a restart loses every message."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_port(self.port, up=True)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        _wait_port(self.port, up=False)
+
+    def restart(self, down_for: float = 0.0) -> None:
+        self.stop(kill=True)
+        time.sleep(down_for)
+        self.start()
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster (initdb in a temporary directory) on its own port."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="schedapp-pg-"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "postgres.log"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/schedapp"
+
+    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run([*prefix, *argv], check=check, capture_output=True, text=True)
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "--no-sync", "-E", "UTF8")
+        self.start()
+        self._run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                  "postgres", "schedapp")
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                   "-c max_connections=200")
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+                  "-o", options, "-w", "start")
+        _wait_port(self.port, up=True)
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop",
+                  check=False)
+        _wait_port(self.port, up=False)
+
+    def restart(self, down_for: float = 0.0, mode: str = "immediate") -> None:
+        self.stop(mode=mode)
+        time.sleep(down_for)
+        self.start()
+
+    def destroy(self) -> None:
+        self.stop(mode="immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
