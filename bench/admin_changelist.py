@@ -62,14 +62,14 @@ FROM generate_series(%(start)s, %(stop)s) AS i
 
 FILL_RUNS = """
 INSERT INTO schedapp_jobrun (
-    job_id, token, attempt, scheduled_for, due_at, claimed_by, claimed_at, dispatched_at,
+    job_id, token, attempt, scheduled_for, due_at, claimed_by, dispatched_at,
     started_at, finished_at, heartbeat_at, heartbeats, worker, task_id, status, stale, error,
     traceback)
 SELECT
     1 + n %% %(jobs)s, 1000 + n, 1,
     now() - make_interval(secs => (%(total)s - n) * 0.01),
     now() - make_interval(secs => (%(total)s - n) * 0.01),
-    'beat-' || n %% 7, now() - make_interval(secs => (%(total)s - n) * 0.01),
+    'beat-' || n %% 7,
     now() - make_interval(secs => (%(total)s - n) * 0.01 - (n %% 50) * 0.002),
     now() - make_interval(secs => (%(total)s - n) * 0.01),
     now() - make_interval(secs => (%(total)s - n) * 0.01 - 1.5), NULL, 0,

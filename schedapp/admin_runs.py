@@ -88,7 +88,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     fields = ("job_link", "status_badge", "stale", "attempt", "token", "task_result",
-              "scheduled", "due", "claimed", "dispatched", "started", "finished",
+              "scheduled", "due", "dispatched", "started", "finished",
               "duration_col", "lag", "claimed_by", "worker", "last_heartbeat", "heartbeats",
               "error_text", "traceback_text")
     readonly_fields = fields
@@ -131,10 +131,6 @@ class JobRunAdmin(ReadOnlyAdmin):
     @admin.display(description="due at")
     def due(self, run: JobRun) -> str:
         return self._at(run, run.due_at)
-
-    @admin.display(description="claimed at")
-    def claimed(self, run: JobRun) -> str:
-        return self._at(run, run.claimed_at)
 
     @admin.display(description="dispatched at")
     def dispatched(self, run: JobRun) -> str:

@@ -23,7 +23,14 @@ from .db import db_now, notify_due
 from .exceptions import JobStateError
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
 from .schedules import first_fire_time
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, stored_schedule, validate_job
+from .validation import (
+    JOB_FIELDS,
+    SCHEDULE_FIELDS,
+    celery_app,
+    name_taken,
+    stored_schedule,
+    validate_job,
+)
 
 log = logging.getLogger("schedapp.api")
 
@@ -149,7 +156,7 @@ def _source(source: str) -> str:
 
 def _integrity_error(exc: IntegrityError, name: str) -> ValidationError:
     if "name" in str(exc) or "unique" in str(exc).lower():
-        return ValidationError({"name": [f"a job named {name!r} already exists."]})
+        return ValidationError({"name": [name_taken(name)]})
     return ValidationError({"__all__": [f"the database refused the job: {exc}"]})
 
 
@@ -182,7 +189,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000)
         chunk = list(names)[start : start + 5000]
         existing.update(Job.objects.filter(name__in=chunk).values_list("name", flat=True))
     for name in sorted(existing):
-        errors[f"{names[name]}.name"] = [f"a job named {name!r} already exists."]
+        errors[f"{names[name]}.name"] = [name_taken(name)]
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():

@@ -19,6 +19,8 @@ from typing import Any
 from celery import Celery
 from celery.beat import Scheduler
 
+from . import metrics
+
 log = logging.getLogger("schedapp.beat")
 
 
@@ -62,6 +64,8 @@ class LeaseScheduler(Scheduler):
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         _guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
         self._ensure_listener()
+        metrics.start_metrics_server()
+        self._sync_declared_jobs()
         log.info(
             "beat %s started (batch %d)",
             self.beat_id,
@@ -76,9 +80,11 @@ class LeaseScheduler(Scheduler):
             self.setup_schedule()
         self.stats["ticks"] += 1
         self._ensure_listener()
+        started = time.monotonic()
         try:
             delay = self._work()
             self._failures = 0
+            metrics.beat_tick(time.monotonic() - started, time.time())
         except CONNECTION_ERRORS as exc:
             reset_connection()
             delay = self._backoff()
@@ -123,6 +129,9 @@ class LeaseScheduler(Scheduler):
 
         batch = self.settings.BATCH_SIZE
         result = claim_due_jobs(self.beat_id, batch)
+        claimed_at = time.monotonic()
+        metrics.claimed(result.claimed, reaped=result.reaped,
+                        misfires_skipped=result.skipped_misfires)
         self.stats["claimed"] += result.claimed
         self.stats["reaped"] += result.reaped
         self.stats["misfires_skipped"] += result.skipped_misfires
@@ -135,7 +144,13 @@ class LeaseScheduler(Scheduler):
                 release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
                 raise
             self.stats["dispatched"] += len(published.published)
+            # lag = publish time - due time, both in the database clock: the claim's now()
+            # plus the time spent since (measured on a monotonic clock, not a wall clock)
+            elapsed = time.monotonic() - claimed_at
+            metrics.dispatched(len(published.published),
+                               [r.lateness + elapsed for r in published.published])
             if published.failed:
+                metrics.publish_failed(len(published.failed))
                 self.stats["publish_failures"] += 1
                 self.stats["released"] += release_claims(
                     [(r.job_id, r.token) for r in published.failed], str(published.error)
@@ -188,7 +203,22 @@ class LeaseScheduler(Scheduler):
         self._last_node_update = now
         from .nodes import record_node
 
+        metrics.heartbeat("beat")
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
+
+
+    def _sync_declared_jobs(self) -> None:
+        """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
+        declaration is reported and never stops the beat."""
+        from .db import with_retries
+        from .declared import sync_declared_jobs
+
+        try:
+            report = with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
+            log.info("declared jobs: %s", report, extra={"action": "declared_sync"})
+        except Exception as exc:
+            log.exception("could not sync declared jobs: %s", exc,
+                          extra={"action": "declared_sync_failed"})
 
 
 def _guard_idle_transactions(seconds: float) -> None:

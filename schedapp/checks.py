@@ -12,6 +12,7 @@ def register() -> None:
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
     checks.register(check_database, "schedapp", deploy=True)
+    checks.register(check_allowlist, "schedapp", deploy=True)
 
 
 def _celery_conf() -> Any:
@@ -77,4 +78,16 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="schedapp.W003",
             )
         ]
+    return []
+
+
+def check_allowlist(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from .conf import get_settings
+
+    if "*" in get_settings().ALLOWED_TASKS:
+        return [checks.Warning(
+            "SCHEDAPP_ALLOWED_TASKS allows every registered task: anyone who may add a job "
+            "(API, admin, imports) can schedule any task the app defines.",
+            hint="List the tasks jobs may run, e.g. SCHEDAPP_ALLOWED_TASKS = ['myapp.tasks.*'].",
+            id="schedapp.W004")]
     return []

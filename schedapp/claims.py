@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from . import policies
+from . import metrics, policies
 from .db import db_now, is_postgresql, notify_due
 from .models import (
     ACTIVE_RUN_STATUSES,
@@ -53,6 +53,7 @@ class ClaimedRun:
     due_at: datetime
     attempt: int
     lease_seconds: int
+    lateness: float = 0.0  # seconds between due_at and the claim, in the database clock
 
     @property
     def task_id(self) -> str:
@@ -139,6 +140,7 @@ claimed AS (
               j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.misfire_policy,
               j.misfire_max_catchup, j.priority,
+              extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               (j.run_at IS NULL AND j.retry_count = 0
                AND now() - j.next_run_at > j.misfire_grace) AS late
 ),
@@ -242,6 +244,7 @@ def _claim_portable(beat: str, limit: int) -> list[dict]:
         row["token"] += 1
         row["args"] = json.dumps(row["args"])
         row["kwargs"] = json.dumps(row["kwargs"])
+        row["lateness"] = (now - row["next_run_at"]).total_seconds()
         row["late"] = (
             row["run_at"] is None
             and row["retry_count"] == 0
@@ -326,6 +329,7 @@ def _claimed_run(row: dict) -> ClaimedRun:
         due_at=row["next_run_at"],
         attempt=row["retry_count"] + 1,
         lease_seconds=row["lease_seconds"],
+        lateness=row["lateness"],
     )
 
 
@@ -430,6 +434,8 @@ def _reap(limit: int, rng: policies.Rng) -> int:
                 error="lease expired while running",
                 bump_token=True,
             )
+            metrics.run_finished(RunStatus.LOST, dead=plan.dead)
+    metrics.lease_expired(len(expired))
     log.warning(
         "reaped %d expired lease(s) (%d had started)",
         len(expired),
@@ -540,6 +546,7 @@ def complete_run(
             stale=stale,
         )
         if job is None:
+            metrics.run_finished(outcome, stale=True)
             log.warning(
                 "stale completion of job %s token %s: not applied",
                 job_id,
@@ -552,6 +559,7 @@ def complete_run(
         else:
             plan = policies.plan_after_failure(_facts(job), delay=retry_delay, rng=rng)
         _write_after_run(job_id, token, plan, status=outcome, error=error)
+    metrics.run_finished(outcome, dead=plan.dead)
     if plan.dead:
         log.error(
             "job %s is dead after %d attempt(s): %s",
@@ -618,6 +626,7 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> None:
         complete_run(job_id, token, FAILED, error=f"task {how} outside schedapp")
         JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
         return
+    metrics.run_finished("cancelled")
     JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.CANCELLED, finished_at=Now(), error=f"cancelled ({how})"
     )

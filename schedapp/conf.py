@@ -39,6 +39,10 @@ class Settings:
     MAX_PAYLOAD_DEPTH: int = 32
     # Dotted path to the Celery app ("project.celery:app"); None means celery.current_app.
     CELERY_APP: str | None = None
+    # Serve Prometheus metrics on this port from beats and workers (None: don't), and the
+    # bearer token the metrics view demands (None: none).
+    METRICS_PORT: int | None = None
+    METRICS_TOKEN: str | None = None
     # Seconds between a worker's or beat's row updates in the nodes table.
     NODE_HEARTBEAT: float = 10.0
 

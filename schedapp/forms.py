@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_date, parse_duration, parse_time
 from .display import PREVIEW_COUNT, preview_text, safe_zone
 from .models import Job
 from .schedules import Once, fire_times
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, stored_schedule, validate_job
+from .validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
 
 FORM_FIELDS = [
     "name",
@@ -96,7 +96,7 @@ class JobForm(forms.ModelForm):
         clash = Job.objects.filter(name=cleaned["name"]).exclude(pk=self.instance.pk)
         if clash.exists():
             # The API's own message for this (api._integrity_error).
-            self.add_error("name", f"a job named {cleaned['name']!r} already exists.")
+            self.add_error("name", name_taken(cleaned["name"]))
             return data
         self.job_values = cleaned
         return data

@@ -159,9 +159,9 @@ def process_exited(pid: int) -> None:
 
 
 def metrics_port() -> int | None:
-    from django.conf import settings
+    from .conf import get_settings
 
-    port = getattr(settings, "SCHEDAPP_METRICS_PORT", None)
+    port = get_settings().METRICS_PORT
     return int(port) if port else None
 
 

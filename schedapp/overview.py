@@ -58,16 +58,16 @@ SELECT
 
 # Dispatch lag (dispatched_at - due_at) per minute over the newest runs.
 _LAG_SQL = """
-SELECT date_trunc('minute', r.claimed_at) AS minute,
+SELECT date_trunc('minute', r.dispatched_at) AS minute,
        count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
        max(lag)
-FROM (SELECT claimed_at,
+FROM (SELECT dispatched_at,
              extract(epoch FROM dispatched_at - due_at) AS lag
       FROM schedapp_jobrun
       ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.claimed_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
+WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
 GROUP BY ROLLUP (minute)
 ORDER BY minute NULLS FIRST
 """
@@ -75,8 +75,8 @@ ORDER BY minute NULLS FIRST
 
 _STATUS_SQL = """
 SELECT r.status, count(*)
-FROM (SELECT status, claimed_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.claimed_at >= now() - make_interval(mins => %(minutes)s)
+FROM (SELECT status, dispatched_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
+WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s)
 GROUP BY r.status ORDER BY r.status
 """
 

@@ -48,6 +48,11 @@ JOB_FIELDS = (
 )
 
 
+def name_taken(name: str) -> str:
+    """The message for a job name already in use (the API and the admin form say the same)."""
+    return f"a job named {name!r} already exists."
+
+
 def celery_app() -> Any:
     """The Celery app jobs are validated against and published through."""
     path = get_settings().CELERY_APP

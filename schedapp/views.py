@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from . import metrics as _metrics
+from .conf import get_settings
 
 
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus exposition: this host's schedapp processes and fleet gauges from the DB."""
-    token = getattr(settings, "SCHEDAPP_METRICS_TOKEN", None)
+    token = get_settings().METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):

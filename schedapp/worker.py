@@ -28,6 +28,7 @@ from typing import Any
 
 from celery import signals
 
+from . import metrics
 from .models import parse_task_id
 
 log = logging.getLogger("schedapp.worker")
@@ -48,6 +49,8 @@ def connect() -> None:
     signals.task_retry.connect(on_task_retry, weak=False, dispatch_uid="schedapp.retry")
     signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="schedapp.revoked")
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="schedapp.ready")
+    signals.worker_process_shutdown.connect(
+        on_process_shutdown, weak=False, dispatch_uid="schedapp.process_shutdown")
     signals.worker_shutdown.connect(
         on_worker_shutdown, weak=False, dispatch_uid="schedapp.shutdown"
     )
@@ -79,6 +82,7 @@ def on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         )
     if outcome == START_OK:
         return
+    metrics.door_skipped(_reason_word(outcome))
     log.warning(
         "job %s token %s delivered but not executed: %s",
         job_id,
@@ -87,6 +91,17 @@ def on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         extra={"action": "door_skip", "job": job_id, "token": token},
     )
     _refuse(request)
+
+
+def _reason_word(outcome: str) -> str:
+    """A fixed label for metrics: stale_token, job_state, duplicate, unknown or error."""
+    if outcome == "stale token":
+        return "stale_token"
+    for prefix, word in (("job is", "job_state"), ("run already", "duplicate"),
+                         ("unknown", "unknown")):
+        if outcome.startswith(prefix):
+            return word
+    return "error"
 
 
 def _refuse(request: Any) -> None:
@@ -138,6 +153,7 @@ def _renew_active_leases() -> None:
     if not due:
         return
     renewed = renew_leases(due)
+    metrics.heartbeat("worker", renewed=len(renewed), lost=len(due) - len(renewed))
     for job_id, token, _lease in due:
         if (job_id, token) in renewed:
             _lease_renewed_at[(job_id, token)] = now
@@ -153,12 +169,17 @@ def _renew_active_leases() -> None:
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    metrics.start_metrics_server()
     _node["name"] = getattr(sender, "hostname", None) or f"{socket.gethostname()}:{os.getpid()}"
     _node["started_at"] = datetime.now(UTC)
     try:
         _record_worker_node(force=True)
     except Exception as exc:  # visibility only
         log.warning("could not record worker node: %s", exc)
+
+
+def on_process_shutdown(pid: int | None = None, **_: Any) -> None:
+    metrics.process_exited(pid or os.getpid())
 
 
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:

@@ -249,7 +249,7 @@ def test_deleting_a_running_job_or_a_huge_history_is_refused(admin_client, jobs,
 
     now = db_now()
     JobRun.objects.bulk_create(
-        JobRun(job=jobs["b"], token=t, scheduled_for=now, due_at=now, claimed_at=now,
+        JobRun(job=jobs["b"], token=t, scheduled_for=now, due_at=now, dispatched_at=now,
                task_id=task_id_for(jobs["b"].pk, t), status="succeeded") for t in range(1, 4))
     monkeypatch.setattr(schedapp_admin, "DELETE_RUNS_MAX", 2)
     page = admin_client.get(reverse("admin:schedapp_job_delete", args=[jobs["b"].pk]))

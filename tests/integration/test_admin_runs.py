@@ -20,7 +20,7 @@ def add_run(job: Job, token: int, status: str, *, lag: float = 0.5, duration: fl
     due = now - timedelta(seconds=ago)
     return JobRun.objects.create(
         job=job, token=token, attempt=1, scheduled_for=due, due_at=due,
-        claimed_by="beat-host:1:abc", claimed_at=due + timedelta(seconds=lag / 2),
+        claimed_by="beat-host:1:abc",
         dispatched_at=due + timedelta(seconds=lag), started_at=due + timedelta(seconds=lag),
         finished_at=(due + timedelta(seconds=lag + duration)
                      if status not in ("dispatched", "running") else None),

@@ -32,7 +32,7 @@ def add_runs(job: Job, count: int, *, finished_ago: timedelta | None, status: st
     finished = now - finished_ago if finished_ago is not None else None
     JobRun.objects.bulk_create(
         JobRun(job=job, token=t, scheduled_for=now - timedelta(days=60), due_at=now,
-               claimed_at=now - timedelta(days=60), dispatched_at=now, finished_at=finished,
+               dispatched_at=now - timedelta(days=60), finished_at=finished,
                task_id=task_id_for(job.pk, t), status=status)
         for t in range(first_token, first_token + count))
 
@@ -50,7 +50,7 @@ def test_status_prints_states_backlog_oldest_due_beats_and_lag():
                         last_seen_at=now, stats={"claimed": 3})
     job = Job.objects.get(name="later")
     JobRun.objects.create(job=job, token=1, scheduled_for=now, due_at=now - timedelta(seconds=1),
-                          claimed_at=now, dispatched_at=now, task_id="t", status="succeeded")
+                          dispatched_at=now, task_id="t", status="succeeded")
 
     out, _err = run("schedapp_status")
 
