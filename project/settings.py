@@ -150,6 +150,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "schedapp.beat:LeaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_REDIRECT_STDOUTS = False  # schedapp's log lines keep their own level and format
 
 SCHEDAPP_ALLOWED_TASKS = ["project.*", "schedapp.*"]
 

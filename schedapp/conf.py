@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +44,8 @@ class Settings:
     # bearer token the metrics view demands (None: none).
     METRICS_PORT: int | None = None
     METRICS_TOKEN: str | None = None
+    # Jobs declared in code: {"name": {"task": ..., "cron": ..., ...}}, synced at beat start.
+    JOBS: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Seconds between a worker's or beat's row updates in the nodes table.
     NODE_HEARTBEAT: float = 10.0
 
@@ -60,5 +63,6 @@ def get_settings() -> Settings:
     values: dict[str, Any] = {}
     for f in fields(Settings):
         if hasattr(django_settings, f"SCHEDAPP_{f.name}"):
-            values[f.name] = _coerce(getattr(django_settings, f"SCHEDAPP_{f.name}"), f.default)
+            default = f.default if f.default is not MISSING else None
+            values[f.name] = _coerce(getattr(django_settings, f"SCHEDAPP_{f.name}"), default)
     return Settings(**values)

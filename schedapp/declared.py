@@ -75,11 +75,11 @@ def _resolve_task(entry: Mapping[str, Any]) -> str:
 
 def declarations() -> dict[str, dict[str, Any]]:
     """Every declared job, by name: ``SCHEDAPP_JOBS`` and ``@periodic`` merged."""
-    from django.conf import settings
+    from .conf import get_settings
 
     celery_app().loader.import_default_modules()  # load tasks modules, so @periodic ran
     found: dict[str, dict[str, Any]] = {}
-    for name, spec in (getattr(settings, "SCHEDAPP_JOBS", None) or {}).items():
+    for name, spec in (get_settings().JOBS or {}).items():
         found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
     for entry in _registry:
         spec = {k: v for k, v in entry.items() if not k.startswith("_")}
