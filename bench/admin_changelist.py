@@ -113,8 +113,15 @@ def fill(jobs: int, runs: int) -> float:
                 cursor.execute(FILL_JOBS, {"start": start, "stop": min(jobs, start + CHUNK - 1)})
         for start in range(1, runs + 1, CHUNK):
             with transaction.atomic():
-                cursor.execute(FILL_RUNS, {"start": start, "stop": min(runs, start + CHUNK - 1),
-                                           "jobs": jobs, "total": runs})
+                cursor.execute(
+                    FILL_RUNS,
+                    {
+                        "start": start,
+                        "stop": min(runs, start + CHUNK - 1),
+                        "jobs": jobs,
+                        "total": runs,
+                    },
+                )
         cursor.execute("VACUUM ANALYZE schedapp_job")
         cursor.execute("VACUUM ANALYZE schedapp_jobrun")
     return time.monotonic() - started
@@ -138,8 +145,9 @@ def time_page(client, url: str, repeat: int) -> tuple[float, float, int, int]:  
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
@@ -196,8 +204,10 @@ def main() -> int:
         for label, url in pages:
             median, worst, queries, status = time_page(client, url, options.repeat)
             flag = "" if status == 200 else f" (HTTP {status})"
-            print(f"| {label}{flag} | {median * 1000:.0f} ms | {worst * 1000:.0f} ms "
-                  f"| {queries} |", flush=True)
+            print(
+                f"| {label}{flag} | {median * 1000:.0f} ms | {worst * 1000:.0f} ms | {queries} |",
+                flush=True,
+            )
     finally:
         from django.db import connections
 

@@ -65,12 +65,16 @@ class Harness:
     def start_servers(self) -> None:
         self.pg.init()
         self.redis.start()
-        os.environ.update({
-            "DATABASE_URL": self.pg.url, "CELERY_BROKER_URL": self.redis.url,
-            "DJANGO_SETTINGS_MODULE": "project.settings_test", "SCHEDAPP_VAR_DIR":
-            str(self.workdir / "var"), "SCHEDAPP_BEAT_TRANSACTION_TIMEOUT": "5",
-            "SCHEDAPP_BATCH_SIZE": "100",
-        })
+        os.environ.update(
+            {
+                "DATABASE_URL": self.pg.url,
+                "CELERY_BROKER_URL": self.redis.url,
+                "DJANGO_SETTINGS_MODULE": "project.settings_test",
+                "SCHEDAPP_VAR_DIR": str(self.workdir / "var"),
+                "SCHEDAPP_BEAT_TRANSACTION_TIMEOUT": "5",
+                "SCHEDAPP_BATCH_SIZE": "100",
+            }
+        )
         import django
 
         django.setup()
@@ -83,15 +87,18 @@ class Harness:
     def start_processes(self) -> None:
         assert self.fleet is not None
         self.beats = [self.fleet.beat() for _ in range(self.n_beats)]
-        self.workers = [self.fleet.worker(concurrency=3, heartbeat=1)
-                        for _ in range(self.n_workers)]
+        self.workers = [
+            self.fleet.worker(concurrency=3, heartbeat=1) for _ in range(self.n_workers)
+        ]
 
     def supervise(self) -> list[str]:
         """Restart dead processes, as systemd or Kubernetes would."""
         assert self.fleet is not None
         restarted = []
-        for group, start in ((self.beats, self.fleet.beat), (self.workers, lambda: (
-                self.fleet.worker(concurrency=3, heartbeat=1)))):  # type: ignore[union-attr]
+        for group, start in (
+            (self.beats, self.fleet.beat),
+            (self.workers, lambda: self.fleet.worker(concurrency=3, heartbeat=1)),
+        ):  # type: ignore[union-attr]
             for i, proc in enumerate(group):
                 if not proc.alive():
                     group[i] = start()
@@ -107,6 +114,7 @@ class Harness:
 
 # --- the job mix and the fault plan -------------------------------------------------------
 
+
 def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, int]:
     from schedapp import api
     from schedapp.db import db_now
@@ -116,30 +124,75 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
     specs = []
     for i in range(int(1500 * scale)):
         at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append({"task": "project.tasks.record", "run_at": at, "name": f"once-{i}",
-                      "kwargs": {"label": f"once-{i}"}, "lease_seconds": LEASE})
+        specs.append(
+            {
+                "task": "project.tasks.record",
+                "run_at": at,
+                "name": f"once-{i}",
+                "kwargs": {"label": f"once-{i}"},
+                "lease_seconds": LEASE,
+            }
+        )
     for i in range(max(2, int(8 * scale))):
         at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append({"task": "project.tasks.record", "run_at": at, "name": f"long-{i}",
-                      "kwargs": {"label": f"long-{i}", "sleep": 8}, "lease_seconds": 3,
-                      "max_retries": 10, "retry_backoff": 1})
+        specs.append(
+            {
+                "task": "project.tasks.record",
+                "run_at": at,
+                "name": f"long-{i}",
+                "kwargs": {"label": f"long-{i}", "sleep": 8},
+                "lease_seconds": 3,
+                "max_retries": 10,
+                "retry_backoff": 1,
+            }
+        )
     for i in range(max(4, int(30 * scale))):
         at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append({"task": "project.tasks.flaky", "run_at": at, "name": f"flaky-{i}",
-                      "kwargs": {"label": f"flaky-{i}", "failures": 2}, "max_retries": 6,
-                      "retry_backoff": 1, "lease_seconds": LEASE})
+        specs.append(
+            {
+                "task": "project.tasks.flaky",
+                "run_at": at,
+                "name": f"flaky-{i}",
+                "kwargs": {"label": f"flaky-{i}", "failures": 2},
+                "max_retries": 6,
+                "retry_backoff": 1,
+                "lease_seconds": LEASE,
+            }
+        )
     for i in range(max(2, int(6 * scale))):
         at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append({"task": "project.tasks.fail", "run_at": at, "name": f"fail-{i}",
-                      "kwargs": {"label": f"fail-{i}"}, "max_retries": 2,
-                      "retry_backoff": 1, "lease_seconds": LEASE})
+        specs.append(
+            {
+                "task": "project.tasks.fail",
+                "run_at": at,
+                "name": f"fail-{i}",
+                "kwargs": {"label": f"fail-{i}"},
+                "max_retries": 2,
+                "retry_backoff": 1,
+                "lease_seconds": LEASE,
+            }
+        )
     for i in range(6):
-        specs.append({"task": "project.tasks.record", "interval": 3, "name": f"every3-{i}",
-                      "kwargs": {"label": f"every3-{i}"}, "lease_seconds": LEASE})
+        specs.append(
+            {
+                "task": "project.tasks.record",
+                "interval": 3,
+                "name": f"every3-{i}",
+                "kwargs": {"label": f"every3-{i}"},
+                "lease_seconds": LEASE,
+            }
+        )
     for i, zone in enumerate(("UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata")):
-        specs.append({"task": "project.tasks.record", "cron": "*/5 * * * * *",
-                      "timezone": zone, "name": f"cron5-{i}", "kwargs": {"label": f"cron5-{i}"},
-                      "lease_seconds": LEASE})
+        specs.append(
+            {
+                "task": "project.tasks.record",
+                "cron": "*/5 * * * * *",
+                "timezone": zone,
+                "name": f"cron5-{i}",
+                "kwargs": {"label": f"cron5-{i}"},
+                "lease_seconds": LEASE,
+            }
+        )
     api.schedule_many(specs)
     for spec in specs:
         counts[spec["name"].split("-")[0]] += 1
@@ -177,6 +230,7 @@ FAULT_KINDS = ("kill_beat", "kill_worker", "pause_beat", "restart_redis", "resta
 
 # --- the history check ----------------------------------------------------------------------
 
+
 def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> list[str]:
     """Every problem found, as sentences; the table is printed as a side effect."""
     from django.db.models import Max
@@ -212,8 +266,9 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
                 continue
             until = beats_stopped_at - timedelta(seconds=10)
             expected.append((job.pk, first.scheduled_for))
-            expected.extend((job.pk, t) for t in
-                            fire_times(job_schedule(job), first.scheduled_for, until=until))
+            expected.extend(
+                (job.pk, t) for t in fire_times(job_schedule(job), first.scheduled_for, until=until)
+            )
     lost = [(jobs[j].name, t) for j, t in expected if not executions.get((j, t))]
     if lost:
         problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
@@ -238,17 +293,27 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
                 causes["lease expired (run lost: worker, beat or database fault)"] += 1
             else:
                 causes["unexplained"] += 1
-                problems.append(f"job {jobs[job_id].name}: duplicate of token {token} "
-                                f"({run.status if run else 'no run'}) not explained")
+                problems.append(
+                    f"job {jobs[job_id].name}: duplicate of token {token} "
+                    f"({run.status if run else 'no run'}) not explained"
+                )
 
     # 3. No job left running on an expired lease; every one-off job finished
     now = db_now()
-    stuck = [j.name for j in jobs.values() if j.state == JobState.RUNNING
-             and j.lease_expires_at is not None and j.lease_expires_at < now]
+    stuck = [
+        j.name
+        for j in jobs.values()
+        if j.state == JobState.RUNNING
+        and j.lease_expires_at is not None
+        and j.lease_expires_at < now
+    ]
     if stuck:
         problems.append(f"jobs stuck running with expired leases: {stuck[:5]}")
-    unfinished = [j.name for j in jobs.values() if j.run_at is not None
-                  and j.state not in (JobState.SUCCEEDED, JobState.DEAD)]
+    unfinished = [
+        j.name
+        for j in jobs.values()
+        if j.run_at is not None and j.state not in (JobState.SUCCEEDED, JobState.DEAD)
+    ]
     if unfinished:
         problems.append(f"one-off jobs not finished: {unfinished[:5]}")
 
@@ -256,34 +321,55 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
     for job in jobs.values():
         if job.state != JobState.DEAD:
             continue
-        attempts = [r for r in runs_by_token.values() if r.job_id == job.pk
-                    and r.status in (RunStatus.FAILED, RunStatus.LOST) and not r.stale]
+        attempts = [
+            r
+            for r in runs_by_token.values()
+            if r.job_id == job.pk and r.status in (RunStatus.FAILED, RunStatus.LOST) and not r.stale
+        ]
         if job.retry_count != job.max_retries or len(attempts) < job.max_retries + 1:
-            problems.append(f"dead job {job.name} did not exhaust its retries "
-                            f"({job.retry_count}/{job.max_retries}, {len(attempts)} attempts)")
+            problems.append(
+                f"dead job {job.name} did not exhaust its retries "
+                f"({job.retry_count}/{job.max_retries}, {len(attempts)} attempts)"
+            )
 
     # 5. Fencing held: a stale run is never the job's latest claim
-    latest = {j: t for j, t in JobRun.objects.values("job_id").annotate(t=Max("token"))
-              .values_list("job_id", "t")}
+    latest = {
+        j: t
+        for j, t in JobRun.objects.values("job_id")
+        .annotate(t=Max("token"))
+        .values_list("job_id", "t")
+    }
     for (job_id, token), run in runs_by_token.items():
         if run.stale and latest[job_id] == token:
             problems.append(f"stale completion is the latest claim of {jobs[job_id].name}")
 
-    lags = sorted((r.dispatched_at - r.due_at).total_seconds()
-                  for r in runs_by_token.values() if r.attempt == 1)
+    lags = sorted(
+        (r.dispatched_at - r.due_at).total_seconds()
+        for r in runs_by_token.values()
+        if r.attempt == 1
+    )
     rows = [
         ("jobs", len(jobs), ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))),
         ("occurrences checked", len(expected), ""),
         ("executions", sum(len(g) for g in executions.values()), ""),
         ("duplicates", duplicates, "; ".join(f"{v} {k}" for k, v in causes.items()) or "-"),
         ("lost", len(lost), "must be 0"),
-        ("runs lost / stale", sum(r.status == RunStatus.LOST for r in runs_by_token.values()),
-         f"{sum(r.stale for r in runs_by_token.values())} stale completions (not applied)"),
+        (
+            "runs lost / stale",
+            sum(r.status == RunStatus.LOST for r in runs_by_token.values()),
+            f"{sum(r.stale for r in runs_by_token.values())} stale completions (not applied)",
+        ),
         ("dead jobs", sum(j.state == JobState.DEAD for j in jobs.values()), "always-failing"),
-        ("faults injected", sum(faults.counts.values()),
-         ", ".join(f"{k} {v}" for k, v in sorted(faults.counts.items()))),
-        ("max dispatch lag", f"{max(lags, default=0):.2f}s",
-         f"p50 {lags[len(lags) // 2] if lags else 0:.3f}s"),
+        (
+            "faults injected",
+            sum(faults.counts.values()),
+            ", ".join(f"{k} {v}" for k, v in sorted(faults.counts.items())),
+        ),
+        (
+            "max dispatch lag",
+            f"{max(lags, default=0):.2f}s",
+            f"p50 {lags[len(lags) // 2] if lags else 0:.3f}s",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
@@ -292,6 +378,7 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
 
 
 # --- scenarios ------------------------------------------------------------------------------
+
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
@@ -328,8 +415,11 @@ def run_chaos(duration: float, seed: int, workdir: Path) -> list[str]:
         def settled() -> bool:
             reset_connection()
             try:
-                once_open = Job.objects.filter(run_at__isnull=False).exclude(
-                    state__in=[JobState.SUCCEEDED, JobState.DEAD]).exists()
+                once_open = (
+                    Job.objects.filter(run_at__isnull=False)
+                    .exclude(state__in=[JobState.SUCCEEDED, JobState.DEAD])
+                    .exists()
+                )
                 return not once_open
             except Exception:
                 return False
@@ -338,10 +428,16 @@ def run_chaos(duration: float, seed: int, workdir: Path) -> list[str]:
         beats_stopped_at = db_now()
         for beat in h.beats:
             beat.stop()
-        wait_until(lambda: not JobRun.objects.filter(status__in=["dispatched", "running"],
-                                                     job__run_at__isnull=True).exists()
-                   or not Job.objects.filter(state=JobState.RUNNING).exists(),
-                   timeout=60, what="in-flight runs to finish")
+        wait_until(
+            lambda: (
+                not JobRun.objects.filter(
+                    status__in=["dispatched", "running"], job__run_at__isnull=True
+                ).exists()
+                or not Job.objects.filter(state=JobState.RUNNING).exists()
+            ),
+            timeout=60,
+            what="in-flight runs to finish",
+        )
         for worker in h.workers:
             worker.stop()
         print("faults:")
@@ -370,9 +466,15 @@ def run_redis_outage(workdir: Path) -> list[str]:
         wait_until(lambda: Execution.objects.filter(label="").exists(), 20, "first run")
         h.redis.stop(kill=True)
         print("redis stopped")
-        api.schedule_many({"task": "project.tasks.record", "run_at": db_now(),
-                           "name": f"during-{i}", "kwargs": {"label": f"during-{i}"}}
-                          for i in range(20))
+        api.schedule_many(
+            {
+                "task": "project.tasks.record",
+                "run_at": db_now(),
+                "name": f"during-{i}",
+                "kwargs": {"label": f"during-{i}"},
+            }
+            for i in range(20)
+        )
         time.sleep(8)
         if not beat.alive():
             problems.append("the beat died while Redis was down")
@@ -384,11 +486,15 @@ def run_redis_outage(workdir: Path) -> list[str]:
             problems.append("no claim was released after a failed publish")
         h.redis.start()
         print("redis started")
-        wait_until(lambda: Execution.objects.filter(label__startswith="during-").count() >= 20,
-                   60, "the jobs scheduled during the outage to run")
+        wait_until(
+            lambda: Execution.objects.filter(label__startswith="during-").count() >= 20,
+            60,
+            "the jobs scheduled during the outage to run",
+        )
         time.sleep(3)
-        per_job = Counter(Execution.objects.filter(label__startswith="during-")
-                          .values_list("label", flat=True))
+        per_job = Counter(
+            Execution.objects.filter(label__startswith="during-").values_list("label", flat=True)
+        )
         if sorted(per_job.values()) != [1] * 20:
             problems.append(f"jobs did not run exactly once: {per_job}")
         if not (beat.alive() and worker.alive()):
@@ -412,15 +518,28 @@ def run_postgres_outage(workdir: Path) -> list[str]:
         from schedapp.db import db_now, reset_connection
         from schedapp.models import Job, JobRun
 
-        long_job = api.schedule("project.tasks.record", run_at=db_now(), name="long",
-                                kwargs={"label": "long", "sleep": 8}, lease_seconds=60)
-        api.schedule("project.tasks.record", interval=2, name="every2",
-                     kwargs={"label": "every2"})
-        api.schedule_many({"task": "project.tasks.record",
-                           "run_at": db_now() + timedelta(seconds=6), "name": f"soon-{i}",
-                           "kwargs": {"label": f"soon-{i}"}} for i in range(10))
-        wait_until(lambda: Execution.objects.filter(label="long").exists(), 20,
-                   "the long job to be running (it records its start)")
+        long_job = api.schedule(
+            "project.tasks.record",
+            run_at=db_now(),
+            name="long",
+            kwargs={"label": "long", "sleep": 8},
+            lease_seconds=60,
+        )
+        api.schedule("project.tasks.record", interval=2, name="every2", kwargs={"label": "every2"})
+        api.schedule_many(
+            {
+                "task": "project.tasks.record",
+                "run_at": db_now() + timedelta(seconds=6),
+                "name": f"soon-{i}",
+                "kwargs": {"label": f"soon-{i}"},
+            }
+            for i in range(10)
+        )
+        wait_until(
+            lambda: Execution.objects.filter(label="long").exists(),
+            20,
+            "the long job to be running (it records its start)",
+        )
         pids = [p.pid for p in h.beats + h.workers]
         h.pg.stop(mode="immediate")
         print("postgres stopped (immediate)")
@@ -428,18 +547,25 @@ def run_postgres_outage(workdir: Path) -> list[str]:
         h.pg.start()
         print("postgres started")
         reset_connection()
-        wait_until(lambda: Job.objects.get(pk=long_job.pk).state == "succeeded", 60,
-                   "the long job's completion to be recorded")
-        wait_until(lambda: Execution.objects.filter(label__startswith="soon-").count() >= 10,
-                   60, "the one-off jobs to run")
+        wait_until(
+            lambda: Job.objects.get(pk=long_job.pk).state == "succeeded",
+            60,
+            "the long job's completion to be recorded",
+        )
+        wait_until(
+            lambda: Execution.objects.filter(label__startswith="soon-").count() >= 10,
+            60,
+            "the one-off jobs to run",
+        )
         time.sleep(5)
         long_runs = list(JobRun.objects.filter(job=long_job))
         if [r.status for r in long_runs] != ["succeeded"]:
             problems.append(f"the long job's runs: {[r.status for r in long_runs]}")
         if Execution.objects.filter(label="long").count() != 1:
             problems.append("the long job ran more than once")
-        soon = Counter(Execution.objects.filter(label__startswith="soon-")
-                       .values_list("label", flat=True))
+        soon = Counter(
+            Execution.objects.filter(label__startswith="soon-").values_list("label", flat=True)
+        )
         if sorted(soon.values()) != [1] * 10:
             problems.append(f"one-off jobs did not run exactly once: {soon}")
         before = Execution.objects.filter(label="every2").count()
@@ -447,11 +573,14 @@ def run_postgres_outage(workdir: Path) -> list[str]:
         if Execution.objects.filter(label="every2").count() <= before:
             problems.append("the interval job stopped after the restart")
         if [p.pid for p in h.beats + h.workers] != pids or not all(
-                p.alive() for p in h.beats + h.workers):
+            p.alive() for p in h.beats + h.workers
+        ):
             problems.append("a beat or worker died (crash loop)")
         logs = "".join(p.log() for p in h.beats)
-        print(f"beats reported the outage: {'database unavailable' in logs}; "
-              f"long job ran once and its completion survived the restart")
+        print(
+            f"beats reported the outage: {'database unavailable' in logs}; "
+            f"long job ran once and its completion survived the restart"
+        )
     finally:
         h.stop()
     return problems
@@ -459,8 +588,9 @@ def run_postgres_outage(workdir: Path) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default="chaos",
-                        choices=["chaos", "redis-outage", "postgres-outage"])
+    parser.add_argument(
+        "--scenario", default="chaos", choices=["chaos", "redis-outage", "postgres-outage"]
+    )
     parser.add_argument("--duration", type=float, default=120)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seeds", default="", help="comma-separated: several chaos runs")
@@ -477,8 +607,9 @@ def main() -> int:
             problems = run_postgres_outage(workdir)
         for problem in problems:
             print(f"PROBLEM: {problem}")
-        print(f"{args.scenario} seed {seed}: {'FAILED' if problems else 'passed'} "
-              f"(logs in {workdir})")
+        print(
+            f"{args.scenario} seed {seed}: {'FAILED' if problems else 'passed'} (logs in {workdir})"
+        )
         failed = failed or bool(problems)
     return 1 if failed else 0
 

@@ -51,9 +51,9 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-            ],
+            ]
         },
-    },
+    }
 ]
 
 
@@ -163,7 +163,7 @@ SCHEDAPP_JOBS = {
         "cron": "0 3 * * *",
         "timezone": TIME_ZONE,
         "kwargs": {"older_than_seconds": 30 * 86400},
-    },
+    }
 }
 # Prometheus: beats and workers serve /metrics on this port when it is set (see
 # schedapp.metrics; prefork workers also need PROMETHEUS_MULTIPROC_DIR).

@@ -42,20 +42,46 @@ __all__ = ["JobAdmin", "JobRunAdmin", "NodeAdmin"]
 
 _EDITABLE = (
     (None, {"fields": ("name", "task", "args", "kwargs")}),
-    ("Schedule", {
-        "fields": ("cron", "interval", "run_at", "timezone", "fire_preview"),
-        "description": "Give exactly one of cron, interval or run_at.",
-    }),
+    (
+        "Schedule",
+        {
+            "fields": ("cron", "interval", "run_at", "timezone", "fire_preview"),
+            "description": "Give exactly one of cron, interval or run_at.",
+        },
+    ),
     ("Delivery", {"fields": ("priority", "queue", "lease_seconds", "jitter")}),
-    ("Retries and misfires", {
-        "fields": ("max_retries", "retry_backoff", "retry_backoff_max", "misfire_policy",
-                   "misfire_grace", "misfire_max_catchup"),
-        "classes": ("collapse",),
-    }),
+    (
+        "Retries and misfires",
+        {
+            "fields": (
+                "max_retries",
+                "retry_backoff",
+                "retry_backoff_max",
+                "misfire_policy",
+                "misfire_grace",
+                "misfire_max_catchup",
+            ),
+            "classes": ("collapse",),
+        },
+    ),
 )
 _STATUS = (
-    ("State", {"fields": ("state_badge", "source", "next_run", "occurrence", "retry_count",
-                          "missed_runs", "last_run", "last_error_text", "runs")}),
+    (
+        "State",
+        {
+            "fields": (
+                "state_badge",
+                "source",
+                "next_run",
+                "occurrence",
+                "retry_count",
+                "missed_runs",
+                "last_run",
+                "last_error_text",
+                "runs",
+            )
+        },
+    ),
     ("Lease", {"fields": ("claimed_by", "lease_expiry", "token")}),
     ("Record", {"fields": ("created_at", "updated_at"), "classes": ("collapse",)}),
 )
@@ -69,8 +95,16 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     form = JobForm
     change_form_template = "admin/schedapp/job/change_form.html"
     change_list_template = "admin/schedapp/job/change_list.html"
-    list_display = ("name", "task", "schedule", "state_badge", "next_run", "last_run", "lease",
-                    "retry_count")
+    list_display = (
+        "name",
+        "task",
+        "schedule",
+        "state_badge",
+        "next_run",
+        "last_run",
+        "lease",
+        "retry_count",
+    )
     list_filter = ("state", TaskFilter, QueueFilter, ScheduleKindFilter, "source")
     search_fields = ("name", "task")
     search_help_text = "Name or task contains ..."
@@ -116,13 +150,21 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         if match is not None and match.url_name == "schedapp_job_changelist":
             # Rows carry up to 64 KB of arguments and 10 KB of error: a page needs neither.
             queryset = queryset.defer("args", "kwargs", "last_error").annotate(
-                last_error_head=Left("last_error", 300))
+                last_error_head=Left("last_error", 300)
+            )
         return queryset
 
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if request.GET.get("state__exact") == JobState.DEAD:  # the dead-letter view
-            return ("name", "task", "schedule", "state_badge", "last_run", "retry_count",
-                    "last_error_head_text")
+            return (
+                "name",
+                "task",
+                "schedule",
+                "state_badge",
+                "last_run",
+                "retry_count",
+                "last_error_head_text",
+            )
         return self.list_display
 
     @admin.display(description="schedule")
@@ -137,23 +179,31 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def next_run(self, job: Job) -> str:
         if job.next_run_at is None or job.state not in (JobState.SCHEDULED, JobState.PAUSED):
             return "-"
-        return format_html('<span title="{} UTC">{}</span>',
-                           job.next_run_at.strftime("%Y-%m-%d %H:%M:%S"),
-                           local_time(job.next_run_at, job.timezone))
+        return format_html(
+            '<span title="{} UTC">{}</span>',
+            job.next_run_at.strftime("%Y-%m-%d %H:%M:%S"),
+            local_time(job.next_run_at, job.timezone),
+        )
 
     @admin.display(description="last run")
     def last_run(self, job: Job) -> str:
         if job.last_run_at is None:
             return "-"
-        return format_html("{} {}", local_time(job.last_run_at, job.timezone),
-                           badge(job.last_status, job.last_status) if job.last_status else "")
+        return format_html(
+            "{} {}",
+            local_time(job.last_run_at, job.timezone),
+            badge(job.last_status, job.last_status) if job.last_status else "",
+        )
 
     @admin.display(description="lease")
     def lease(self, job: Job) -> str:
         if not job.claimed_by:
             return "-"
-        return format_html("{}<br><small>until {}</small>", job.claimed_by,
-                           local_time(job.lease_expires_at, job.timezone, seconds=True))
+        return format_html(
+            "{}<br><small>until {}</small>",
+            job.claimed_by,
+            local_time(job.lease_expires_at, job.timezone, seconds=True),
+        )
 
     @admin.display(description="last error")
     def last_error_head_text(self, job: Job) -> str:
@@ -205,8 +255,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def last_error_text(self, job: Job) -> str:
         if not job.last_error:
             return "-"
-        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-                           job.last_error)
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', job.last_error)
 
     @admin.display(description="runs")
     def runs(self, job: Job) -> str:
@@ -214,22 +263,29 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     def _form_context(self, request: HttpRequest, job: Job | None) -> dict[str, Any]:
         context: dict[str, Any] = {"schedapp_buttons": []}
-        editable = (self.has_add_permission(request) if job is None
-                    else self.has_change_permission(request, job))
+        editable = (
+            self.has_add_permission(request)
+            if job is None
+            else self.has_change_permission(request, job)
+        )
         if editable:
             context["schedapp_tasks"] = allowed_registered_tasks()
             context["schedapp_timezones"] = timezone_names()
         if job is not None:
             context["schedapp_buttons"] = [
-                {"op": op, "url": reverse("admin:schedapp_job_operation",
-                                          args=[job.pk, op.slug])}
+                {"op": op, "url": reverse("admin:schedapp_job_operation", args=[job.pk, op.slug])}
                 for op in OPERATIONS
                 if job.state in op.states and self._may(request, op.permission)
             ]
         return context
 
-    def changeform_view(self, request: HttpRequest, object_id: str | None = None,
-                        form_url: str = "", extra_context: dict | None = None) -> HttpResponse:
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
         job = self.get_object(request, unquote(object_id)) if object_id else None
         context = {**(extra_context or {}), **self._form_context(request, job)}
         try:
@@ -265,8 +321,9 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         runs = JobRun.objects.filter(job__in=jobs).values("id")[: DELETE_RUNS_MAX + 1].count()
         too_many = runs > DELETE_RUNS_MAX
         runs_text = f"more than {DELETE_RUNS_MAX:,}" if too_many else f"{runs:,}"
-        protected = [f"{j.name} is running: cancel it first" for j in jobs
-                     if j.state == JobState.RUNNING]
+        protected = [
+            f"{j.name} is running: cancel it first" for j in jobs if j.state == JobState.RUNNING
+        ]
         if too_many:
             protected.append(f"{runs_text} runs: prune the history first (schedapp_prune)")
         perms_needed = set() if self.has_delete_permission(request) else {"job"}

@@ -43,17 +43,36 @@ class Operation:
 
 
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("run_now", "Run now", "run", "run_now", "will run at the next tick",
-              (JobState.SCHEDULED, JobState.SUCCEEDED, JobState.DEAD), "default"),
-    Operation("pause", "Pause", "pause", "pause", "paused",
-              (JobState.SCHEDULED, JobState.RUNNING)),
+    Operation(
+        "run_now",
+        "Run now",
+        "run",
+        "run_now",
+        "will run at the next tick",
+        (JobState.SCHEDULED, JobState.SUCCEEDED, JobState.DEAD),
+        "default",
+    ),
+    Operation("pause", "Pause", "pause", "pause", "paused", (JobState.SCHEDULED, JobState.RUNNING)),
     Operation("resume", "Resume", "pause", "resume", "resumed", (JobState.PAUSED,)),
-    Operation("requeue", "Requeue", "requeue", "requeue", "requeued from the dead letters",
-              (JobState.DEAD,), "default"),
+    Operation(
+        "requeue",
+        "Requeue",
+        "requeue",
+        "requeue",
+        "requeued from the dead letters",
+        (JobState.DEAD,),
+        "default",
+    ),
     Operation("duplicate", "Duplicate", "add", "duplicate", "duplicated", _ALL_STATES),
-    Operation("cancel", "Cancel", "cancel", "cancel", "cancelled",
-              (JobState.SCHEDULED, JobState.RUNNING, JobState.PAUSED, JobState.DEAD),
-              "danger"),
+    Operation(
+        "cancel",
+        "Cancel",
+        "cancel",
+        "cancel",
+        "cancelled",
+        (JobState.SCHEDULED, JobState.RUNNING, JobState.PAUSED, JobState.DEAD),
+        "danger",
+    ),
 )
 BY_SLUG = {op.slug: op for op in OPERATIONS}
 
@@ -61,8 +80,9 @@ BY_SLUG = {op.slug: op for op in OPERATIONS}
 def error_text(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         if hasattr(exc, "error_dict"):
-            return "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in
-                             exc.message_dict.items())
+            return "; ".join(
+                f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items()
+            )
         return " ".join(exc.messages)
     return str(exc)
 
@@ -73,8 +93,9 @@ def _names(names: Sequence[str], limit: int = 10) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
-def apply_operation(model_admin: Any, request: HttpRequest, op: Operation,
-                    jobs: Sequence[tuple[int, str]]) -> list[Job]:
+def apply_operation(
+    model_admin: Any, request: HttpRequest, op: Operation, jobs: Sequence[tuple[int, str]]
+) -> list[Job]:
     """Run ``op`` on each job, then tell the operator what happened, job by job for errors."""
     done: list[str] = []
     results: list[Job] = []
@@ -89,14 +110,17 @@ def apply_operation(model_admin: Any, request: HttpRequest, op: Operation,
         done.append(f"{name} as {result.name}" if op.slug == "duplicate" else name)
     if done:
         count = f"{len(done)} job{'s' if len(done) != 1 else ''}"
-        model_admin.message_user(request, f"{op.label}: {count} {op.done}: {_names(done)}.",
-                                 messages.SUCCESS)
+        model_admin.message_user(
+            request, f"{op.label}: {count} {op.done}: {_names(done)}.", messages.SUCCESS
+        )
     for text in errors[:ERRORS_SHOWN]:
         model_admin.message_user(request, f"{op.label} failed for {text}", messages.ERROR)
     if len(errors) > ERRORS_SHOWN:
         model_admin.message_user(
-            request, f"{op.label} failed for {len(errors) - ERRORS_SHOWN} more jobs.",
-            messages.ERROR)
+            request,
+            f"{op.label} failed for {len(errors) - ERRORS_SHOWN} more jobs.",
+            messages.ERROR,
+        )
     if len(jobs) > ACTION_LIMIT:
         model_admin.message_user(
             request,

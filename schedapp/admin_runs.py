@@ -40,27 +40,49 @@ def badge(value: str, label: str) -> str:
     return format_html(
         '<span class="schedapp-badge schedapp-{}" style="background:{};color:#fff;'
         'padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap">{}</span>',
-        value, colour, label)
+        value,
+        colour,
+        label,
+    )
 
 
 def runs_summary(job: Job) -> str:
     """A link to the job's runs (the runs changelist, paginated) and its latest few runs."""
     url = f"{reverse('admin:schedapp_jobrun_changelist')}?job={job.pk}"
-    latest = list(JobRun.objects.filter(job_id=job.pk).order_by("-id")
-                  .only("id", "status", "scheduled_for", "started_at", "finished_at",
-                        "attempt", "worker")[:RECENT_RUNS_ON_JOB_PAGE])
+    latest = list(
+        JobRun.objects.filter(job_id=job.pk)
+        .order_by("-id")
+        .only("id", "status", "scheduled_for", "started_at", "finished_at", "attempt", "worker")[
+            :RECENT_RUNS_ON_JOB_PAGE
+        ]
+    )
     rows = format_html_join(
         "",
         '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
-        ((reverse("admin:schedapp_jobrun_change", args=[r.pk]), r.pk, badge(r.status, r.status),
-          local_time(r.scheduled_for, job.timezone, seconds=True), r.attempt,
-          duration_text(r.duration)) for r in latest),
+        (
+            (
+                reverse("admin:schedapp_jobrun_change", args=[r.pk]),
+                r.pk,
+                badge(r.status, r.status),
+                local_time(r.scheduled_for, job.timezone, seconds=True),
+                r.attempt,
+                duration_text(r.duration),
+            )
+            for r in latest
+        ),
     )
-    table = format_html(
-        "<table><thead><tr><th>run</th><th>status</th><th>scheduled for</th><th>attempt</th>"
-        "<th>duration</th></tr></thead><tbody>{}</tbody></table>", rows) if latest else "none yet"
-    return format_html('<p><a href="{}" id="schedapp-runs-link">All runs of this job</a></p>{}',
-                       url, table)
+    table = (
+        format_html(
+            "<table><thead><tr><th>run</th><th>status</th><th>scheduled for</th><th>attempt</th>"
+            "<th>duration</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+        if latest
+        else "none yet"
+    )
+    return format_html(
+        '<p><a href="{}" id="schedapp-runs-link">All runs of this job</a></p>{}', url, table
+    )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -75,8 +97,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class JobRunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "status_badge", "job_link", "scheduled", "started", "duration_col",
-                    "worker", "claimed_by", "attempt", "error_head")
+    list_display = (
+        "id",
+        "status_badge",
+        "job_link",
+        "scheduled",
+        "started",
+        "duration_col",
+        "worker",
+        "claimed_by",
+        "attempt",
+        "error_head",
+    )
     list_display_links = ("id",)
     list_filter = ("status", "stale", RunJobFilter)
     list_select_related = ("job",)
@@ -87,22 +119,44 @@ class JobRunAdmin(ReadOnlyAdmin):
     paginator = LargeTablePaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    fields = ("job_link", "status_badge", "stale", "attempt", "token", "task_result",
-              "scheduled", "due", "dispatched", "started", "finished",
-              "duration_col", "lag", "claimed_by", "worker", "last_heartbeat", "heartbeats",
-              "error_text", "traceback_text")
+    fields = (
+        "job_link",
+        "status_badge",
+        "stale",
+        "attempt",
+        "token",
+        "task_result",
+        "scheduled",
+        "due",
+        "dispatched",
+        "started",
+        "finished",
+        "duration_col",
+        "lag",
+        "claimed_by",
+        "worker",
+        "last_heartbeat",
+        "heartbeats",
+        "error_text",
+        "traceback_text",
+    )
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        queryset = super().get_queryset(request).select_related("job").defer(
-            "job__args", "job__kwargs", "job__last_error")
+        queryset = (
+            super()
+            .get_queryset(request)
+            .select_related("job")
+            .defer("job__args", "job__kwargs", "job__last_error")
+        )
         match = getattr(request, "resolver_match", None)
         if match is not None and match.url_name == "schedapp_jobrun_changelist":
             queryset = queryset.defer("traceback")
         return queryset
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet,
-                           search_term: str) -> tuple[QuerySet, bool]:
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
         term = search_term.strip()
         return (queryset.filter(task_id=term) if term else queryset), False  # indexed
 
@@ -113,8 +167,11 @@ class JobRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="job")
     def job_link(self, run: JobRun) -> str:
-        return format_html('<a href="{}">{}</a>',
-                           reverse("admin:schedapp_job_change", args=[run.job_id]), run.job.name)
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:schedapp_job_change", args=[run.job_id]),
+            run.job.name,
+        )
 
     @admin.display(description="scheduled for")
     def scheduled(self, run: JobRun) -> str:
@@ -161,13 +218,15 @@ class JobRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="error")
     def error_text(self, run: JobRun) -> str:
-        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-                           run.error or "-")
+        return format_html(
+            '<pre style="white-space: pre-wrap; margin: 0">{}</pre>', run.error or "-"
+        )
 
     @admin.display(description="traceback")
     def traceback_text(self, run: JobRun) -> str:
-        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-                           run.traceback or "-")
+        return format_html(
+            '<pre style="white-space: pre-wrap; margin: 0">{}</pre>', run.traceback or "-"
+        )
 
     @admin.display(description="Celery task id")
     def task_result(self, run: JobRun) -> str:
@@ -176,8 +235,7 @@ class JobRunAdmin(ReadOnlyAdmin):
             url = reverse("admin:django_celery_results_taskresult_changelist")
         except NoReverseMatch:
             return run.task_id
-        return format_html('<a href="{}?task_id={}">{}</a> (result)', url, run.task_id,
-                           run.task_id)
+        return format_html('<a href="{}?task_id={}">{}</a> (result)', url, run.task_id, run.task_id)
 
 
 class NodeAdmin(ReadOnlyAdmin):

@@ -45,8 +45,11 @@ class JobViewsMixin:
         return [
             path("overview/", wrap(self.overview_view), name="schedapp_job_overview"),
             path("preview/", wrap(self.preview_view), name="schedapp_job_preview"),
-            path("<path:object_id>/do/<slug:slug>/", wrap(self.operation_view),
-                 name="schedapp_job_operation"),
+            path(
+                "<path:object_id>/do/<slug:slug>/",
+                wrap(self.operation_view),
+                name="schedapp_job_operation",
+            ),
             *super().get_urls(),  # type: ignore[misc]
         ]
 
@@ -68,8 +71,7 @@ class JobViewsMixin:
 
     def preview_view(self, request: HttpRequest) -> HttpResponse:
         """The next fire times of a schedule being typed (GET; computes, never writes)."""
-        if not (self.has_view_or_change_permission(request)
-                or self.has_add_permission(request)):
+        if not (self.has_view_or_change_permission(request) or self.has_add_permission(request)):
             raise PermissionDenied
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
@@ -82,8 +84,13 @@ class JobViewsMixin:
         data = overview.collect()
         changelist = reverse("admin:schedapp_job_changelist")
         states = [
-            {"state": state, "label": label, "count": data.counts.get(state, 0),
-             "badge": badge(state, str(label)), "url": f"{changelist}?state__exact={state}"}
+            {
+                "state": state,
+                "label": label,
+                "count": data.counts.get(state, 0),
+                "badge": badge(state, str(label)),
+                "url": f"{changelist}?state__exact={state}",
+            }
             for state, label in JobState.choices
         ]
         context = {

@@ -130,8 +130,9 @@ class LeaseScheduler(Scheduler):
         batch = self.settings.BATCH_SIZE
         result = claim_due_jobs(self.beat_id, batch)
         claimed_at = time.monotonic()
-        metrics.claimed(result.claimed, reaped=result.reaped,
-                        misfires_skipped=result.skipped_misfires)
+        metrics.claimed(
+            result.claimed, reaped=result.reaped, misfires_skipped=result.skipped_misfires
+        )
         self.stats["claimed"] += result.claimed
         self.stats["reaped"] += result.reaped
         self.stats["misfires_skipped"] += result.skipped_misfires
@@ -147,8 +148,9 @@ class LeaseScheduler(Scheduler):
             # lag = publish time - due time, both in the database clock: the claim's now()
             # plus the time spent since (measured on a monotonic clock, not a wall clock)
             elapsed = time.monotonic() - claimed_at
-            metrics.dispatched(len(published.published),
-                               [r.lateness + elapsed for r in published.published])
+            metrics.dispatched(
+                len(published.published), [r.lateness + elapsed for r in published.published]
+            )
             if published.failed:
                 metrics.publish_failed(len(published.failed))
                 self.stats["publish_failures"] += 1
@@ -206,7 +208,6 @@ class LeaseScheduler(Scheduler):
         metrics.heartbeat("beat")
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
 
-
     def _sync_declared_jobs(self) -> None:
         """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
         declaration is reported and never stops the beat."""
@@ -217,8 +218,9 @@ class LeaseScheduler(Scheduler):
             report = with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
             log.info("declared jobs: %s", report, extra={"action": "declared_sync"})
         except Exception as exc:
-            log.exception("could not sync declared jobs: %s", exc,
-                          extra={"action": "declared_sync_failed"})
+            log.exception(
+                "could not sync declared jobs: %s", exc, extra={"action": "declared_sync_failed"}
+            )
 
 
 def _guard_idle_transactions(seconds: float) -> None:
@@ -231,8 +233,10 @@ def _guard_idle_transactions(seconds: float) -> None:
     def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, "
-                               "false)", [f"{int(seconds * 1000)}ms"])
+                cursor.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    [f"{int(seconds * 1000)}ms"],
+                )
 
     connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
     if connection.connection is not None:
@@ -286,8 +290,7 @@ class _Listener:
             while (remaining := deadline - time.monotonic()) > 0:
                 # Close each generator before the next: a suspended one holds the lock.
                 with closing(self.conn.notifies(timeout=remaining, stop_after=1)) as notes:
-                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db
-                                for n in notes)
+                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db for n in notes)
                 if woken:
                     self._drain()
                     return True

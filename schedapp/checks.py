@@ -85,9 +85,12 @@ def check_allowlist(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     from .conf import get_settings
 
     if "*" in get_settings().ALLOWED_TASKS:
-        return [checks.Warning(
-            "SCHEDAPP_ALLOWED_TASKS allows every registered task: anyone who may add a job "
-            "(API, admin, imports) can schedule any task the app defines.",
-            hint="List the tasks jobs may run, e.g. SCHEDAPP_ALLOWED_TASKS = ['myapp.tasks.*'].",
-            id="schedapp.W004")]
+        return [
+            checks.Warning(
+                "SCHEDAPP_ALLOWED_TASKS allows every registered task: anyone who may add a job "
+                "(API, admin, imports) can schedule any task the app defines.",
+                hint="List the tasks jobs may run: SCHEDAPP_ALLOWED_TASKS = ['myapp.tasks.*'].",
+                id="schedapp.W004",
+            )
+        ]
     return []

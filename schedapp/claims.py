@@ -282,11 +282,7 @@ def _apply_misfires(beat: str, rows: list[dict], now: datetime, rng: policies.Rn
     for row in rows:
         schedule = schedule_of(None, row["cron"], row["timezone"], row["interval"])
         plan = policies.plan_misfire(
-            schedule,
-            row["scheduled_for"],
-            now,
-            row["misfire_policy"],
-            row["misfire_max_catchup"],
+            schedule, row["scheduled_for"], now, row["misfire_policy"], row["misfire_max_catchup"]
         )
         log.info(
             "job %s missed %d occurrence(s) (policy %s)",

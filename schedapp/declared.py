@@ -45,8 +45,9 @@ _LOCK_KEY = 0x5C4ED_D3C1
 _registry: list[dict[str, Any]] = []
 
 
-def periodic(*, name: str | None = None, task: str | None = None,
-             **spec: Any) -> Callable[[Any], Any]:
+def periodic(
+    *, name: str | None = None, task: str | None = None, **spec: Any
+) -> Callable[[Any], Any]:
     """Declare a job for the decorated Celery task (``cron=``, ``interval=`` or ``run_at=``,
     plus any job option). ``name`` defaults to the task name."""
 
@@ -97,8 +98,9 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     Raises ValidationError keyed ``"<job name>.<field>"``.
     """
     if spec.get("_duplicate"):
-        raise ValidationError({f"{name}.name": ["declared more than once (SCHEDAPP_JOBS and/or "
-                                                "@periodic)."]})
+        raise ValidationError(
+            {f"{name}.name": ["declared more than once (SCHEDAPP_JOBS and/or @periodic)."]}
+        )
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
     values = {f: model_default(f) for f in JOB_FIELDS}
@@ -112,8 +114,9 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return validate_job(values)
     except ValidationError as exc:
-        raise ValidationError({f"{name}.{field}": messages
-                               for field, messages in exc.message_dict.items()}) from exc
+        raise ValidationError(
+            {f"{name}.{field}": messages for field, messages in exc.message_dict.items()}
+        ) from exc
 
 
 @dataclass
@@ -131,8 +134,12 @@ class SyncReport:
         return bool(self.created or self.updated or self.paused)
 
     def __str__(self) -> str:
-        parts = [f"{len(self.created)} created", f"{len(self.updated)} updated",
-                 f"{len(self.paused)} paused", f"{len(self.unchanged)} unchanged"]
+        parts = [
+            f"{len(self.created)} created",
+            f"{len(self.updated)} updated",
+            f"{len(self.paused)} paused",
+            f"{len(self.unchanged)} unchanged",
+        ]
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} name conflicts")
         if self.errors:
@@ -155,11 +162,17 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
                 _sync_one(name, values, existing.get(name), report)
             except (ValidationError, JobStateError) as exc:
                 report.errors[name] = _messages(exc)
-                log.error("declared job %s is invalid: %s", name, report.errors[name],
-                          extra={"action": "declared_invalid", "job_name": name})
-        gone = (Job.objects.filter(source=JobSource.DECLARED)
-                .exclude(name__in=list(decls))
-                .filter(state__in=(JobState.SCHEDULED, JobState.RUNNING)))
+                log.error(
+                    "declared job %s is invalid: %s",
+                    name,
+                    report.errors[name],
+                    extra={"action": "declared_invalid", "job_name": name},
+                )
+        gone = (
+            Job.objects.filter(source=JobSource.DECLARED)
+            .exclude(name__in=list(decls))
+            .filter(state__in=(JobState.SCHEDULED, JobState.RUNNING))
+        )
         for job in gone:
             api.pause(job.pk)
             report.paused.append(job.name)

@@ -136,12 +136,15 @@ class Dispatcher:
             result.error = exc
             done = {r.run_id for r in result.published}
             result.failed = [r for r in runs if r.run_id not in done]
-            log.error("publishing %d run(s) failed: %s", len(result.failed), exc,
-                      extra={"action": "publish_failed", "count": len(result.failed)})
+            log.error(
+                "publishing %d run(s) failed: %s",
+                len(result.failed),
+                exc,
+                extra={"action": "publish_failed", "count": len(result.failed)},
+            )
         return result
 
-    def _publish_redis(self, producer: Producer, channel: Any,
-                       runs: Sequence[ClaimedRun]) -> None:
+    def _publish_redis(self, producer: Producer, channel: Any, runs: Sequence[ClaimedRun]) -> None:
         """The fast path for Redis: the exact message kombu's Redis transport would store,
         built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or
         nothing as far as we know: on an error every run is released (and so fenced)."""
@@ -167,13 +170,16 @@ class Dispatcher:
             channel._queue_bind(route.exchange, route.routing_key, "", route.queue.name)
             queues = tuple(channel._lookup(route.exchange, route.routing_key))
         if not queues:
-            raise LookupError(f"no queue is bound to exchange {route.exchange!r} with routing "
-                              f"key {route.routing_key!r}")
+            raise LookupError(
+                f"no queue is bound to exchange {route.exchange!r} with routing "
+                f"key {route.routing_key!r}"
+            )
         self._queues[route] = queues
         return queues
 
-    def _publish_kombu(self, producer: Producer, runs: Sequence[ClaimedRun],
-                       result: PublishResult) -> None:
+    def _publish_kombu(
+        self, producer: Producer, runs: Sequence[ClaimedRun], result: PublishResult
+    ) -> None:
         """Any other broker: kombu's publish, in a transport batch where kombu offers one."""
         batch = getattr(producer, "batch", None)
         if batch is not None:
@@ -210,21 +216,23 @@ class Dispatcher:
 def redis_message(run: ClaimedRun, route: Route, origin: str) -> str:
     """The JSON kombu's Redis transport stores for a published message (its
     ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell."""
-    return json.dumps({
-        "body": base64.b64encode(message_body(run)).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": message_headers(run, origin),
-        "properties": {
-            "correlation_id": run.task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": route.exchange, "routing_key": route.routing_key},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    })
+    return json.dumps(
+        {
+            "body": base64.b64encode(message_body(run)).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": message_headers(run, origin),
+            "properties": {
+                "correlation_id": run.task_id,
+                "reply_to": "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": route.exchange, "routing_key": route.routing_key},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
 
 
 def _redis_channel(producer: Producer) -> Any:

@@ -57,8 +57,9 @@ def describe_interval(every: timedelta) -> str:
     return "Every " + " ".join(parts)
 
 
-def describe_schedule(run_at: datetime | None, cron: str, interval: timedelta | None,
-                      timezone: str) -> str:
+def describe_schedule(
+    run_at: datetime | None, cron: str, interval: timedelta | None, timezone: str
+) -> str:
     """The schedule of a job in plain words, with its time zone where it matters."""
     if run_at is not None:
         return f"Once, at {local_time(run_at, timezone)}"

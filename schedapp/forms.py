@@ -58,8 +58,8 @@ class JobForm(forms.ModelForm):
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
             "run_at": "One-off: wall-clock time in the job's time zone.",
-            "args": "A JSON list, e.g. [1, \"two\"].",
-            "kwargs": "A JSON object, e.g. {\"label\": \"nightly\"}.",
+            "args": 'A JSON list, e.g. [1, "two"].',
+            "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',
             "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
         }
 
@@ -104,8 +104,12 @@ class JobForm(forms.ModelForm):
     def _preview(self, values: dict[str, Any]) -> None:
         """Shown again with the form (e.g. after an error elsewhere): the schedule as typed."""
         try:
-            times, _errors = schedule_preview(values.get("cron") or "", values.get("interval"),
-                                              values.get("run_at"), values.get("timezone") or "")
+            times, _errors = schedule_preview(
+                values.get("cron") or "",
+                values.get("interval"),
+                values.get("run_at"),
+                values.get("timezone") or "",
+            )
         except Exception:  # a preview never blocks a save
             times = []
         self.preview = times
@@ -160,8 +164,12 @@ def in_zone(value: datetime, zone_name: str) -> datetime:
     return naive.replace(tzinfo=safe_zone(zone_name))
 
 
-def preview_for(values: dict[str, Any], scheduled_for: datetime | None,
-                now: datetime | None = None, count: int = PREVIEW_COUNT) -> list[str]:
+def preview_for(
+    values: dict[str, Any],
+    scheduled_for: datetime | None,
+    now: datetime | None = None,
+    count: int = PREVIEW_COUNT,
+) -> list[str]:
     """The next ``count`` fire times of validated values, as text in the job's zone.
 
     A saved recurring job continues from ``scheduled_for`` (its next occurrence), so an
@@ -180,16 +188,26 @@ def preview_for(values: dict[str, Any], scheduled_for: datetime | None,
     return [preview_text(t, values["timezone"]) for t in times]
 
 
-def schedule_preview(cron: str, interval: Any, run_at: datetime | None,
-                     zone: str) -> tuple[list[str], dict[str, list[str]]]:
+def schedule_preview(
+    cron: str, interval: Any, run_at: datetime | None, zone: str
+) -> tuple[list[str], dict[str, list[str]]]:
     """(fire times, errors by field) of a schedule alone.
 
     Validated by ``validate_job`` itself, so the errors read like the API's; the fields other
     than the schedule get harmless placeholders.
     """
     values: dict[str, Any] = {name: model_default(name) for name in JOB_FIELDS}
-    values.update(task="preview", name="preview", args=[], kwargs={}, queue="",
-                  cron=cron or "", interval=interval, run_at=run_at, timezone=zone)
+    values.update(
+        task="preview",
+        name="preview",
+        args=[],
+        kwargs={},
+        queue="",
+        cron=cron or "",
+        interval=interval,
+        run_at=run_at,
+        timezone=zone,
+    )
     try:
         cleaned = validate_job(values, check_task=False)
     except ValidationError as exc:

@@ -76,9 +76,11 @@ class ImportReport:
         out += [f"NOT MAPPED {name}: {reason}" for name, reason in self.unmapped.items()]
         out += [f"INVALID {name}: {'; '.join(msgs)}" for name, msgs in self.invalid.items()]
         out += [f"note {name}: {note}" for name, notes in self.notes.items() for note in notes]
-        out.append(f"{len(self.created)} {verb}, {len(self.updated)} updated, "
-                   f"{len(self.skipped)} skipped, {len(self.unmapped)} not mapped, "
-                   f"{len(self.invalid)} invalid")
+        out.append(
+            f"{len(self.created)} {verb}, {len(self.updated)} updated, "
+            f"{len(self.skipped)} skipped, {len(self.unmapped)} not mapped, "
+            f"{len(self.invalid)} invalid"
+        )
         return out
 
 
@@ -104,8 +106,10 @@ def _cron_part(value: Any) -> str:
 
 def crontab_expression(schedule: Any) -> str:
     """A ``celery.schedules.crontab`` as a 5-field cron expression."""
-    parts = [getattr(schedule, f"_orig_{part}", "*") for part in
-             ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")]
+    parts = [
+        getattr(schedule, f"_orig_{part}", "*")
+        for part in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+    ]
     return " ".join(_cron_part(p) for p in parts)
 
 
@@ -171,7 +175,8 @@ def from_django_celery_beat() -> list[Candidate]:
     except (ImportError, RuntimeError) as exc:  # not installed, or not in INSTALLED_APPS
         raise RuntimeError(
             "django-celery-beat is not available: install it and add 'django_celery_beat' to "
-            f"INSTALLED_APPS to import its schedules ({exc})") from exc
+            f"INSTALLED_APPS to import its schedules ({exc})"
+        ) from exc
     now = db_now()
     rows = PeriodicTask.objects.select_related("interval", "crontab", "solar", "clocked")
     return [_periodic_task(row, now) for row in rows.order_by("name")]
@@ -181,8 +186,10 @@ def _periodic_task(row: Any, now: datetime) -> Candidate:
     item = Candidate(name=row.name, origin=DJANGO_CELERY_BEAT, task=row.task)
     if row.crontab_id:
         tab = row.crontab
-        item.spec["cron"] = " ".join(str(getattr(tab, f)) for f in (
-            "minute", "hour", "day_of_month", "month_of_year", "day_of_week"))
+        item.spec["cron"] = " ".join(
+            str(getattr(tab, f))
+            for f in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+        )
         item.spec["timezone"] = str(getattr(tab.timezone, "key", tab.timezone))
     elif row.interval_id:
         item.spec["interval"] = timedelta(**{row.interval.period: row.interval.every})
@@ -205,8 +212,11 @@ def _periodic_task(row: Any, now: datetime) -> Candidate:
     if row.priority is not None:
         item.spec["priority"] = row.priority
     item.paused = not row.enabled
-    ignored = [f for f in ("exchange", "routing_key", "expires", "expire_seconds", "start_time")
-               if getattr(row, f, None)]
+    ignored = [
+        f
+        for f in ("exchange", "routing_key", "expires", "expire_seconds", "start_time")
+        if getattr(row, f, None)
+    ]
     if row.headers and row.headers.strip() not in ("{}", ""):
         ignored.append("headers")
     if ignored:
@@ -236,8 +246,9 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def import_candidates(candidates: Iterable[Candidate], *, update: bool = False,
-                      dry_run: bool = False) -> ImportReport:
+def import_candidates(
+    candidates: Iterable[Candidate], *, update: bool = False, dry_run: bool = False
+) -> ImportReport:
     """Create (or update) a job per mapped candidate; everything else goes in the report."""
     report = ImportReport(dry_run=dry_run)
     with transaction.atomic():
@@ -250,8 +261,9 @@ def import_candidates(candidates: Iterable[Candidate], *, update: bool = False,
             try:
                 _write(item, update, report)
             except ValidationError as exc:
-                report.invalid[item.name] = [f"{k}: {' '.join(v)}"
-                                             for k, v in exc.message_dict.items()]
+                report.invalid[item.name] = [
+                    f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()
+                ]
         if dry_run:
             transaction.set_rollback(True)
     return report
@@ -278,8 +290,7 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         report.updated.append(item.name)
         return
     with transaction.atomic():
-        job = api.schedule(item.task or "", name=item.name, source=JobSource.IMPORTED,
-                           **item.spec)
+        job = api.schedule(item.task or "", name=item.name, source=JobSource.IMPORTED, **item.spec)
         if item.paused:
             api.pause(job.pk)
     report.created.append(item.name)

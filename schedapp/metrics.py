@@ -42,31 +42,47 @@ LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 90
 
 CLAIMS = Counter("schedapp_claims", "Jobs claimed by beats (leases taken).")
 DISPATCHES = Counter("schedapp_dispatches", "Runs published to the broker.")
-PUBLISH_FAILURES = Counter("schedapp_publish_failures",
-                           "Runs whose publish failed; their claims were released.")
-DISPATCH_LAG = Histogram("schedapp_dispatch_lag_seconds",
-                         "Seconds from a run being due to its publication.", buckets=LAG_BUCKETS)
-LEASE_EXPIRIES = Counter("schedapp_lease_expiries",
-                         "Expired leases reaped by beats (a worker or beat stopped renewing).")
-MISFIRES_SKIPPED = Counter("schedapp_misfires_skipped",
-                           "Missed occurrences skipped by the misfire policy.")
-DOOR_SKIPS = Counter("schedapp_door_skips",
-                     "Deliveries refused at the worker's door (stale token, job state).",
-                     ["reason"])
+PUBLISH_FAILURES = Counter(
+    "schedapp_publish_failures", "Runs whose publish failed; their claims were released."
+)
+DISPATCH_LAG = Histogram(
+    "schedapp_dispatch_lag_seconds",
+    "Seconds from a run being due to its publication.",
+    buckets=LAG_BUCKETS,
+)
+LEASE_EXPIRIES = Counter(
+    "schedapp_lease_expiries", "Expired leases reaped by beats (a worker or beat stopped renewing)."
+)
+MISFIRES_SKIPPED = Counter(
+    "schedapp_misfires_skipped", "Missed occurrences skipped by the misfire policy."
+)
+DOOR_SKIPS = Counter(
+    "schedapp_door_skips",
+    "Deliveries refused at the worker's door (stale token, job state).",
+    ["reason"],
+)
 RUNS_FINISHED = Counter("schedapp_runs_finished", "Runs that finished, by status.", ["status"])
-STALE_COMPLETIONS = Counter("schedapp_stale_completions",
-                            "Completions that arrived after their lease was lost (not applied).")
+STALE_COMPLETIONS = Counter(
+    "schedapp_stale_completions",
+    "Completions that arrived after their lease was lost (not applied).",
+)
 DEAD_LETTERS = Counter("schedapp_dead_letters", "Jobs that exhausted their retries.")
 HEARTBEATS = Counter("schedapp_heartbeats", "Heartbeats recorded, by node kind.", ["kind"])
 LEASES_RENEWED = Counter("schedapp_leases_renewed", "Leases renewed by worker heartbeats.")
-LEASES_LOST = Counter("schedapp_leases_lost",
-                      "Leases found lost at renewal (the job was reclaimed or cancelled).")
+LEASES_LOST = Counter(
+    "schedapp_leases_lost", "Leases found lost at renewal (the job was reclaimed or cancelled)."
+)
 BEAT_TICKS = Counter("schedapp_beat_ticks", "Beat ticks (claim, publish, sleep).")
-BEAT_TICK_SECONDS = Histogram("schedapp_beat_tick_seconds", "Duration of one beat tick's work.",
-                              buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
-BEAT_LAST_TICK = Gauge("schedapp_beat_last_tick_timestamp_seconds",
-                       "Unix time of the last beat tick in this process.",
-                       multiprocess_mode="max")
+BEAT_TICK_SECONDS = Histogram(
+    "schedapp_beat_tick_seconds",
+    "Duration of one beat tick's work.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+)
+BEAT_LAST_TICK = Gauge(
+    "schedapp_beat_last_tick_timestamp_seconds",
+    "Unix time of the last beat tick in this process.",
+    multiprocess_mode="max",
+)
 
 
 # --- what beats and workers call ---------------------------------------------------------
@@ -135,8 +151,11 @@ def beat_tick(seconds: float, at: float) -> None:
 
 
 def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
-        "prometheus_multiproc_dir") or None
+    return (
+        os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        or os.environ.get("prometheus_multiproc_dir")
+        or None
+    )
 
 
 def process_registry() -> CollectorRegistry:
@@ -182,8 +201,13 @@ def start_metrics_server(port: int | None = None, addr: str = "0.0.0.0") -> bool
     try:
         start_http_server(port, addr=addr, registry=process_registry())
     except OSError as exc:
-        log.warning("metrics server not started on %s:%s: %s", addr, port, exc,
-                    extra={"action": "metrics_failed"})
+        log.warning(
+            "metrics server not started on %s:%s: %s",
+            addr,
+            port,
+            exc,
+            extra={"action": "metrics_failed"},
+        )
         return False
     _server_started.append(port)
     log.info("metrics on http://%s:%s/metrics", addr, port, extra={"action": "metrics_started"})
@@ -201,16 +225,22 @@ class FleetCollector:
         for state, count in data.counts.items():
             jobs.add_metric([state], count)
         yield jobs
-        yield GaugeMetricFamily("schedapp_due_backlog",
-                                "Scheduled jobs already due (capped count).", value=data.backlog)
-        yield GaugeMetricFamily("schedapp_oldest_due_seconds",
-                                "How long the oldest due job has waited (0 if none).",
-                                value=data.oldest_due_seconds or 0.0)
-        yield GaugeMetricFamily("schedapp_expired_leases",
-                                "Running jobs whose lease expired, not yet reaped.",
-                                value=data.expired_leases)
-        nodes = GaugeMetricFamily("schedapp_nodes_alive",
-                                  "Beats and workers seen in the last minute.", labels=["kind"])
+        yield GaugeMetricFamily(
+            "schedapp_due_backlog", "Scheduled jobs already due (capped count).", value=data.backlog
+        )
+        yield GaugeMetricFamily(
+            "schedapp_oldest_due_seconds",
+            "How long the oldest due job has waited (0 if none).",
+            value=data.oldest_due_seconds or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "schedapp_expired_leases",
+            "Running jobs whose lease expired, not yet reaped.",
+            value=data.expired_leases,
+        )
+        nodes = GaugeMetricFamily(
+            "schedapp_nodes_alive", "Beats and workers seen in the last minute.", labels=["kind"]
+        )
         nodes.add_metric(["beat"], len(data.beats))
         nodes.add_metric(["worker"], len(data.workers))
         yield nodes

@@ -127,8 +127,11 @@ class Job(models.Model):
     token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
 
     source = models.CharField(
-        max_length=16, choices=JobSource.choices, default=JobSource.API,
-        help_text="Who created the job; declared jobs are kept in sync with the code.")
+        max_length=16,
+        choices=JobSource.choices,
+        default=JobSource.API,
+        help_text="Who created the job; declared jobs are kept in sync with the code.",
+    )
     last_run_at = models.DateTimeField(null=True, blank=True)
     last_status = models.CharField(max_length=16, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
@@ -211,7 +214,8 @@ class JobRun(models.Model):
     due_at = models.DateTimeField(help_text="When it became due: occurrence + jitter/backoff.")
     claimed_by = models.CharField(max_length=200, blank=True, default="", help_text="Beat id.")
     dispatched_at = models.DateTimeField(
-        help_text="Claimed for dispatch (database time); published right after that commit.")
+        help_text="Claimed for dispatch (database time); published right after that commit."
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -231,7 +235,7 @@ class JobRun(models.Model):
         ordering = ["-id"]
         constraints = [
             # One run per claim: a double dispatch of the same claim cannot be recorded.
-            models.UniqueConstraint(fields=["job", "token"], name="schedapp_run_job_token"),
+            models.UniqueConstraint(fields=["job", "token"], name="schedapp_run_job_token")
         ]
         indexes = [
             models.Index(fields=["job", "-id"], name="schedapp_run_job_recent"),

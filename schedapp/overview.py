@@ -137,8 +137,11 @@ class Overview:
             return None if value is None else value.__dict__
 
         def node(n: NodeInfo) -> dict[str, Any]:
-            return {**n.__dict__, "started_at": n.started_at.isoformat(),
-                    "last_seen_at": n.last_seen_at.isoformat()}
+            return {
+                **n.__dict__,
+                "started_at": n.started_at.isoformat(),
+                "last_seen_at": n.last_seen_at.isoformat(),
+            }
 
         return {
             "now": self.now.isoformat(),
@@ -180,8 +183,9 @@ def backlog(cap: int = BACKLOG_CAP) -> tuple[int, datetime | None]:
     return due, oldest
 
 
-def dispatch_lag(minutes: int = LAG_WINDOW_MINUTES,
-                 sample: int = LAG_SAMPLE) -> tuple[Lag | None, list[Lag]]:
+def dispatch_lag(
+    minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE
+) -> tuple[Lag | None, list[Lag]]:
     """(lag over the whole window, lag per minute), from the newest ``sample`` runs."""
     if not is_postgresql():
         return None, []

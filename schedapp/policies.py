@@ -11,13 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .schedules import (
-    Once,
-    Schedule,
-    count_fire_times,
-    next_fire_time,
-    recent_fire_times,
-)
+from .schedules import Once, Schedule, count_fire_times, next_fire_time, recent_fire_times
 
 RUN_ONCE = "run_once"
 SKIP = "skip"

@@ -31,7 +31,8 @@ def parse_age(text: str) -> timedelta:
     match = _AGE.match(text or "")
     if not match:
         raise ValueError(
-            f"{text!r} is not an age; use a number and a unit: 30d, 12h, 90m, 3600s or 2w.")
+            f"{text!r} is not an age; use a number and a unit: 30d, 12h, 90m, 3600s or 2w."
+        )
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if value <= 0:
         raise ValueError(f"{text!r} must be more than zero.")
@@ -46,9 +47,14 @@ class PruneResult:
     seconds: float
 
 
-def prune_runs(older_than: timedelta, *, batch_size: int = DEFAULT_BATCH,
-               max_batches: int | None = None, pause: float = 0.0,
-               dry_run: bool = False) -> PruneResult:
+def prune_runs(
+    older_than: timedelta,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    max_batches: int | None = None,
+    pause: float = 0.0,
+    dry_run: bool = False,
+) -> PruneResult:
     """Delete runs that finished more than ``older_than`` ago (by the database clock).
 
     ``pause`` seconds between batches leave room for other writers on a busy database;
@@ -78,6 +84,11 @@ def prune_runs(older_than: timedelta, *, batch_size: int = DEFAULT_BATCH,
         if pause:
             time.sleep(pause)
     result = PruneResult(deleted, batches, cutoff.isoformat(), time.monotonic() - started)
-    log.info("pruned %d run(s) finished before %s in %d batch(es)", deleted, result.cutoff,
-             batches, extra={"action": "prune", "deleted": deleted})
+    log.info(
+        "pruned %d run(s) finished before %s in %d batch(es)",
+        deleted,
+        result.cutoff,
+        batches,
+        extra={"action": "prune", "deleted": deleted},
+    )
     return result

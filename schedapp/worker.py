@@ -50,7 +50,8 @@ def connect() -> None:
     signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="schedapp.revoked")
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="schedapp.ready")
     signals.worker_process_shutdown.connect(
-        on_process_shutdown, weak=False, dispatch_uid="schedapp.process_shutdown")
+        on_process_shutdown, weak=False, dispatch_uid="schedapp.process_shutdown"
+    )
     signals.worker_shutdown.connect(
         on_worker_shutdown, weak=False, dispatch_uid="schedapp.shutdown"
     )
@@ -97,8 +98,11 @@ def _reason_word(outcome: str) -> str:
     """A fixed label for metrics: stale_token, job_state, duplicate, unknown or error."""
     if outcome == "stale token":
         return "stale_token"
-    for prefix, word in (("job is", "job_state"), ("run already", "duplicate"),
-                         ("unknown", "unknown")):
+    for prefix, word in (
+        ("job is", "job_state"),
+        ("run already", "duplicate"),
+        ("unknown", "unknown"),
+    ):
         if outcome.startswith(prefix):
             return word
     return "error"
@@ -282,8 +286,9 @@ def _complete(task_id: str | None, outcome: str, **kwargs: Any) -> None:
     try:
         # Long enough to ride out a database restart; after that the lease expires and the
         # job runs again (at-least-once), which is the safe failure.
-        with_retries(lambda: complete_run(job_id, token, outcome, **kwargs), what="completion",
-                     attempts=10)
+        with_retries(
+            lambda: complete_run(job_id, token, outcome, **kwargs), what="completion", attempts=10
+        )
     except Exception as exc:  # never break the worker; the lease will expire
         log.exception(
             "could not record completion of job %s token %s: %s",

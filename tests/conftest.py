@@ -9,8 +9,9 @@ from tests.fleet import Fleet, fleet_for
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--runslow", action="store_true", default=False,
-                     help="also run long tests marked slow")
+    parser.addoption(
+        "--runslow", action="store_true", default=False, help="also run long tests marked slow"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,8 +42,9 @@ def broker_url() -> str:
 
 
 @pytest.fixture
-def fleet(request: pytest.FixtureRequest, transactional_db: None, broker_url: str,
-          tmp_path: Path) -> Iterator[Fleet]:
+def fleet(
+    request: pytest.FixtureRequest, transactional_db: None, broker_url: str, tmp_path: Path
+) -> Iterator[Fleet]:
     """Real beat and worker processes against the test database and Redis."""
     from django.db import connection
 

@@ -28,7 +28,11 @@ class Proc:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # closed in stop()
         self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill() reaches pool children
         )
 
@@ -95,22 +99,57 @@ class Fleet:
     def beat(self, settings: dict[str, Any] | None = None, wait: bool = True) -> Proc:
         self._count += 1
         name = f"beat{self._count}"
-        proc = Proc(name, [CELERY, "-A", "project", "beat", "-S", "schedapp.beat:LeaseScheduler",
-                           "-l", "INFO", "-s", str(self.tmp_path / f"{name}.db")],
-                    self._env(settings), self.tmp_path / f"{name}.log")
+        proc = Proc(
+            name,
+            [
+                CELERY,
+                "-A",
+                "project",
+                "beat",
+                "-S",
+                "schedapp.beat:LeaseScheduler",
+                "-l",
+                "INFO",
+                "-s",
+                str(self.tmp_path / f"{name}.db"),
+            ],
+            self._env(settings),
+            self.tmp_path / f"{name}.log",
+        )
         self.procs.append(proc)
         if wait:
             proc.wait_for("schedapp.beat: beat ", timeout=30)
         return proc
 
-    def worker(self, concurrency: int = 2, pool: str = "prefork", heartbeat: int = 1,
-               settings: dict[str, Any] | None = None, wait: bool = True,
-               extra_args: list[str] | None = None) -> Proc:
+    def worker(
+        self,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        heartbeat: int = 1,
+        settings: dict[str, Any] | None = None,
+        wait: bool = True,
+        extra_args: list[str] | None = None,
+    ) -> Proc:
         self._count += 1
         name = f"worker{self._count}"
-        argv = [CELERY, "-A", "project", "worker", "-l", "INFO", "-n", f"{name}@%h",
-                "-P", pool, "-c", str(concurrency), f"--heartbeat-interval={heartbeat}",
-                "--without-gossip", "--without-mingle", *(extra_args or [])]
+        argv = [
+            CELERY,
+            "-A",
+            "project",
+            "worker",
+            "-l",
+            "INFO",
+            "-n",
+            f"{name}@%h",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            f"--heartbeat-interval={heartbeat}",
+            "--without-gossip",
+            "--without-mingle",
+            *(extra_args or []),
+        ]
         proc = Proc(name, argv, self._env(settings), self.tmp_path / f"{name}.log")
         self.procs.append(proc)
         if wait:
@@ -125,8 +164,9 @@ class Fleet:
         return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.2,
-               message: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.2, message: str = "condition"
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -138,8 +178,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 
 
 @contextmanager
-def fleet_for(tmp_path: Path, db_settings: dict[str, Any], broker_url: str,
-              extra_env: dict[str, str] | None = None) -> Iterator[Fleet]:
+def fleet_for(
+    tmp_path: Path,
+    db_settings: dict[str, Any],
+    broker_url: str,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
     from django.conf import settings
 
     name = db_settings["NAME"]
@@ -149,14 +193,16 @@ def fleet_for(tmp_path: Path, db_settings: dict[str, Any], broker_url: str,
     password = db_settings.get("PASSWORD") or ""
     auth = f"{user}:{password}@" if password else f"{user}@"
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": f"postgresql://{auth}{host}:{port}/{name}",
-        "CELERY_BROKER_URL": broker_url,
-        "DJANGO_SETTINGS_MODULE": "project.settings_test",
-        "PYTHONPATH": str(ROOT),
-        "SCHEDAPP_VAR_DIR": str(tmp_path / "var"),
-        "TIME_ZONE": settings.TIME_ZONE,
-    })
+    env.update(
+        {
+            "DATABASE_URL": f"postgresql://{auth}{host}:{port}/{name}",
+            "CELERY_BROKER_URL": broker_url,
+            "DJANGO_SETTINGS_MODULE": "project.settings_test",
+            "PYTHONPATH": str(ROOT),
+            "SCHEDAPP_VAR_DIR": str(tmp_path / "var"),
+            "TIME_ZONE": settings.TIME_ZONE,
+        }
+    )
     env.update(extra_env or {})
     fleet = Fleet(tmp_path, env)
     try:

@@ -12,9 +12,15 @@ import tempfile
 import time
 from pathlib import Path
 
-PG_BIN = Path("/usr/lib/postgresql") / (
-    sorted(os.listdir("/usr/lib/postgresql"))[-1] if os.path.isdir("/usr/lib/postgresql") else "15"
-) / "bin"
+PG_BIN = (
+    Path("/usr/lib/postgresql")
+    / (
+        sorted(os.listdir("/usr/lib/postgresql"))[-1]
+        if os.path.isdir("/usr/lib/postgresql")
+        else "15"
+    )
+    / "bin"
+)
 
 
 def free_port() -> int:
@@ -50,9 +56,23 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _wait_port(self.port, up=True)
 
     def stop(self, kill: bool = False) -> None:
@@ -87,23 +107,52 @@ class PrivatePostgres:
     def init(self) -> None:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
-                  "--auth=trust", "--no-sync", "-E", "UTF8")
+        self._run(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
         self.start()
-        self._run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
-                  "postgres", "schedapp")
+        self._run(
+            str(PG_BIN / "createdb"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "schedapp",
+        )
 
     def start(self) -> None:
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                   "-c max_connections=200")
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                  "-o", options, "-w", "start")
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+            "-c max_connections=200"
+        )
+        self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-o",
+            options,
+            "-w",
+            "start",
+        )
         _wait_port(self.port, up=True)
 
     def stop(self, mode: str = "fast") -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop",
-                  check=False)
+        self._run(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop", check=False
+        )
         _wait_port(self.port, up=False)
 
     def restart(self, down_for: float = 0.0, mode: str = "immediate") -> None:

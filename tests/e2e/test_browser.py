@@ -23,9 +23,15 @@ from schedapp.models import Job, JobRun, JobSource
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -50,7 +56,8 @@ def browser(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 
 def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
-        live_server, fleet, browser, django_user_model):
+    live_server, fleet, browser, django_user_model
+):
     from playwright.sync_api import expect
 
     # Given an operator account, a beat and a worker
@@ -99,7 +106,8 @@ def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
     # ... and presses "Run now"
     page.click("#schedapp-op-run_now")
     expect(page.locator("ul.messagelist")).to_contain_text(
-        "Run now: 1 job will run at the next tick: browser-job.")
+        "Run now: 1 job will run at the next tick: browser-job."
+    )
 
     # Then the runs page of the job shows the run, succeeded
     page.click("#schedapp-runs-link")
@@ -114,5 +122,6 @@ def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
     # ... really executed once by the worker, for this job
     run = JobRun.objects.get(job=job)
     assert run.status == "succeeded" and run.worker.startswith("worker")
-    assert list(Execution.objects.filter(label="from-the-browser")
-                .values_list("job_id", flat=True)) == [job.pk]
+    assert list(
+        Execution.objects.filter(label="from-the-browser").values_list("job_id", flat=True)
+    ) == [job.pk]

@@ -27,10 +27,18 @@ def test_a_job_four_times_longer_than_its_lease_runs_exactly_once(fleet):
     fleet.beat()
     fleet.worker(concurrency=2, heartbeat=1)
     # When a job with a 3 s lease runs for 12 s
-    job = api.schedule("project.tasks.record", kwargs={"label": "long", "sleep": 12},
-                       run_at=db_now(), lease_seconds=3, name="long")
-    wait_until(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=40,
-               message="the long job finished")
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "long", "sleep": 12},
+        run_at=db_now(),
+        lease_seconds=3,
+        name="long",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        timeout=40,
+        message="the long job finished",
+    )
     # Then it ran exactly once, its lease renewed by at least two heartbeats
     (run,) = runs_of(job)
     assert run.status == RunStatus.SUCCEEDED and not run.stale
@@ -41,16 +49,28 @@ def test_a_job_four_times_longer_than_its_lease_runs_exactly_once(fleet):
 def test_a_worker_killed_mid_task_is_replaced_after_the_lease_expires(fleet):
     fleet.beat()
     first = fleet.worker(concurrency=1, heartbeat=1)
-    job = api.schedule("project.tasks.record", kwargs={"label": "killed", "sleep": 6},
-                       run_at=db_now(), lease_seconds=3, retry_backoff=0, max_retries=3,
-                       name="killed")
-    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=20,
-               message="the task started")
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "killed", "sleep": 6},
+        run_at=db_now(),
+        lease_seconds=3,
+        retry_backoff=0,
+        max_retries=3,
+        name="killed",
+    )
+    wait_until(
+        lambda: Execution.objects.filter(job_id=job.pk).exists(),
+        timeout=20,
+        message="the task started",
+    )
     # When the worker is SIGKILLed in the middle of the task (no cleanup of any kind)
     first.kill()
     second = fleet.worker(concurrency=1, heartbeat=1)
-    wait_until(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=40,
-               message="the job ran again and finished")
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        timeout=40,
+        message="the job ran again and finished",
+    )
     # Then the first run is lost, the second succeeded on the other worker
     lost, done = runs_of(job)
     assert lost.status == RunStatus.LOST and lost.worker.startswith("worker2@")
@@ -66,10 +86,21 @@ def test_a_worker_killed_mid_task_is_replaced_after_the_lease_expires(fleet):
 def test_a_stale_completion_does_not_change_the_job(fleet):
     # Given a recurring job whose first run is in progress on one of two workers
     fleet.beat()
-    workers = {w.name: w for w in (fleet.worker(concurrency=1, heartbeat=1),
-                                   fleet.worker(concurrency=1, heartbeat=1))}
-    job = api.schedule("project.tasks.record", kwargs={"label": "stale", "sleep": 8},
-                       interval=3600, lease_seconds=3, retry_backoff=0, name="stale")
+    workers = {
+        w.name: w
+        for w in (
+            fleet.worker(concurrency=1, heartbeat=1),
+            fleet.worker(concurrency=1, heartbeat=1),
+        )
+    }
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "stale", "sleep": 8},
+        interval=3600,
+        lease_seconds=3,
+        retry_backoff=0,
+        name="stale",
+    )
     api.run_now(job)
     wait_until(lambda: JobRun.objects.filter(job=job, status="running").exists(), timeout=20)
     # When that worker's main process stalls (SIGSTOP: no heartbeats, the task goes on)
@@ -77,11 +108,17 @@ def test_a_stale_completion_does_not_change_the_job(fleet):
     holder.signal_main(signal.SIGSTOP)
     try:
         # ... its lease expires and the other worker runs the job again
-        wait_until(lambda: JobRun.objects.filter(job=job).count() == 2, timeout=20,
-                   message="the job was reclaimed")
+        wait_until(
+            lambda: JobRun.objects.filter(job=job).count() == 2,
+            timeout=20,
+            message="the job was reclaimed",
+        )
         # Then the first run's late success is recorded on its run only, flagged stale
-        wait_until(lambda: runs_of(job)[0].status == RunStatus.SUCCEEDED, timeout=20,
-                   message="the first run finished late")
+        wait_until(
+            lambda: runs_of(job)[0].status == RunStatus.SUCCEEDED,
+            timeout=20,
+            message="the first run finished late",
+        )
     finally:
         holder.signal_main(signal.SIGCONT)
     first = runs_of(job)[0]
@@ -102,10 +139,20 @@ def test_a_stale_completion_does_not_change_the_job(fleet):
 def test_a_failing_task_backs_off_exponentially_then_dies_and_requeue_revives_it(fleet):
     fleet.beat()
     fleet.worker(concurrency=2, heartbeat=1)
-    job = api.schedule("project.tasks.fail", kwargs={"label": "fails"}, run_at=db_now(),
-                       max_retries=3, retry_backoff=1, retry_backoff_max=60, name="fails")
-    wait_until(lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD, timeout=40,
-               message="the job was dead-lettered")
+    job = api.schedule(
+        "project.tasks.fail",
+        kwargs={"label": "fails"},
+        run_at=db_now(),
+        max_retries=3,
+        retry_backoff=1,
+        retry_backoff_max=60,
+        name="fails",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+        timeout=40,
+        message="the job was dead-lettered",
+    )
     runs = runs_of(job)
     assert [r.attempt for r in runs] == [1, 2, 3, 4]
     assert all(r.status == RunStatus.FAILED for r in runs)
@@ -122,19 +169,30 @@ def test_a_failing_task_backs_off_exponentially_then_dies_and_requeue_revives_it
     assert not JobRun.objects.filter(job=job, id__gt=runs[-1].id).exists()
     # ... until it is requeued
     api.requeue(job)
-    wait_until(lambda: JobRun.objects.filter(job=job).count() >= 5, timeout=20,
-               message="the requeued job ran")
+    wait_until(
+        lambda: JobRun.objects.filter(job=job).count() >= 5,
+        timeout=20,
+        message="the requeued job ran",
+    )
     assert runs_of(job)[4].attempt == 1
 
 
 def test_a_task_calling_self_retry_is_retried_by_schedapp_not_by_celery(fleet):
     fleet.beat()
     worker = fleet.worker(concurrency=2, heartbeat=1)
-    job = api.schedule("project.tasks.retry_self", kwargs={"label": "selfretry",
-                                                           "countdown": 1},
-                       run_at=db_now(), max_retries=2, retry_backoff=30, name="selfretry")
-    wait_until(lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD, timeout=30,
-               message="retries were exhausted")
+    job = api.schedule(
+        "project.tasks.retry_self",
+        kwargs={"label": "selfretry", "countdown": 1},
+        run_at=db_now(),
+        max_retries=2,
+        retry_backoff=30,
+        name="selfretry",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+        timeout=30,
+        message="retries were exhausted",
+    )
     runs = runs_of(job)
     # The requested countdown (1 s), not the job's 30 s backoff, spaced the attempts
     assert [r.attempt for r in runs] == [1, 2, 3]

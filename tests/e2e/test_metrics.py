@@ -31,19 +31,30 @@ def test_beat_and_worker_metrics_count_claims_dispatches_and_completions(fleet, 
     fleet.beat(settings={"SCHEDAPP_METRICS_PORT": beat_port})
     multiproc = tmp_path / "prom"
     multiproc.mkdir()
-    fleet.worker(settings={"SCHEDAPP_METRICS_PORT": worker_port,
-                           "PROMETHEUS_MULTIPROC_DIR": str(multiproc)})
-    api.schedule_many({"task": "project.tasks.record", "run_at": db_now(), "name": f"m-{i}"}
-                      for i in range(5))
+    fleet.worker(
+        settings={"SCHEDAPP_METRICS_PORT": worker_port, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    )
+    api.schedule_many(
+        {"task": "project.tasks.record", "run_at": db_now(), "name": f"m-{i}"} for i in range(5)
+    )
     api.schedule("project.tasks.fail", run_at=db_now(), max_retries=0, name="m-fails")
-    wait_until(lambda: Job.objects.filter(state__in=[JobState.SUCCEEDED, JobState.DEAD])
-               .count() == 6, timeout=30)
-    beat = wait_until(lambda: (m := scrape(beat_port)).get("schedapp_dispatches_total", 0) >= 6
-                      and m, timeout=10)
+    wait_until(
+        lambda: Job.objects.filter(state__in=[JobState.SUCCEEDED, JobState.DEAD]).count() == 6,
+        timeout=30,
+    )
+    beat = wait_until(
+        lambda: (m := scrape(beat_port)).get("schedapp_dispatches_total", 0) >= 6 and m, timeout=10
+    )
     assert beat["schedapp_claims_total"] >= 6
     assert beat["schedapp_dispatch_lag_seconds_count"] >= 6
     assert beat["schedapp_beat_ticks_total"] >= 1
-    worker = wait_until(lambda: (m := scrape(worker_port)).get(
-        'schedapp_runs_finished_total{status="succeeded"}', 0) >= 5 and m, timeout=10)
+    worker = wait_until(
+        lambda: (
+            (m := scrape(worker_port)).get('schedapp_runs_finished_total{status="succeeded"}', 0)
+            >= 5
+            and m
+        ),
+        timeout=10,
+    )
     assert worker['schedapp_runs_finished_total{status="failed"}'] >= 1
     assert worker["schedapp_dead_letters_total"] >= 1

@@ -14,8 +14,13 @@ pytestmark = [pytest.mark.e2e]
 
 
 def run_scenario(*args: str, timeout: float) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     output = proc.stdout + proc.stderr[-5000:]
     assert proc.returncode == 0, output
     return proc.stdout

@@ -17,8 +17,11 @@ def test_a_pickle_message_is_refused_by_the_worker(fleet):
     worker = fleet.worker(concurrency=1)
     app.send_task("project.tasks.record", kwargs={"label": "pickled"}, serializer="pickle")
     app.send_task("project.tasks.record", kwargs={"label": "json"})
-    wait_until(lambda: Execution.objects.filter(label="json").exists(), timeout=20,
-               message="the JSON message ran")
+    wait_until(
+        lambda: Execution.objects.filter(label="json").exists(),
+        timeout=20,
+        message="the JSON message ran",
+    )
     wait_until(lambda: "pickle" in worker.log(), timeout=10, message="the refusal was logged")
     time.sleep(1)
     assert not Execution.objects.filter(label="pickled").exists()

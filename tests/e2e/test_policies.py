@@ -21,19 +21,38 @@ EVERY_2S = "*/2 * * * * *"
 
 
 def executed(job: Job) -> list:
-    return list(Execution.objects.filter(job_id=job.pk).order_by("scheduled_for")
-                .values_list("scheduled_for", flat=True))
+    return list(
+        Execution.objects.filter(job_id=job.pk)
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+    )
 
 
 def test_each_misfire_policy_after_all_beats_were_down(fleet):
     # Given three jobs every 2 s, one per misfire policy, with a grace of 1 s
     options = {"cron": EVERY_2S, "timezone": "UTC", "misfire_grace": 1}
-    skip = api.schedule("project.tasks.record", kwargs={"label": "skip"}, name="skip",
-                        misfire_policy="skip", **options)
-    once = api.schedule("project.tasks.record", kwargs={"label": "once"}, name="once",
-                        misfire_policy="run_once", **options)
-    every = api.schedule("project.tasks.record", kwargs={"label": "all"}, name="all",
-                         misfire_policy="run_all", misfire_max_catchup=3, **options)
+    skip = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "skip"},
+        name="skip",
+        misfire_policy="skip",
+        **options,
+    )
+    once = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "once"},
+        name="once",
+        misfire_policy="run_once",
+        **options,
+    )
+    every = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "all"},
+        name="all",
+        misfire_policy="run_all",
+        misfire_max_catchup=3,
+        **options,
+    )
     jobs = (skip, once, every)
     beats = [fleet.beat(), fleet.beat()]
     fleet.worker(concurrency=3)
@@ -54,14 +73,18 @@ def test_each_misfire_policy_after_all_beats_were_down(fleet):
         times = executed(job)
         assert len(times) == len(set(times)), f"{job.name}: an occurrence ran twice"
         last_before = max(t for t in times if t <= stopped_at)
-        after_outage = list(JobRun.objects.filter(job=job, scheduled_for__gt=last_before)
-                            .order_by("scheduled_for"))
+        after_outage = list(
+            JobRun.objects.filter(job=job, scheduled_for__gt=last_before).order_by("scheduled_for")
+        )
         assert after_outage, f"{job.name} did not run after the outage"
         # The first claim after the restart decided the misfire, at its claim time; skip
         # dispatched nothing then, so its first run is of the first occurrence after that
         first = after_outage[0]
-        decided_at = first.scheduled_for - timedelta(microseconds=1) if (
-            job.misfire_policy == "skip") else first.dispatched_at
+        decided_at = (
+            first.scheduled_for - timedelta(microseconds=1)
+            if (job.misfire_policy == "skip")
+            else first.dispatched_at
+        )
         missed = list(fire_times(schedule, last_before, until=decided_at))
         assert len(missed) >= 4
         caught_up = [r.scheduled_for for r in after_outage if r.scheduled_for <= decided_at]
@@ -79,10 +102,14 @@ def test_each_misfire_policy_after_all_beats_were_down(fleet):
             assert caught_up == missed[-3:]
             assert job.missed_runs == len(missed) - 3
         # ... and every job went back to its regular occurrences, each run once
-        later = [r.scheduled_for for r in after_outage
-                 if r.scheduled_for > decided_at and r.status == RunStatus.SUCCEEDED]
-        assert later and later == list(fire_times(schedule, later[0] - timedelta(seconds=2),
-                                                  limit=len(later)))
+        later = [
+            r.scheduled_for
+            for r in after_outage
+            if r.scheduled_for > decided_at and r.status == RunStatus.SUCCEEDED
+        ]
+        assert later and later == list(
+            fire_times(schedule, later[0] - timedelta(seconds=2), limit=len(later))
+        )
         assert set(later) <= set(times)
 
 
@@ -91,10 +118,16 @@ def test_jitter_spreads_two_thousand_same_second_jobs_over_ten_seconds(fleet):
     fleet.beat()
     fleet.worker(concurrency=4)
     due = db_now() + timedelta(seconds=3)
-    api.schedule_many({"task": "project.tasks.noop", "run_at": due, "jitter": 10,
-                       "name": f"jit-{i}"} for i in range(2000))
-    wait_until(lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 2000,
-               timeout=90, interval=1, message="every jittered job ran")
+    api.schedule_many(
+        {"task": "project.tasks.noop", "run_at": due, "jitter": 10, "name": f"jit-{i}"}
+        for i in range(2000)
+    )
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 2000,
+        timeout=90,
+        interval=1,
+        message="every jittered job ran",
+    )
     runs = list(JobRun.objects.values_list("scheduled_for", "due_at", "dispatched_at"))
     assert len(runs) == 2000  # none lost, none twice
     # The spread is recorded on each run (due_at - scheduled_for) ...
@@ -110,14 +143,21 @@ def test_jitter_spreads_two_thousand_same_second_jobs_over_ten_seconds(fleet):
 def test_cancel_while_running_stops_the_task_and_no_further_run_happens(fleet):
     fleet.beat()
     fleet.worker(concurrency=2)
-    job = api.schedule("project.tasks.record", kwargs={"label": "cancel", "sleep": 30},
-                       interval=2, name="to-cancel")
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "cancel", "sleep": 30},
+        interval=2,
+        name="to-cancel",
+    )
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now())
     api.run_now(job)
     wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=20)
     api.cancel(job, terminate=True)
-    wait_until(lambda: JobRun.objects.get(job=job).status == RunStatus.CANCELLED, timeout=15,
-               message="the running task was terminated")
+    wait_until(
+        lambda: JobRun.objects.get(job=job).status == RunStatus.CANCELLED,
+        timeout=15,
+        message="the running task was terminated",
+    )
     time.sleep(5)  # two more intervals: nothing may run
     assert JobRun.objects.filter(job=job).count() == 1
     execution = Execution.objects.get(job_id=job.pk)
@@ -128,19 +168,23 @@ def test_cancel_while_running_stops_the_task_and_no_further_run_happens(fleet):
 def test_once_turns_a_duplicate_delivery_of_an_occurrence_into_one_effect(fleet):
     fleet.beat()
     fleet.worker(concurrency=2)
-    job = api.schedule("project.tasks.record_once", kwargs={"label": "once"}, interval=3600,
-                       name="effect-once")
+    job = api.schedule(
+        "project.tasks.record_once", kwargs={"label": "once"}, interval=3600, name="effect-once"
+    )
     api.run_now(job)
-    wait_until(lambda: JobRun.objects.filter(job=job, status="succeeded").count() == 1,
-               timeout=20)
+    wait_until(lambda: JobRun.objects.filter(job=job, status="succeeded").count() == 1, timeout=20)
     job.refresh_from_db()
     first_run = JobRun.objects.get(job=job)
     # When the same occurrence is delivered again (as after a lost lease)
-    Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED, next_run_at=db_now(),
-                                         scheduled_for=first_run.scheduled_for)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.SCHEDULED, next_run_at=db_now(), scheduled_for=first_run.scheduled_for
+    )
     api.update(job, priority=1)  # any API write wakes the beats
-    wait_until(lambda: JobRun.objects.filter(job=job, status="succeeded").count() == 2,
-               timeout=20, message="the duplicate delivery ran")
+    wait_until(
+        lambda: JobRun.objects.filter(job=job, status="succeeded").count() == 2,
+        timeout=20,
+        message="the duplicate delivery ran",
+    )
     # Then the task body's effect happened once
     second_run = JobRun.objects.filter(job=job).order_by("id").last()
     assert second_run.scheduled_for == first_run.scheduled_for

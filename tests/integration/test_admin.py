@@ -73,20 +73,19 @@ def form_errors(response) -> dict[str, list[str]]:  # type: ignore[no-untyped-de
 # --- changelist ------------------------------------------------------------------------------
 
 
-def test_changelist_shows_schedule_in_words_state_next_run_last_run_lease_and_retries(
-        admin_client):
+def test_changelist_shows_schedule_in_words_state_next_run_last_run_lease_and_retries(admin_client):
     # Given a weekday-midnight cron job in Paris, an interval job holding a lease, and a
     # one-off job that failed once
-    cron = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
-                        name="weekdays")
+    cron = api.schedule(
+        "project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris", name="weekdays"
+    )
     leased = api.schedule("project.tasks.record", interval=90, name="every-90s")
     now = db_now()
-    Job.objects.filter(pk=leased.pk).update(state=JobState.RUNNING, claimed_by="beat-a:42",
-                                            lease_expires_at=now + timedelta(seconds=60))
-    failed = api.schedule("project.tasks.record", run_at=now + timedelta(hours=1),
-                          name="one-off")
-    Job.objects.filter(pk=failed.pk).update(last_run_at=now, last_status="failed",
-                                            retry_count=2)
+    Job.objects.filter(pk=leased.pk).update(
+        state=JobState.RUNNING, claimed_by="beat-a:42", lease_expires_at=now + timedelta(seconds=60)
+    )
+    failed = api.schedule("project.tasks.record", run_at=now + timedelta(hours=1), name="one-off")
+    Job.objects.filter(pk=failed.pk).update(last_run_at=now, last_status="failed", retry_count=2)
 
     # When the operator opens the jobs list
     response = admin_client.get(reverse(CHANGELIST))
@@ -105,16 +104,16 @@ def test_changelist_shows_schedule_in_words_state_next_run_last_run_lease_and_re
     assert 'class="schedapp-badge schedapp-running"' in html
     assert "beat-a:42" in html
     assert 'class="schedapp-badge schedapp-failed"' in html
-    row = re.search(r'<tr>(?:(?!</tr>).)*one-off(?:(?!</tr>).)*</tr>', html, re.S).group(0)
+    row = re.search(r"<tr>(?:(?!</tr>).)*one-off(?:(?!</tr>).)*</tr>", html, re.S).group(0)
     assert '<td class="field-retry_count">2</td>' in row
 
 
-def test_changelist_filters_by_state_task_queue_and_kind_and_searches_name_and_task(
-        admin_client):
+def test_changelist_filters_by_state_task_queue_and_kind_and_searches_name_and_task(admin_client):
     api.schedule("project.tasks.record", cron="*/5 * * * *", name="alpha", queue="reports")
     api.schedule("project.tasks.noop", interval=60, name="beta")
-    paused = api.schedule("project.tasks.add", args=[1, 2], run_at=db_now() + timedelta(days=1),
-                          name="gamma")
+    paused = api.schedule(
+        "project.tasks.add", args=[1, 2], run_at=db_now() + timedelta(days=1), name="gamma"
+    )
     api.pause(paused)
     url = reverse(CHANGELIST)
 
@@ -143,9 +142,13 @@ def test_changelist_filters_by_state_task_queue_and_kind_and_searches_name_and_t
 def test_dead_letter_view_shows_the_last_error_of_dead_jobs(admin_client):
     job = api.schedule("project.tasks.fail", interval=60, name="broken")
     api.schedule("project.tasks.record", interval=60, name="healthy")
-    Job.objects.filter(pk=job.pk).update(state=JobState.DEAD, last_status="failed",
-                                         last_error="RuntimeError: broken failed on purpose",
-                                         last_run_at=db_now(), retry_count=3)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.DEAD,
+        last_status="failed",
+        last_error="RuntimeError: broken failed on purpose",
+        last_run_at=db_now(),
+        retry_count=3,
+    )
 
     response = admin_client.get(reverse(CHANGELIST) + "?state__exact=dead")
 
@@ -180,14 +183,23 @@ def test_adding_a_job_in_the_form_schedules_it_through_the_api(admin_client):
     [
         ({"cron": "61 * * * *"}, "cron", {"cron": "61 * * * *"}),
         ({"cron": "0 0 30 2 *"}, "cron", {"cron": "0 0 30 2 *"}),
-        ({"timezone": "Mars/Olympus"}, "timezone", {"cron": "0 0 * * *",
-                                                    "timezone": "Mars/Olympus"}),
-        ({"task": "project.tasks.nope"}, "task", {"task": "project.tasks.nope",
-                                                  "cron": "0 0 * * *"}),
+        (
+            {"timezone": "Mars/Olympus"},
+            "timezone",
+            {"cron": "0 0 * * *", "timezone": "Mars/Olympus"},
+        ),
+        (
+            {"task": "project.tasks.nope"},
+            "task",
+            {"task": "project.tasks.nope", "cron": "0 0 * * *"},
+        ),
         ({"task": "os.system"}, "task", {"task": "os.system", "cron": "0 0 * * *"}),
         ({"args": '{"a": 1}'}, "args", {"args": {"a": 1}, "cron": "0 0 * * *"}),
-        ({"kwargs": '{"not valid": 1}'}, "kwargs", {"kwargs": {"not valid": 1},
-                                                    "cron": "0 0 * * *"}),
+        (
+            {"kwargs": '{"not valid": 1}'},
+            "kwargs",
+            {"kwargs": {"not valid": 1}, "cron": "0 0 * * *"},
+        ),
         ({"cron": "", "interval": "300"}, None, None),
         ({"interval": "300"}, "cron", {"cron": "0 0 * * 1-5", "interval": 300}),
         ({"cron": ""}, "cron", {}),
@@ -195,7 +207,8 @@ def test_adding_a_job_in_the_form_schedules_it_through_the_api(admin_client):
     ],
 )
 def test_the_form_refuses_what_the_api_refuses_with_the_same_message(
-        admin_client, overrides, field, spec):
+    admin_client, overrides, field, spec
+):
     response = admin_client.post(reverse(ADD), form_data(**overrides))
     if field is None:  # a valid variant, to show the others fail for their own reason
         assert response.status_code == 302
@@ -237,8 +250,10 @@ def test_a_name_in_use_gets_the_api_message(admin_client):
 
 
 def test_run_at_is_read_in_the_jobs_time_zone(admin_client):
-    response = admin_client.post(reverse(ADD), form_data(
-        cron="", run_at_0="2031-07-01", run_at_1="09:30:00", timezone="America/New_York"))
+    response = admin_client.post(
+        reverse(ADD),
+        form_data(cron="", run_at_0="2031-07-01", run_at_1="09:30:00", timezone="America/New_York"),
+    )
     assert response.status_code == 302, form_errors(response)
     job = Job.objects.get(name="nightly-report")
     assert job.run_at == datetime(2031, 7, 1, 9, 30, tzinfo=ZoneInfo("America/New_York"))
@@ -249,8 +264,13 @@ def test_run_at_is_read_in_the_jobs_time_zone(admin_client):
 
 
 def test_changing_the_schedule_recomputes_the_next_run_and_other_changes_keep_it(admin_client):
-    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
-                       name="nightly-report", kwargs={"label": "nightly"})
+    job = api.schedule(
+        "project.tasks.record",
+        cron="0 0 * * 1-5",
+        timezone="Europe/Paris",
+        name="nightly-report",
+        kwargs={"label": "nightly"},
+    )
     before = job.next_run_at
 
     # When only the priority changes, the next run stays
@@ -269,11 +289,24 @@ def test_changing_the_schedule_recomputes_the_next_run_and_other_changes_keep_it
 
 
 def test_lease_and_run_fields_are_read_only(admin_client):
-    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
-                       name="nightly-report", kwargs={"label": "nightly"})
-    response = admin_client.post(change_url(job), form_data(
-        claimed_by="intruder", token="999", state="dead", lease_expires_at_0="2030-01-01",
-        next_run_at_0="2030-01-01", retry_count="7"))
+    job = api.schedule(
+        "project.tasks.record",
+        cron="0 0 * * 1-5",
+        timezone="Europe/Paris",
+        name="nightly-report",
+        kwargs={"label": "nightly"},
+    )
+    response = admin_client.post(
+        change_url(job),
+        form_data(
+            claimed_by="intruder",
+            token="999",
+            state="dead",
+            lease_expires_at_0="2030-01-01",
+            next_run_at_0="2030-01-01",
+            retry_count="7",
+        ),
+    )
     assert response.status_code == 302
     job.refresh_from_db()
     assert (job.claimed_by, job.token, job.state, job.retry_count) == ("", 0, "scheduled", 0)
@@ -284,8 +317,9 @@ def test_lease_and_run_fields_are_read_only(admin_client):
 
 
 def test_job_page_previews_the_next_five_fire_times(admin_client):
-    job = api.schedule("project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris",
-                       name="weekdays")
+    job = api.schedule(
+        "project.tasks.record", cron="0 0 * * 1-5", timezone="Europe/Paris", name="weekdays"
+    )
     page = admin_client.get(change_url(job)).content.decode()
     preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
     items = re.findall(r"<li>(.*?)</li>", preview)
@@ -310,8 +344,9 @@ def test_preview_endpoint_answers_for_a_schedule_being_typed(admin_client):
 
 
 def test_form_redisplay_after_an_error_keeps_the_preview(admin_client):
-    response = admin_client.post(reverse(ADD), form_data(task="project.tasks.nope",
-                                                         cron="15 4 * * *", timezone="UTC"))
+    response = admin_client.post(
+        reverse(ADD), form_data(task="project.tasks.nope", cron="15 4 * * *", timezone="UTC")
+    )
     page = response.content.decode()
     preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
     assert len(re.findall(r"<li>[^<]*04:15:00 UTC", preview)) == 5

@@ -30,8 +30,9 @@ def op_url(job: Job, slug: str) -> str:
 
 def staff(*codenames: str, username: str = "viewer") -> Client:
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(
-        content_type__app_label="schedapp", codename__in=codenames))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="schedapp", codename__in=codenames)
+    )
     client = Client()
     client.force_login(user)
     return client
@@ -45,14 +46,17 @@ def texts(response) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def make_dead(job: Job) -> None:
-    Job.objects.filter(pk=job.pk).update(state=JobState.DEAD, last_status="failed",
-                                         last_error="boom", retry_count=3)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.DEAD, last_status="failed", last_error="boom", retry_count=3
+    )
 
 
 def bulk(client: Client, action: str, jobs: list[Job]):  # type: ignore[no-untyped-def]
-    return client.post(reverse(CHANGELIST), {
-        "action": action, "_selected_action": [j.pk for j in jobs], "index": 0,
-    }, follow=True)
+    return client.post(
+        reverse(CHANGELIST),
+        {"action": action, "_selected_action": [j.pk for j in jobs], "index": 0},
+        follow=True,
+    )
 
 
 @pytest.fixture
@@ -130,8 +134,9 @@ def test_job_page_offers_the_buttons_that_fit_the_state(admin_client, jobs):
     for slug in ("resume", "requeue"):
         assert f'id="schedapp-op-{slug}"' not in html
     make_dead(jobs["b"])
-    html = admin_client.get(reverse("admin:schedapp_job_change", args=[jobs["b"].pk])
-                            ).content.decode()
+    html = admin_client.get(
+        reverse("admin:schedapp_job_change", args=[jobs["b"].pk])
+    ).content.decode()
     assert 'id="schedapp-op-requeue"' in html and 'id="schedapp-op-pause"' not in html
 
 
@@ -170,12 +175,15 @@ def test_a_view_only_user_sees_everything_and_can_change_nothing(jobs):
     job = jobs["a"]
     make_dead(jobs["b"])
     # Sees: the lists, the job page, the runs, the overview, the dead letters, the preview
-    for url in (reverse(CHANGELIST), reverse(CHANGELIST) + "?state__exact=dead",
-                reverse("admin:schedapp_job_change", args=[job.pk]),
-                reverse("admin:schedapp_jobrun_changelist"),
-                reverse("admin:schedapp_node_changelist"),
-                reverse("admin:schedapp_job_overview"),
-                reverse("admin:schedapp_job_preview") + "?cron=0+0+*+*+*&timezone=UTC"):
+    for url in (
+        reverse(CHANGELIST),
+        reverse(CHANGELIST) + "?state__exact=dead",
+        reverse("admin:schedapp_job_change", args=[job.pk]),
+        reverse("admin:schedapp_jobrun_changelist"),
+        reverse("admin:schedapp_node_changelist"),
+        reverse("admin:schedapp_job_overview"),
+        reverse("admin:schedapp_job_preview") + "?cron=0+0+*+*+*&timezone=UTC",
+    ):
         assert client.get(url).status_code == 200, url
     # ... but no action and no button
     listing = client.get(reverse(CHANGELIST))
@@ -191,10 +199,18 @@ def test_a_view_only_user_sees_everything_and_can_change_nothing(jobs):
         response = bulk(client, op.slug, [jobs["a"], jobs["b"]])
         assert response.status_code == 200
     assert client.post(reverse("admin:schedapp_job_add"), {"name": "x"}).status_code == 403
-    assert client.post(reverse("admin:schedapp_job_change", args=[job.pk]),
-                       {"name": "renamed"}).status_code == 403
-    assert client.post(reverse("admin:schedapp_job_delete", args=[job.pk]),
-                       {"post": "yes"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:schedapp_job_change", args=[job.pk]), {"name": "renamed"}
+        ).status_code
+        == 403
+    )
+    assert (
+        client.post(
+            reverse("admin:schedapp_job_delete", args=[job.pk]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
     after = list(Job.objects.order_by("pk").values_list("pk", "state", "next_run_at", "token"))
     assert after == before
 
@@ -212,8 +228,9 @@ def test_a_view_only_user_sees_everything_and_can_change_nothing(jobs):
 def test_each_operation_needs_its_own_permission(jobs, codename, allowed, refused):
     client = staff(*VIEW_ONLY, codename)
     listing = client.get(reverse(CHANGELIST))
-    offered = {name for name, _label in listing.context["action_form"].fields["action"].choices
-               if name}
+    offered = {
+        name for name, _label in listing.context["action_form"].fields["action"].choices if name
+    }
     assert offered == allowed
     for slug in refused:
         assert client.post(op_url(jobs["a"], slug)).status_code == 403, slug
@@ -249,8 +266,17 @@ def test_deleting_a_running_job_or_a_huge_history_is_refused(admin_client, jobs,
 
     now = db_now()
     JobRun.objects.bulk_create(
-        JobRun(job=jobs["b"], token=t, scheduled_for=now, due_at=now, dispatched_at=now,
-               task_id=task_id_for(jobs["b"].pk, t), status="succeeded") for t in range(1, 4))
+        JobRun(
+            job=jobs["b"],
+            token=t,
+            scheduled_for=now,
+            due_at=now,
+            dispatched_at=now,
+            task_id=task_id_for(jobs["b"].pk, t),
+            status="succeeded",
+        )
+        for t in range(1, 4)
+    )
     monkeypatch.setattr(schedapp_admin, "DELETE_RUNS_MAX", 2)
     page = admin_client.get(reverse("admin:schedapp_job_delete", args=[jobs["b"].pk]))
     assert "prune the history first" in page.content.decode()

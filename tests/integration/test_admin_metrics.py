@@ -85,8 +85,9 @@ def test_exposition_has_process_metrics_and_fleet_gauges_from_the_database():
     assert 'schedapp_jobs{state="dead"} 1.0' in text
     assert "schedapp_due_backlog 1.0" in text
     assert 'schedapp_nodes_alive{kind="beat"} 1.0' in text
-    oldest = next(line for line in text.splitlines()
-                  if line.startswith("schedapp_oldest_due_seconds "))
+    oldest = next(
+        line for line in text.splitlines() if line.startswith("schedapp_oldest_due_seconds ")
+    )
     assert float(oldest.split()[1]) >= 30
 
 
@@ -129,9 +130,19 @@ def test_prefork_children_are_counted_in_multiprocess_mode(tmp_path):
         os.waitpid(pid, 0)
         print(metrics.exposition(include_fleet=False)[0].decode())
     """)
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True,
-                         capture_output=True, text=True, timeout=60).stdout
+    env = {
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert 'schedapp_runs_finished_total{status="succeeded"} 2.0' in out
     assert 'schedapp_runs_finished_total{status="failed"} 1.0' in out

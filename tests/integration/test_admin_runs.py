@@ -14,31 +14,57 @@ from schedapp.models import Job, JobRun, JobState, Node, task_id_for
 pytestmark = [pytest.mark.django_db]
 
 
-def add_run(job: Job, token: int, status: str, *, lag: float = 0.5, duration: float = 2.0,
-            error: str = "", traceback: str = "", ago: float = 30.0) -> JobRun:
+def add_run(
+    job: Job,
+    token: int,
+    status: str,
+    *,
+    lag: float = 0.5,
+    duration: float = 2.0,
+    error: str = "",
+    traceback: str = "",
+    ago: float = 30.0,
+) -> JobRun:
     now = db_now()
     due = now - timedelta(seconds=ago)
     return JobRun.objects.create(
-        job=job, token=token, attempt=1, scheduled_for=due, due_at=due,
+        job=job,
+        token=token,
+        attempt=1,
+        scheduled_for=due,
+        due_at=due,
         claimed_by="beat-host:1:abc",
-        dispatched_at=due + timedelta(seconds=lag), started_at=due + timedelta(seconds=lag),
-        finished_at=(due + timedelta(seconds=lag + duration)
-                     if status not in ("dispatched", "running") else None),
-        worker="worker1@host", task_id=task_id_for(job.pk, token), status=status,
-        error=error, traceback=traceback)
+        dispatched_at=due + timedelta(seconds=lag),
+        started_at=due + timedelta(seconds=lag),
+        finished_at=(
+            due + timedelta(seconds=lag + duration)
+            if status not in ("dispatched", "running")
+            else None
+        ),
+        worker="worker1@host",
+        task_id=task_id_for(job.pk, token),
+        status=status,
+        error=error,
+        traceback=traceback,
+    )
 
 
 @pytest.fixture
 def job() -> Job:
-    return api.schedule("project.tasks.fail", cron="0 3 * * *", timezone="Europe/Paris",
-                        name="nightly")
+    return api.schedule(
+        "project.tasks.fail", cron="0 3 * * *", timezone="Europe/Paris", name="nightly"
+    )
 
 
-def test_runs_list_shows_status_job_times_duration_worker_beat_attempt_and_error(
-        admin_client, job):
+def test_runs_list_shows_status_job_times_duration_worker_beat_attempt_and_error(admin_client, job):
     add_run(job, 1, "succeeded", duration=2.5)
-    add_run(job, 2, "failed", error="RuntimeError: nightly failed on purpose\nmore",
-            traceback="Traceback (most recent call last):\n  File x\nRuntimeError: boom")
+    add_run(
+        job,
+        2,
+        "failed",
+        error="RuntimeError: nightly failed on purpose\nmore",
+        traceback="Traceback (most recent call last):\n  File x\nRuntimeError: boom",
+    )
     response = admin_client.get(reverse("admin:schedapp_jobrun_changelist"))
     html = response.content.decode()
     assert response.status_code == 200
@@ -55,8 +81,13 @@ def test_runs_list_shows_status_job_times_duration_worker_beat_attempt_and_error
 
 
 def test_run_page_shows_the_full_error_and_traceback_and_cannot_be_changed(admin_client, job):
-    run = add_run(job, 1, "failed", error="RuntimeError: boom\nsecond line",
-                  traceback="Traceback (most recent call last):\n  File \"x.py\"\nRuntimeError")
+    run = add_run(
+        job,
+        1,
+        "failed",
+        error="RuntimeError: boom\nsecond line",
+        traceback='Traceback (most recent call last):\n  File "x.py"\nRuntimeError',
+    )
     url = reverse("admin:schedapp_jobrun_change", args=[run.pk])
     html = admin_client.get(url).content.decode()
     assert "RuntimeError: boom\nsecond line" in html
@@ -64,8 +95,12 @@ def test_run_page_shows_the_full_error_and_traceback_and_cannot_be_changed(admin
     assert task_id_for(job.pk, 1) in html
     assert 'name="status"' not in html
     assert admin_client.post(url, {"status": "succeeded"}).status_code == 403
-    assert admin_client.post(reverse("admin:schedapp_jobrun_delete", args=[run.pk]),
-                             {"post": "yes"}).status_code == 403
+    assert (
+        admin_client.post(
+            reverse("admin:schedapp_jobrun_delete", args=[run.pk]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
     assert JobRun.objects.get(pk=run.pk).status == "failed"
 
 
@@ -101,19 +136,40 @@ def test_runs_can_be_found_by_task_id_and_filtered_by_status(admin_client, job):
 def test_overview_shows_states_backlog_lag_nodes_and_dead_letters(admin_client, job):
     # Given jobs in several states, two due jobs, recent dispatches and live nodes
     now = db_now()
-    due = [api.schedule("project.tasks.record", run_at=now - timedelta(minutes=m),
-                        name=f"due-{m}") for m in (1, 3)]
+    due = [
+        api.schedule("project.tasks.record", run_at=now - timedelta(minutes=m), name=f"due-{m}")
+        for m in (1, 3)
+    ]
     dead = api.schedule("project.tasks.fail", interval=60, name="dead-one")
     Job.objects.filter(pk=dead.pk).update(state=JobState.DEAD)
     for token, lag in enumerate((0.2, 0.4, 3.0), start=1):
         add_run(job, token, "succeeded", lag=lag)
-    Node.objects.create(name="beat-1", kind="beat", hostname="h1", pid=10, started_at=now,
-                        last_seen_at=now, stats={"claimed": 7})
-    Node.objects.create(name="worker-1", kind="worker", hostname="h2", pid=11, started_at=now,
-                        last_seen_at=now, stats={"active": 1})
-    Node.objects.create(name="beat-old", kind="beat", hostname="h3", pid=12,
-                        started_at=now - timedelta(hours=1),
-                        last_seen_at=now - timedelta(minutes=10))
+    Node.objects.create(
+        name="beat-1",
+        kind="beat",
+        hostname="h1",
+        pid=10,
+        started_at=now,
+        last_seen_at=now,
+        stats={"claimed": 7},
+    )
+    Node.objects.create(
+        name="worker-1",
+        kind="worker",
+        hostname="h2",
+        pid=11,
+        started_at=now,
+        last_seen_at=now,
+        stats={"active": 1},
+    )
+    Node.objects.create(
+        name="beat-old",
+        kind="beat",
+        hostname="h3",
+        pid=12,
+        started_at=now - timedelta(hours=1),
+        last_seen_at=now - timedelta(minutes=10),
+    )
 
     response = admin_client.get(reverse("admin:schedapp_job_overview"))
 

@@ -65,9 +65,18 @@ def fill(start: int, stop: int, jobs_total: int) -> None:
         cursor.execute(FILL_RUNS, {"start": start, "stop": stop, "jobs": jobs_total})
 
 
-JOB_VIEWS = ["", "?state__exact=scheduled", "?state__exact=dead", "?task=project.tasks.noop",
-             "?queue=q2", "?queue=__default__", "?kind=cron", "?q=job-99", "?p=3",
-             "?source__exact=api&kind=interval"]
+JOB_VIEWS = [
+    "",
+    "?state__exact=scheduled",
+    "?state__exact=dead",
+    "?task=project.tasks.noop",
+    "?queue=q2",
+    "?queue=__default__",
+    "?kind=cron",
+    "?q=job-99",
+    "?p=3",
+    "?source__exact=api&kind=interval",
+]
 RUN_VIEWS = ["", "?status__exact=failed", "?stale__exact=0", "?p=5", "?q=schedapp:1:1001"]
 
 
@@ -87,7 +96,8 @@ def check_bounded(sqls: list[str], url: str) -> None:
 
 
 def test_changelists_run_the_same_few_queries_with_10_rows_and_10000(
-        admin_client, django_assert_max_num_queries):
+    admin_client, django_assert_max_num_queries
+):
     jobs_url = reverse("admin:schedapp_job_changelist")
     runs_url = reverse("admin:schedapp_jobrun_changelist")
     views = [jobs_url + v for v in JOB_VIEWS] + [runs_url + v for v in RUN_VIEWS]

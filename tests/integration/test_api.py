@@ -34,8 +34,7 @@ def errors_of(call) -> dict[str, list[str]]:
         ({"cron": "61 * * * *"}, "cron", "not a valid cron expression"),
         ({"cron": "* * * *"}, "cron", "has 4 fields"),
         ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
-        ({"cron": "*/5 * * * *", "timezone": "Mars/Olympus_Mons"}, "timezone",
-         "unknown time zone"),
+        ({"cron": "*/5 * * * *", "timezone": "Mars/Olympus_Mons"}, "timezone", "unknown time zone"),
         ({"run_at": datetime(2030, 1, 1)}, "run_at", "timezone-aware"),
         ({}, "run_at", "exactly one schedule"),
         ({"run_at": SOON, "cron": "* * * * *"}, "cron", "exactly one schedule"),
@@ -91,8 +90,9 @@ def test_payload_size_is_limited():
 
 
 def test_all_problems_are_reported_together():
-    messages = errors_of(lambda: api.schedule("nope", cron="bad", max_retries=-2,
-                                              timezone="Nowhere/Land"))
+    messages = errors_of(
+        lambda: api.schedule("nope", cron="bad", max_retries=-2, timezone="Nowhere/Land")
+    )
     assert {"task", "cron", "max_retries", "timezone"} <= set(messages)
 
 
@@ -189,9 +189,14 @@ def test_requeue_brings_a_dead_job_back_with_its_retry_count_reset():
 
 
 def test_duplicate_copies_task_schedule_and_policy():
-    job = api.schedule(TASK, cron="*/5 * * * *", kwargs={"label": "x"}, name="orig",
-                       max_retries=7, priority=3)
+    job = api.schedule(
+        TASK, cron="*/5 * * * *", kwargs={"label": "x"}, name="orig", max_retries=7, priority=3
+    )
     copy = api.duplicate(job)
     assert copy.pk != job.pk and copy.name.startswith("orig (copy")
     assert (copy.cron, copy.kwargs, copy.max_retries, copy.priority) == (
-        "*/5 * * * *", {"label": "x"}, 7, 3)
+        "*/5 * * * *",
+        {"label": "x"},
+        7,
+        3,
+    )

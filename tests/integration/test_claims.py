@@ -20,7 +20,8 @@ def due_jobs(n: int, **options) -> list[Job]:
     when = db_now() - timedelta(seconds=1)
     return api.schedule_many(
         {"task": "project.tasks.record", "run_at": when, "name": f"job-{i}", **options}
-        for i in range(n))
+        for i in range(n)
+    )
 
 
 def expire_lease(job_id: int) -> None:
@@ -86,6 +87,7 @@ def test_many_racing_connections_claim_each_job_exactly_once():
                 if not batch:
                     return got
                 got.extend(r.job_id for r in batch)
+
         return run
 
     threads = [in_thread(racer(f"beat-{i}")) for i in range(4)]
@@ -150,7 +152,12 @@ def test_stale_completion_changes_nothing_on_the_job():
     assert applied is False
     after = Job.objects.get(pk=job.pk)
     assert (after.state, after.next_run_at, after.token, after.claimed_by, after.retry_count) == (
-        before.state, before.next_run_at, before.token, before.claimed_by, before.retry_count)
+        before.state,
+        before.next_run_at,
+        before.token,
+        before.claimed_by,
+        before.retry_count,
+    )
     old_run = JobRun.objects.get(pk=old.run_id)
     assert old_run.stale and old_run.status == RunStatus.SUCCEEDED
     # ... and the current holder's completion still applies
@@ -234,12 +241,13 @@ def test_a_run_never_started_is_dispatched_again_without_spending_a_retry():
 def test_higher_priority_is_claimed_first_then_earliest():
     now = db_now()
     api.schedule("project.tasks.record", run_at=now - timedelta(seconds=9), name="low-early")
-    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=1), name="high-late",
-                 priority=5)
-    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=5), name="high-early",
-                 priority=5)
-    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=3), name="mid",
-                 priority=1)
+    api.schedule(
+        "project.tasks.record", run_at=now - timedelta(seconds=1), name="high-late", priority=5
+    )
+    api.schedule(
+        "project.tasks.record", run_at=now - timedelta(seconds=5), name="high-early", priority=5
+    )
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=3), name="mid", priority=1)
     order = [Job.objects.get(pk=r.job_id).name for r in claim_due_jobs("b", 10).runs]
     assert order == ["high-early", "high-late", "mid", "low-early"]
 

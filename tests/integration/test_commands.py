@@ -26,15 +26,29 @@ def run(*args: str) -> tuple[str, str]:
     return out.getvalue(), err.getvalue()
 
 
-def add_runs(job: Job, count: int, *, finished_ago: timedelta | None, status: str = "succeeded",
-             first_token: int = 1) -> None:
+def add_runs(
+    job: Job,
+    count: int,
+    *,
+    finished_ago: timedelta | None,
+    status: str = "succeeded",
+    first_token: int = 1,
+) -> None:
     now = db_now()
     finished = now - finished_ago if finished_ago is not None else None
     JobRun.objects.bulk_create(
-        JobRun(job=job, token=t, scheduled_for=now - timedelta(days=60), due_at=now,
-               dispatched_at=now - timedelta(days=60), finished_at=finished,
-               task_id=task_id_for(job.pk, t), status=status)
-        for t in range(first_token, first_token + count))
+        JobRun(
+            job=job,
+            token=t,
+            scheduled_for=now - timedelta(days=60),
+            due_at=now,
+            dispatched_at=now - timedelta(days=60),
+            finished_at=finished,
+            task_id=task_id_for(job.pk, t),
+            status=status,
+        )
+        for t in range(first_token, first_token + count)
+    )
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -46,11 +60,25 @@ def test_status_prints_states_backlog_oldest_due_beats_and_lag():
     api.schedule("project.tasks.record", interval=60, name="later")
     dead = api.schedule("project.tasks.fail", interval=60, name="dead")
     Job.objects.filter(pk=dead.pk).update(state=JobState.DEAD)
-    Node.objects.create(name="beat-x", kind="beat", hostname="h", pid=1, started_at=now,
-                        last_seen_at=now, stats={"claimed": 3})
+    Node.objects.create(
+        name="beat-x",
+        kind="beat",
+        hostname="h",
+        pid=1,
+        started_at=now,
+        last_seen_at=now,
+        stats={"claimed": 3},
+    )
     job = Job.objects.get(name="later")
-    JobRun.objects.create(job=job, token=1, scheduled_for=now, due_at=now - timedelta(seconds=1),
-                          dispatched_at=now, task_id="t", status="succeeded")
+    JobRun.objects.create(
+        job=job,
+        token=1,
+        scheduled_for=now,
+        due_at=now - timedelta(seconds=1),
+        dispatched_at=now,
+        task_id="t",
+        status="succeeded",
+    )
 
     out, _err = run("schedapp_status")
 
@@ -80,8 +108,10 @@ def test_status_check_fails_without_a_live_beat():
 # --- prune ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200),
-                                                ("90m", 5400), ("3600s", 3600), ("2w", 1209600)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("3600s", 3600), ("2w", 1209600)],
+)
 def test_ages(text, seconds):
     assert parse_age(text) == timedelta(seconds=seconds)
 
@@ -126,8 +156,12 @@ def test_prune_command_and_dry_run():
 
 def test_schedapp_can_prune_itself_as_a_job():
     # The task is registered, allowed by the demo's allowlist, and schedulable
-    job = api.schedule("schedapp.prune_runs", cron="0 3 * * *", name="schedapp-prune",
-                       kwargs={"older_than_seconds": 86400})
+    job = api.schedule(
+        "schedapp.prune_runs",
+        cron="0 3 * * *",
+        name="schedapp-prune",
+        kwargs={"older_than_seconds": 86400},
+    )
     assert job.task == "schedapp.prune_runs"
     add_runs(job, 5, finished_ago=timedelta(days=2))
     add_runs(job, 2, finished_ago=timedelta(hours=1), first_token=10)

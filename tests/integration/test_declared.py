@@ -17,8 +17,12 @@ from schedapp.models import Job, JobSource, JobState
 pytestmark = [pytest.mark.django_db]
 
 JOBS = {
-    "nightly": {"task": "project.tasks.record", "cron": "0 2 * * *", "timezone": "Europe/Paris",
-                "kwargs": {"label": "nightly"}},
+    "nightly": {
+        "task": "project.tasks.record",
+        "cron": "0 2 * * *",
+        "timezone": "Europe/Paris",
+        "kwargs": {"label": "nightly"},
+    },
     "every-minute": {"task": "project.tasks.noop", "interval": 60, "priority": 5},
 }
 
@@ -33,8 +37,10 @@ def empty_registry():
 
 
 def snapshot() -> dict[str, tuple]:
-    return {j.name: (j.pk, j.state, j.next_run_at, j.updated_at, j.cron, j.interval, j.priority)
-            for j in Job.objects.all()}
+    return {
+        j.name: (j.pk, j.state, j.next_run_at, j.updated_at, j.cron, j.interval, j.priority)
+        for j in Job.objects.all()
+    }
 
 
 def test_sync_creates_declared_jobs_and_a_second_sync_changes_nothing():
@@ -47,7 +53,11 @@ def test_sync_creates_declared_jobs_and_a_second_sync_changes_nothing():
     assert snapshot() == first  # not even next_run_at or updated_at moved
     nightly = Job.objects.get(name="nightly")
     assert (nightly.source, nightly.cron, nightly.timezone, nightly.kwargs) == (
-        JobSource.DECLARED, "0 2 * * *", "Europe/Paris", {"label": "nightly"})
+        JobSource.DECLARED,
+        "0 2 * * *",
+        "Europe/Paris",
+        {"label": "nightly"},
+    )
     assert Job.objects.get(name="every-minute").interval == timedelta(seconds=60)
 
 
@@ -55,13 +65,17 @@ def test_a_changed_declaration_updates_the_job_and_only_a_new_schedule_moves_nex
     with override_settings(SCHEDAPP_JOBS=JOBS):
         declared.sync_declared_jobs()
     before = snapshot()
-    changed = {**JOBS, "nightly": {**JOBS["nightly"], "kwargs": {"label": "v2"}},
-               "every-minute": {"task": "project.tasks.noop", "interval": 120}}
+    changed = {
+        **JOBS,
+        "nightly": {**JOBS["nightly"], "kwargs": {"label": "v2"}},
+        "every-minute": {"task": "project.tasks.noop", "interval": 120},
+    }
     with override_settings(SCHEDAPP_JOBS=changed):
         report = declared.sync_declared_jobs()
-    assert report.updated == {"nightly": ["kwargs"],
-                              "every-minute": ["cron", "interval", "priority", "run_at",
-                                               "timezone"]}
+    assert report.updated == {
+        "nightly": ["kwargs"],
+        "every-minute": ["cron", "interval", "priority", "run_at", "timezone"],
+    }
     after = snapshot()
     assert Job.objects.get(name="nightly").kwargs == {"label": "v2"}
     assert after["nightly"][2] == before["nightly"][2]  # same next run
@@ -91,9 +105,12 @@ def test_a_bad_declaration_names_job_and_field_and_the_others_still_sync():
         declared.declared_values("broken", {"task": "project.tasks.record", "cron": "99 * * * *"})
     assert list(caught.value.message_dict) == ["broken.cron"]
 
-    bad = {**JOBS, "broken": {"task": "project.tasks.record", "cron": "99 * * * *"},
-           "typo": {"task": "project.tasks.record", "interval": 5, "prority": 1},
-           "not-allowed": {"task": "celery.backend_cleanup", "interval": 5}}
+    bad = {
+        **JOBS,
+        "broken": {"task": "project.tasks.record", "cron": "99 * * * *"},
+        "typo": {"task": "project.tasks.record", "interval": 5, "prority": 1},
+        "not-allowed": {"task": "celery.backend_cleanup", "interval": 5},
+    }
     with override_settings(SCHEDAPP_JOBS=bad):
         report = declared.sync_declared_jobs()
     assert sorted(report.created) == ["every-minute", "nightly"]
@@ -127,9 +144,12 @@ def test_the_periodic_decorator_declares_a_job_for_its_task():
     assert sorted(report.created) == ["project.tasks.test_declared_hourly", "refresh-cache"]
     job = Job.objects.get(name="refresh-cache")
     assert (job.task, job.cron, job.queue, job.source) == (
-        "project.tasks.test_declared_refresh", "*/15 * * * *", "low", JobSource.DECLARED)
-    assert Job.objects.get(name="project.tasks.test_declared_hourly").interval == timedelta(
-        hours=1)
+        "project.tasks.test_declared_refresh",
+        "*/15 * * * *",
+        "low",
+        JobSource.DECLARED,
+    )
+    assert Job.objects.get(name="project.tasks.test_declared_hourly").interval == timedelta(hours=1)
     # The same name in the setting too: reported, not guessed
     with override_settings(SCHEDAPP_JOBS={"refresh-cache": JOBS["nightly"]}):
         report = declared.sync_declared_jobs()

@@ -19,10 +19,18 @@ pytestmark = pytest.mark.usefixtures("broker_url")
 
 def claimed(job_id: int = 7, token: int = 3, queue: str = "") -> ClaimedRun:
     return ClaimedRun(
-        run_id=11, job_id=job_id, token=token, task="project.tasks.record",
-        args_json='[1, "two"]', kwargs_json='{"label": "x\\u00e9"}', queue=queue,
+        run_id=11,
+        job_id=job_id,
+        token=token,
+        task="project.tasks.record",
+        args_json='[1, "two"]',
+        kwargs_json='{"label": "x\\u00e9"}',
+        queue=queue,
         scheduled_for=datetime(2030, 1, 1, 12, tzinfo=UTC),
-        due_at=datetime(2030, 1, 1, 12, tzinfo=UTC), attempt=1, lease_seconds=30)
+        due_at=datetime(2030, 1, 1, 12, tzinfo=UTC),
+        attempt=1,
+        lease_seconds=30,
+    )
 
 
 def stored(queue: str = "celery") -> list[dict]:

@@ -16,50 +16,135 @@ from schedapp.models import Job
 
 pytestmark = pytest.mark.django_db
 
-FUZZ = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 cron_fields = st.one_of(
-    st.sampled_from(["*", "*/5", "0", "59", "60", "1-5", "5-1", "1,2,3", "L", "?", "#", "0#3",
-                     "JAN", "mon-fri", "*/0", "-1", "99999999999", "", " ", "\x00", "é"]),
-    st.text(alphabet=string.printable, max_size=6))
+    st.sampled_from(
+        [
+            "*",
+            "*/5",
+            "0",
+            "59",
+            "60",
+            "1-5",
+            "5-1",
+            "1,2,3",
+            "L",
+            "?",
+            "#",
+            "0#3",
+            "JAN",
+            "mon-fri",
+            "*/0",
+            "-1",
+            "99999999999",
+            "",
+            " ",
+            "\x00",
+            "é",
+        ]
+    ),
+    st.text(alphabet=string.printable, max_size=6),
+)
 crons = st.one_of(
     st.lists(cron_fields, min_size=0, max_size=8).map(" ".join),
     st.text(max_size=60),
-    st.sampled_from(["@daily", "@reboot", "@every 5m", "0 0 30 2 *", "0 0 31 4 *",
-                     "* * * * * * *", "0 0 29 2 *"]))
-zones = st.one_of(st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "Etc/GMT+5",
-                                   "../../etc/passwd", "", "utc", "Europe/paris"]),
-                  st.text(max_size=40))
-json_leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
-                        st.text(max_size=40), st.binary(max_size=10), st.decimals())
+    st.sampled_from(
+        [
+            "@daily",
+            "@reboot",
+            "@every 5m",
+            "0 0 30 2 *",
+            "0 0 31 4 *",
+            "* * * * * * *",
+            "0 0 29 2 *",
+        ]
+    ),
+)
+zones = st.one_of(
+    st.sampled_from(
+        [
+            "UTC",
+            "Europe/Paris",
+            "America/New_York",
+            "Etc/GMT+5",
+            "../../etc/passwd",
+            "",
+            "utc",
+            "Europe/paris",
+        ]
+    ),
+    st.text(max_size=40),
+)
+json_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=40),
+    st.binary(max_size=10),
+    st.decimals(),
+)
 json_like = st.recursive(
     json_leaves,
-    lambda inner: st.one_of(st.lists(inner, max_size=5),
-                            st.dictionaries(st.one_of(st.text(max_size=10), st.integers()),
-                                            inner, max_size=5),
-                            st.tuples(inner, inner), st.frozensets(st.integers(), max_size=3)),
-    max_leaves=30)
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(st.one_of(st.text(max_size=10), st.integers()), inner, max_size=5),
+        st.tuples(inner, inner),
+        st.frozensets(st.integers(), max_size=3),
+    ),
+    max_leaves=30,
+)
 moments = st.one_of(
     st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
-    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
-                 timezones=st.sampled_from([UTC, timezone(timedelta(hours=14)),
-                                            timezone(timedelta(hours=-12))])))
-numbers = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
-                    st.booleans(), st.none(), st.text(max_size=5))
+    st.datetimes(
+        min_value=datetime(1, 1, 2),
+        max_value=datetime(9999, 12, 30),
+        timezones=st.sampled_from(
+            [UTC, timezone(timedelta(hours=14)), timezone(timedelta(hours=-12))]
+        ),
+    ),
+)
+numbers = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=5),
+)
 
 
 @FUZZ
-@given(cron=crons, zone=zones, name=st.text(max_size=250), args=json_like,
-       kwargs=json_like, retries=numbers, jitter=numbers, priority=numbers)
-def test_schedule_with_arbitrary_cron_and_payload_never_crashes(cron, zone, name, args, kwargs,
-                                                                retries, jitter, priority):
+@given(
+    cron=crons,
+    zone=zones,
+    name=st.text(max_size=250),
+    args=json_like,
+    kwargs=json_like,
+    retries=numbers,
+    jitter=numbers,
+    priority=numbers,
+)
+def test_schedule_with_arbitrary_cron_and_payload_never_crashes(
+    cron, zone, name, args, kwargs, retries, jitter, priority
+):
     before = Job.objects.count()
     try:
-        job = api.schedule("project.tasks.record", cron=cron, timezone=zone, name=name or None,
-                           args=args, kwargs=kwargs, max_retries=retries, jitter=jitter,
-                           priority=priority)
+        job = api.schedule(
+            "project.tasks.record",
+            cron=cron,
+            timezone=zone,
+            name=name or None,
+            args=args,
+            kwargs=kwargs,
+            max_retries=retries,
+            jitter=jitter,
+            priority=priority,
+        )
     except ValidationError as exc:
         assert exc.message_dict  # names at least one field
         assert Job.objects.count() == before
@@ -69,12 +154,17 @@ def test_schedule_with_arbitrary_cron_and_payload_never_crashes(cron, zone, name
 
 
 @FUZZ
-@given(run_at=moments, interval=st.one_of(numbers, st.timedeltas()),
-       which=st.sampled_from(["run_at", "interval", "both", "none"]))
+@given(
+    run_at=moments,
+    interval=st.one_of(numbers, st.timedeltas()),
+    which=st.sampled_from(["run_at", "interval", "both", "none"]),
+)
 def test_schedule_with_arbitrary_times_never_crashes(run_at, interval, which):
     before = Job.objects.count()
-    options = {"run_at": run_at if which in ("run_at", "both") else None,
-               "interval": interval if which in ("interval", "both") else None}
+    options = {
+        "run_at": run_at if which in ("run_at", "both") else None,
+        "interval": interval if which in ("interval", "both") else None,
+    }
     try:
         api.schedule("project.tasks.record", **options)
     except ValidationError as exc:
@@ -85,11 +175,30 @@ def test_schedule_with_arbitrary_times_never_crashes(run_at, interval, which):
 
 
 @FUZZ
-@given(changes=st.dictionaries(
-    st.sampled_from(["cron", "interval", "run_at", "timezone", "kwargs", "max_retries",
-                     "jitter", "lease_seconds", "queue", "name", "misfire_policy",
-                     "retry_backoff", "priority", "bogus"]),
-    st.one_of(json_like, crons, zones, moments), max_size=4))
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(
+            [
+                "cron",
+                "interval",
+                "run_at",
+                "timezone",
+                "kwargs",
+                "max_retries",
+                "jitter",
+                "lease_seconds",
+                "queue",
+                "name",
+                "misfire_policy",
+                "retry_backoff",
+                "priority",
+                "bogus",
+            ]
+        ),
+        st.one_of(json_like, crons, zones, moments),
+        max_size=4,
+    )
+)
 def test_update_with_arbitrary_changes_never_crashes_or_half_writes(changes):
     job = api.schedule("project.tasks.record", cron="*/5 * * * *", name="fuzz-update")
     stored = Job.objects.values().get(pk=job.pk)
@@ -106,12 +215,14 @@ def test_deeply_nested_and_huge_payloads_get_a_clear_error():
     for _ in range(100):
         deep = [deep]
     with pytest.raises(ValidationError) as info:
-        api.schedule("project.tasks.record", run_at=datetime(2030, 1, 1, tzinfo=UTC),
-                     args=deep)
+        api.schedule("project.tasks.record", run_at=datetime(2030, 1, 1, tzinfo=UTC), args=deep)
     assert "nested deeper" in info.value.message_dict["args"][0]
     with pytest.raises(ValidationError) as info:
-        api.schedule("project.tasks.record", run_at=datetime(2030, 1, 1, tzinfo=UTC),
-                     kwargs={"blob": "x" * 200_000})
+        api.schedule(
+            "project.tasks.record",
+            run_at=datetime(2030, 1, 1, tzinfo=UTC),
+            kwargs={"blob": "x" * 200_000},
+        )
     assert "SCHEDAPP_MAX_PAYLOAD_BYTES" in info.value.message_dict["kwargs"][0]
     assert Job.objects.count() == 0
 

@@ -47,7 +47,8 @@ def run(*args: str) -> tuple[str, str]:
 
 def test_crontab_expressions_keep_the_original_fields():
     assert importer.crontab_expression(crontab(minute=0, hour="*/3", day_of_week="mon-fri")) == (
-        "0 */3 * * mon-fri")
+        "0 */3 * * mon-fri"
+    )
     assert importer.crontab_expression(crontab(minute={30, 0}, hour=[2, 1])) == "0,30 1,2 * * *"
     assert importer.crontab_expression(crontab()) == "* * * * *"
 
@@ -57,11 +58,20 @@ def test_import_from_celery_beat_schedule_maps_crontab_timedelta_and_numbers():
         out, err = run()
 
     jobs = {job.name: job for job in Job.objects.all()}
-    assert set(jobs) == {"weekday-report", "twice-hourly", "every-ten-seconds",
-                         "every-five-minutes", "schedule-object"}
+    assert set(jobs) == {
+        "weekday-report",
+        "twice-hourly",
+        "every-ten-seconds",
+        "every-five-minutes",
+        "schedule-object",
+    }
     report = jobs["weekday-report"]
     assert (report.cron, report.args, report.queue, report.priority) == (
-        "0 7 * * mon-fri", ["report"], "reports", 5)
+        "0 7 * * mon-fri",
+        ["report"],
+        "reports",
+        5,
+    )
     assert report.source == JobSource.IMPORTED and report.state == JobState.SCHEDULED
     assert report.next_run_at.astimezone(ZoneInfo(report.timezone)).hour == 7
     assert jobs["twice-hourly"].cron == "0,30 * * * *"
@@ -94,8 +104,7 @@ def test_import_is_idempotent_by_name_and_update_follows_changes():
     assert "0 created, 0 updated, 5 skipped" in out
     assert {j.name: (j.pk, j.next_run_at) for j in Job.objects.all()} == before
 
-    changed = {**BEAT_SCHEDULE, "every-ten-seconds": {"task": "project.tasks.noop",
-                                                      "schedule": 20}}
+    changed = {**BEAT_SCHEDULE, "every-ten-seconds": {"task": "project.tasks.noop", "schedule": 20}}
     with override_settings(CELERY_BEAT_SCHEDULE=changed):
         out, _ = run("--update")
     assert "updated: every-ten-seconds" in out
@@ -128,25 +137,40 @@ def test_dry_run_writes_nothing():
 @pytest.fixture
 def periodic_tasks():
     dcb = pytest.importorskip("django_celery_beat.models")
-    paris = dcb.CrontabSchedule.objects.create(minute="15", hour="2", day_of_week="1-5",
-                                               timezone=ZoneInfo("Europe/Paris"))
+    paris = dcb.CrontabSchedule.objects.create(
+        minute="15", hour="2", day_of_week="1-5", timezone=ZoneInfo("Europe/Paris")
+    )
     every = dcb.IntervalSchedule.objects.create(every=45, period=dcb.IntervalSchedule.SECONDS)
     hours = dcb.IntervalSchedule.objects.create(every=2, period=dcb.IntervalSchedule.HOURS)
     clocked = dcb.ClockedSchedule.objects.create(
-        clocked_time=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC))
+        clocked_time=datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    )
     sun = dcb.SolarSchedule.objects.create(event="sunset", latitude=48.85, longitude=2.35)
     create = dcb.PeriodicTask.objects.create
-    create(name="dcb-cron", task="project.tasks.record", crontab=paris,
-           kwargs=json.dumps({"label": "cron"}), queue="reports", priority=3)
-    create(name="dcb-interval", task="project.tasks.record", interval=every,
-           args=json.dumps(["a", 1]))
+    create(
+        name="dcb-cron",
+        task="project.tasks.record",
+        crontab=paris,
+        kwargs=json.dumps({"label": "cron"}),
+        queue="reports",
+        priority=3,
+    )
+    create(
+        name="dcb-interval", task="project.tasks.record", interval=every, args=json.dumps(["a", 1])
+    )
     create(name="dcb-disabled", task="project.tasks.noop", interval=hours, enabled=False)
     create(name="dcb-clocked", task="project.tasks.noop", clocked=clocked, one_off=True)
     create(name="dcb-one-off-cron", task="project.tasks.noop", crontab=paris, one_off=True)
     create(name="dcb-solar", task="project.tasks.noop", solar=sun)
     create(name="dcb-bad-json", task="project.tasks.noop", interval=every, kwargs="{oops")
-    create(name="dcb-ran-once", task="project.tasks.noop", clocked=clocked, one_off=True,
-           total_run_count=1, enabled=False)
+    create(
+        name="dcb-ran-once",
+        task="project.tasks.noop",
+        clocked=clocked,
+        one_off=True,
+        total_run_count=1,
+        enabled=False,
+    )
     return dcb
 
 
@@ -154,11 +178,21 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
     out, err = run("--from-django-celery-beat")
 
     jobs = {job.name: job for job in Job.objects.all()}
-    assert set(jobs) == {"dcb-cron", "dcb-interval", "dcb-disabled", "dcb-clocked",
-                         "dcb-one-off-cron"}
+    assert set(jobs) == {
+        "dcb-cron",
+        "dcb-interval",
+        "dcb-disabled",
+        "dcb-clocked",
+        "dcb-one-off-cron",
+    }
     cron = jobs["dcb-cron"]
     assert (cron.cron, cron.timezone, cron.kwargs, cron.queue, cron.priority) == (
-        "15 2 * * 1-5", "Europe/Paris", {"label": "cron"}, "reports", 3)
+        "15 2 * * 1-5",
+        "Europe/Paris",
+        {"label": "cron"},
+        "reports",
+        3,
+    )
     assert cron.source == JobSource.IMPORTED
     local = cron.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
     assert (local.hour, local.minute) == (2, 15) and local.isoweekday() <= 5
@@ -181,7 +215,8 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
 
 
 def test_both_sources_in_one_step(periodic_tasks):
-    with override_settings(CELERY_BEAT_SCHEDULE={"beat-one": {"task": "project.tasks.noop",
-                                                              "schedule": 30}}):
+    with override_settings(
+        CELERY_BEAT_SCHEDULE={"beat-one": {"task": "project.tasks.noop", "schedule": 30}}
+    ):
         run("--from-settings", "--from-django-celery-beat")
     assert Job.objects.filter(name__in=["beat-one", "dcb-cron"]).count() == 2

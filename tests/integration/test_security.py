@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SCHEDAPP_"))}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, text=True,
-                          capture_output=True, env={**clean, **env}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        env={**clean, **env},
+        timeout=120,
+    )
 
 
 def test_celery_accepts_and_sends_json_only():
@@ -26,18 +32,28 @@ def test_celery_accepts_and_sends_json_only():
 
 
 def test_production_settings_refuse_to_start_without_a_secret_key():
-    result = manage("check", DJANGO_SETTINGS_MODULE="project.settings_prod",
-                    DATABASE_URL=settings_url(), CELERY_BROKER_URL="redis://127.0.0.1:6379/9")
+    result = manage(
+        "check",
+        DJANGO_SETTINGS_MODULE="project.settings_prod",
+        DATABASE_URL=settings_url(),
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
+    )
     assert result.returncode != 0
     assert "DJANGO_SECRET_KEY must be set" in result.stderr
 
 
 def test_production_settings_pass_the_deploy_check():
-    result = manage("check", "--deploy", "--fail-level", "WARNING",
-                    DJANGO_SETTINGS_MODULE="project.settings_prod",
-                    DJANGO_SECRET_KEY="k" + os.urandom(32).hex() + "-Zq9!",
-                    DJANGO_ALLOWED_HOSTS="scheduler.example.com",
-                    DATABASE_URL=settings_url(), CELERY_BROKER_URL="redis://127.0.0.1:6379/9")
+    result = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DJANGO_SETTINGS_MODULE="project.settings_prod",
+        DJANGO_SECRET_KEY="k" + os.urandom(32).hex() + "-Zq9!",
+        DJANGO_ALLOWED_HOSTS="scheduler.example.com",
+        DATABASE_URL=settings_url(),
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 
@@ -48,5 +64,7 @@ def test_the_demo_key_is_labelled_insecure_and_never_used_with_debug_off():
 
 def settings_url() -> str:
     db = settings.DATABASES["default"]
-    return f"postgresql://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:" \
-           f"{db['PORT'] or 5432}/{db['NAME']}"
+    return (
+        f"postgresql://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}"
+    )

@@ -413,11 +413,7 @@ def test_given_every_minute_of_hour_1_in_new_york_when_clocks_fall_back_then_fir
             "Pacific/Chatham",
             "2026-09-27T02:15+12:45",
             "2026-09-27T04:00+13:45",
-            [
-                "2026-09-27T02:30:00+12:45",
-                "2026-09-27T03:45:00+13:45",
-                "2026-09-27T04:00:00+13:45",
-            ],
+            ["2026-09-27T02:30:00+12:45", "2026-09-27T03:45:00+13:45", "2026-09-27T04:00:00+13:45"],
             id="chatham-spring",
         ),
     ],
@@ -878,8 +874,7 @@ def test_given_custom_field_name_when_cron_is_invalid_then_error_uses_it():
 
 
 @pytest.mark.parametrize(
-    "expr",
-    ["0 0 29 2 *", "0 0 31 * *", "0 0 31 4 1", "0 0 * * 0#5", "0 0 L 2 *"],
+    "expr", ["0 0 29 2 *", "0 0 31 * *", "0 0 31 4 1", "0 0 * * 0#5", "0 0 L 2 *"]
 )
 def test_given_rare_but_possible_cron_when_parsed_then_it_is_accepted(expr):
     cron = parse_cron(expr, "UTC")
@@ -903,8 +898,7 @@ def test_given_non_string_zone_when_parsed_then_schedule_error_names_timezone(va
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"),
-    [(zone, zone) for zone in ZONES] + [("  Europe/Paris ", "Europe/Paris")],
+    ("name", "expected"), [(zone, zone) for zone in ZONES] + [("  Europe/Paris ", "Europe/Paris")]
 )
 def test_given_known_zone_when_parsed_then_its_name_is_returned(name, expected):
     assert parse_timezone(name) == expected

@@ -30,16 +30,40 @@ from schedapp.models import Job, JobRun
 ROOT = Path(__file__).resolve().parents[3]
 
 SAMPLES: list[dict[str, Any]] = [
-    {"name": "demo: every 10 seconds (cron with seconds)", "task": "project.tasks.record",
-     "cron": "*/10 * * * * *", "kwargs": {"label": "cron-10s"}},
-    {"name": "demo: every 15 seconds (interval)", "task": "project.tasks.record",
-     "interval": 15, "kwargs": {"label": "interval-15s"}},
-    {"name": "demo: weekdays at 09:00 in Paris", "task": "project.tasks.record",
-     "cron": "0 9 * * 1-5", "timezone": "Europe/Paris", "kwargs": {"label": "paris-9am"}},
-    {"name": "demo: a long job renewing its lease", "task": "project.tasks.record",
-     "interval": 30, "kwargs": {"label": "long", "sleep": 12}, "lease_seconds": 6},
-    {"name": "demo: fails, retries with backoff, then dead-letters", "task": "project.tasks.fail",
-     "interval": 25, "kwargs": {"label": "flaky"}, "max_retries": 2, "retry_backoff": 2},
+    {
+        "name": "demo: every 10 seconds (cron with seconds)",
+        "task": "project.tasks.record",
+        "cron": "*/10 * * * * *",
+        "kwargs": {"label": "cron-10s"},
+    },
+    {
+        "name": "demo: every 15 seconds (interval)",
+        "task": "project.tasks.record",
+        "interval": 15,
+        "kwargs": {"label": "interval-15s"},
+    },
+    {
+        "name": "demo: weekdays at 09:00 in Paris",
+        "task": "project.tasks.record",
+        "cron": "0 9 * * 1-5",
+        "timezone": "Europe/Paris",
+        "kwargs": {"label": "paris-9am"},
+    },
+    {
+        "name": "demo: a long job renewing its lease",
+        "task": "project.tasks.record",
+        "interval": 30,
+        "kwargs": {"label": "long", "sleep": 12},
+        "lease_seconds": 6,
+    },
+    {
+        "name": "demo: fails, retries with backoff, then dead-letters",
+        "task": "project.tasks.fail",
+        "interval": 25,
+        "kwargs": {"label": "flaky"},
+        "max_retries": 2,
+        "retry_backoff": 2,
+    },
 ]
 
 
@@ -48,20 +72,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--seconds", type=float, default=0,
-                            help="stop after this many seconds (0: run until Ctrl-C)")
+        parser.add_argument(
+            "--seconds",
+            type=float,
+            default=0,
+            help="stop after this many seconds (0: run until Ctrl-C)",
+        )
 
     def handle(self, *args: Any, port: int, seconds: float, **options: Any) -> None:
         call_command("migrate", verbosity=0, interactive=False)
         self._admin_user()
-        where = (f"{connection.vendor} ({settings.DATABASES['default']['NAME']}), "
-                 f"broker {settings.CELERY_BROKER_URL.split('@')[-1]}")
+        where = (
+            f"{connection.vendor} ({settings.DATABASES['default']['NAME']}), "
+            f"broker {settings.CELERY_BROKER_URL.split('@')[-1]}"
+        )
         self.stdout.write(f"database and broker: {where}")
         procs = self._start(port)
         try:
             self._schedule_samples()
-            self.stdout.write(self.style.SUCCESS(
-                f"admin: http://127.0.0.1:{port}/admin/  (Ctrl-C stops everything)"))
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"admin: http://127.0.0.1:{port}/admin/  (Ctrl-C stops everything)"
+                )
+            )
             self._follow(procs, seconds)
         except KeyboardInterrupt:
             pass
@@ -71,7 +104,8 @@ class Command(BaseCommand):
     def _admin_user(self) -> None:
         password = os.environ.get("DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(9)
         user, _ = get_user_model().objects.get_or_create(
-            username="admin", defaults={"is_staff": True, "is_superuser": True})
+            username="admin", defaults={"is_staff": True, "is_superuser": True}
+        )
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
@@ -83,18 +117,42 @@ class Command(BaseCommand):
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         commands = {
-            "beat-1": [*celery, "beat", "-S", "schedapp.beat:LeaseScheduler", "-l", "INFO",
-                       "-s", str(log_dir / "beat-1.schedule")],
-            "beat-2": [*celery, "beat", "-S", "schedapp.beat:LeaseScheduler", "-l", "INFO",
-                       "-s", str(log_dir / "beat-2.schedule")],
+            "beat-1": [
+                *celery,
+                "beat",
+                "-S",
+                "schedapp.beat:LeaseScheduler",
+                "-l",
+                "INFO",
+                "-s",
+                str(log_dir / "beat-1.schedule"),
+            ],
+            "beat-2": [
+                *celery,
+                "beat",
+                "-S",
+                "schedapp.beat:LeaseScheduler",
+                "-l",
+                "INFO",
+                "-s",
+                str(log_dir / "beat-2.schedule"),
+            ],
             "worker": [*celery, "worker", "-l", "INFO", "-c", "2", "-n", "demo-worker@%h"],
             "web": [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         }
         procs = []
         for name, argv in commands.items():
             log = open(log_dir / f"{name}.log", "ab")  # lives as long as the process
-            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             self.stdout.write(f"started {name} (pid {procs[-1].pid}), log: {log.name}")
         return procs
 
@@ -108,10 +166,16 @@ class Command(BaseCommand):
             except ValidationError as exc:
                 self.stderr.write(f"could not schedule {sample['name']!r}: {exc}")
         one_off = f"demo: one-off at {time.strftime('%H:%M:%S')} + 20 s"
-        api.schedule("project.tasks.record", run_at=db_now() + timedelta(seconds=20),
-                     kwargs={"label": "one-off"}, name=one_off)
-        self.stdout.write(f"scheduled {Job.objects.filter(name__startswith='demo:').count()} "
-                          "demo jobs; runs appear below as they finish:")
+        api.schedule(
+            "project.tasks.record",
+            run_at=db_now() + timedelta(seconds=20),
+            kwargs={"label": "one-off"},
+            name=one_off,
+        )
+        self.stdout.write(
+            f"scheduled {Job.objects.filter(name__startswith='demo:').count()} "
+            "demo jobs; runs appear below as they finish:"
+        )
 
     def _follow(self, procs: list[subprocess.Popen], seconds: float) -> None:
         last_id = JobRun.objects.order_by("-id").values_list("id", flat=True).first() or 0
@@ -121,8 +185,12 @@ class Command(BaseCommand):
             for proc in procs:
                 if proc.poll() is not None:
                     raise SystemExit(f"a demo process exited (pid {proc.pid}); see its log")
-            runs = (JobRun.objects.filter(id__gt=last_id, finished_at__isnull=False)
-                    .exclude(id__in=shown).select_related("job").order_by("id")[:200])
+            runs = (
+                JobRun.objects.filter(id__gt=last_id, finished_at__isnull=False)
+                .exclude(id__in=shown)
+                .select_related("job")
+                .order_by("id")[:200]
+            )
             for run in runs:
                 shown.add(run.pk)
                 lag = ""
@@ -131,7 +199,8 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"{run.finished_at:%H:%M:%S} {run.status:<9} {run.job.name} "
                     f"(attempt {run.attempt}, beat {run.claimed_by.split(':')[1]}, "
-                    f"{run.worker or '-'}{lag}){' ' + run.error if run.error else ''}")
+                    f"{run.worker or '-'}{lag}){' ' + run.error if run.error else ''}"
+                )
             time.sleep(1)
 
     def _stop(self, procs: list[subprocess.Popen]) -> None:

@@ -10,19 +10,31 @@ from schedapp import importer
 
 
 class Command(BaseCommand):
-    help = ("Import CELERY_BEAT_SCHEDULE (default) and/or django-celery-beat's periodic tasks "
-            "as schedapp jobs; existing names are skipped (or updated with --update), and "
-            "entries that cannot be mapped are reported.")
+    help = (
+        "Import CELERY_BEAT_SCHEDULE (default) and/or django-celery-beat's periodic tasks "
+        "as schedapp jobs; existing names are skipped (or updated with --update), and "
+        "entries that cannot be mapped are reported."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--from-settings", action="store_true",
-                            help="Import CELERY_BEAT_SCHEDULE (the default source).")
-        parser.add_argument("--from-django-celery-beat", action="store_true",
-                            help="Import django-celery-beat's PeriodicTask rows.")
-        parser.add_argument("--update", action="store_true",
-                            help="Update jobs imported before whose source entry changed.")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="Validate and report; write nothing.")
+        parser.add_argument(
+            "--from-settings",
+            action="store_true",
+            help="Import CELERY_BEAT_SCHEDULE (the default source).",
+        )
+        parser.add_argument(
+            "--from-django-celery-beat",
+            action="store_true",
+            help="Import django-celery-beat's PeriodicTask rows.",
+        )
+        parser.add_argument(
+            "--update",
+            action="store_true",
+            help="Update jobs imported before whose source entry changed.",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Validate and report; write nothing."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         candidates: list[importer.Candidate] = []
@@ -36,8 +48,9 @@ class Command(BaseCommand):
         if not candidates:
             self.stdout.write("nothing to import")
             return
-        report = importer.import_candidates(candidates, update=options["update"],
-                                            dry_run=options["dry_run"])
+        report = importer.import_candidates(
+            candidates, update=options["update"], dry_run=options["dry_run"]
+        )
         for line in report.lines():
             stream = self.stderr if line.startswith(("NOT MAPPED", "INVALID")) else self.stdout
             stream.write(line)

@@ -21,12 +21,23 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON.")
-        parser.add_argument("--minutes", type=int, default=overview.LAG_WINDOW_MINUTES,
-                            help="Window for dispatch lag (default %(default)s).")
-        parser.add_argument("--check", action="store_true",
-                            help="Exit 1 if no beat is alive or the backlog waits too long.")
-        parser.add_argument("--max-wait", type=float, default=60.0,
-                            help="With --check: longest acceptable wait of a due job, seconds.")
+        parser.add_argument(
+            "--minutes",
+            type=int,
+            default=overview.LAG_WINDOW_MINUTES,
+            help="Window for dispatch lag (default %(default)s).",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Exit 1 if no beat is alive or the backlog waits too long.",
+        )
+        parser.add_argument(
+            "--max-wait",
+            type=float,
+            default=60.0,
+            help="With --check: longest acceptable wait of a due job, seconds.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = overview.collect(options["minutes"])
@@ -66,18 +77,24 @@ class Command(BaseCommand):
             out("Dispatch lag       no run dispatched in the window")
         else:
             lag = data.lag
-            out(f"Dispatch lag       {lag.label}: {lag.runs:,} runs, p50 {seconds_text(lag.p50)}, "
-                f"p95 {seconds_text(lag.p95)}, max {seconds_text(lag.max)}")
+            out(
+                f"Dispatch lag       {lag.label}: {lag.runs:,} runs, p50 {seconds_text(lag.p50)}, "
+                f"p95 {seconds_text(lag.p95)}, max {seconds_text(lag.max)}"
+            )
             for row in data.lag_by_minute:
-                out(f"  {row.label}  {row.runs:>8,} runs  p50 {seconds_text(row.p50):>8}  "
-                    f"p95 {seconds_text(row.p95):>8}  max {seconds_text(row.max):>8}")
+                out(
+                    f"  {row.label}  {row.runs:>8,} runs  p50 {seconds_text(row.p50):>8}  "
+                    f"p95 {seconds_text(row.p95):>8}  max {seconds_text(row.max):>8}"
+                )
         out("")
         for title, nodes in (("Beats", data.beats), ("Workers", data.workers)):
             out(f"{title} alive: {len(nodes)}")
             for node in nodes:
                 stats = ", ".join(f"{k}={v}" for k, v in sorted(node.stats.items()))
-                out(f"  {node.name}  (pid {node.pid or '-'} on {node.hostname or '-'}, seen "
-                    f"{seconds_text(node.age_seconds)} ago) {stats}")
+                out(
+                    f"  {node.name}  (pid {node.pid or '-'} on {node.hostname or '-'}, seen "
+                    f"{seconds_text(node.age_seconds)} ago) {stats}"
+                )
         if problems:
             out("")
             for problem in problems:
