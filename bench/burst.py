@@ -140,27 +140,36 @@ def _watch_and_measure(beats: list[common.Proc], n: int, due: float, cap: float,
     return seen, figures
 
 
-def run_ours(n: int, beats: int, cap: float = 300.0,
-             settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """N jobs due at once, ``beats`` LeaseScheduler beats, to the broker."""
+def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | None = None,
+             profile: bool = False) -> dict[str, Any]:
+    """N jobs due at once, ``beats`` LeaseScheduler beats, to the broker. With ``profile``,
+    py-spy samples the first beat (wall clock, idle included) over the burst."""
     reset()
-    tag = f"ours-{n}-{beats}b"
+    tag = f"ours-{n}-{beats}b" + ("-profiled" if profile else "")
     logs = common.run_dir(tag)
     env = common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, settings)
     procs = [common.start_beat(f"beat{i + 1}", common.OURS_SCHEDULER, env, logs)
              for i in range(beats)]
+    spy = None
     try:
         for p in procs:
             p.wait_for("schedapp.beat: beat ", timeout=60)
         offset = common.db_clock_offset(DB)
+        loadavg = os.getloadavg()[0]
         due_dt = _load_ours(n)
         due = due_dt.timestamp()
+        if profile:
+            spy = common.start_profiler(procs[0].pid, logs / "beat1.pyspy.txt")
         seen, figures = _watch_and_measure(procs, n, due, cap, tag)
         result = _summary("schedapp", n, beats, due, seen, figures, cap, offset)
         result["per_beat"] = _per_beat()
         result["settings"] = settings or {}
+        result["loadavg_before"] = loadavg
     finally:
         common.stop_all(procs)
+    if spy is not None:
+        spy.wait(timeout=30)
+        result["profile"] = common.profile_summary(logs / "beat1.pyspy.txt")
     _print(result)
     return result
 
@@ -291,8 +300,7 @@ def run_e2e(n: int, beats: int = 2, backend: str = "", cap: float = 300.0,
     try:
         for p in procs:
             p.wait_for("schedapp.beat: beat ", timeout=60)
-        worker.wait_for("ready", timeout=60)
-        time.sleep(2.0)
+        wait_worker_ready()
         due = _load_ours(n).timestamp()
         common.sleep_until(due - 1.0)
         before = _snapshot([*procs, worker])
@@ -323,6 +331,18 @@ def run_e2e(n: int, beats: int = 2, backend: str = "", cap: float = 300.0,
           f"{result['commits_per_execution']:.3f} (worker "
           f"{result['worker_commits_per_execution']:.3f})", flush=True)
     return result
+
+
+def wait_worker_ready(timeout: float = 60.0) -> None:
+    """The worker registers itself in schedapp's node table when Celery says it is ready."""
+    def ready() -> bool:
+        with common.connect(DB) as conn:
+            return bool(conn.execute("SELECT count(*) FROM schedapp_node WHERE kind = 'worker'"
+                                     ).fetchone()[0])
+
+    if not common.wait_until(ready, timeout=timeout, interval=0.5):
+        raise TimeoutError("the worker did not become ready")
+    time.sleep(1.0)
 
 
 def _poll_runs(n: int, deadline: float) -> tuple[int, float | None, int]:

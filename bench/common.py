@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -97,8 +98,9 @@ def xact_commits(name: str) -> int:
 
 
 def settle_stats() -> None:
-    """Let every backend flush its pending statistics (PostgreSQL 15: within ~1 s of idle)."""
-    time.sleep(2.0)
+    """Let every backend flush its pending statistics (PostgreSQL 15: about a second after
+    it goes idle; autovacuum's transactions in the database count too, a few per run)."""
+    time.sleep(3.0)
 
 
 def db_clock_offset(name: str, samples: int = 5) -> float:
@@ -329,6 +331,38 @@ def sleep_until(epoch: float) -> None:
     delay = epoch - time.time()
     if delay > 0:
         time.sleep(delay)
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy sampling ``pid`` until it exits: collapsed stacks, idle (waiting) included, so
+    the profile shows wall-clock time: Python work and waits on PostgreSQL and Redis."""
+    spy = str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--idle",
+                             "--format", "raw", "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """Inclusive share of samples per function (``name (file:line)``) from py-spy's collapsed
+    stacks, the ``top`` ones; only samples taken while the beat was working (a stack that
+    is inside ``LeaseScheduler._work``)."""
+    inclusive: dict[str, int] = {}
+    total = 0
+    if not path.exists():
+        return {"samples": 0, "functions": []}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = {re.sub(r":\d+\)$", ")", f).replace(str(ROOT) + "/", "")
+                  for f in stack.split(";")}
+        if not any(f.startswith("_work (") and "schedapp/beat.py" in f for f in frames):
+            continue
+        n = int(count)
+        total += n
+        for frame in frames:
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    ranked = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]
+    return {"samples": total,
+            "functions": [{"frame": f, "share": c / total} for f, c in ranked if total]}
 
 
 # --- the watcher -----------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def run_ours(beats: int = 2) -> dict[str, Any]:
     try:
         for p in procs:
             p.wait_for("schedapp.beat: beat ", timeout=60)
-        worker.wait_for("ready", timeout=60)
+        burst.wait_worker_ready()
         api.schedule_many([{"task": "project.tasks.record", "name": f"every-{i}",
                             "kwargs": {"label": f"every-{i}"},
                             "interval": timedelta(seconds=PERIOD)}

@@ -43,7 +43,10 @@ def run(rate: int, seconds: float, beats: int) -> dict[str, Any]:
         common.sleep_until(start - 1.0)
         for p in procs:
             p.mark_cpu()
+        commits = common.xact_commits(burst.DB)
         seen = common.watcher_result(watcher, out, timeout=seconds + 60)
+        common.settle_stats()
+        commits = common.xact_commits(burst.DB) - commits
         cpu = [p.cpu_seconds() - p.cpu_mark for p in procs]
         memory = [p.memory()["peak_rss_mb"] for p in procs]
     finally:
@@ -57,13 +60,15 @@ def run(rate: int, seconds: float, beats: int) -> dict[str, Any]:
                    "p99": common.percentile(lags, 99), "max": max(lags) if lags else None,
                    "min": min(lags) if lags else None},
         "late_over_100ms": sum(1 for x in lags if x > 100),
+        "commits_per_job": commits / max(seen["unique"], 1),
         "beat_cpu_s": cpu, "beat_cpu_share": [c / seconds for c in cpu],
         "peak_rss_mb": memory, "clock_offset_s": offset,
     }
     lag = result["lag_ms"]
     print(f"  {rate}/s x {seconds:.0f}s, {beats} beat(s): published {seen['unique']:,}/{n:,}, "
           f"lag p50 {lag['p50']:.1f} ms, p99 {lag['p99']:.1f} ms, max {lag['max']:.1f} ms, "
-          f">100 ms: {result['late_over_100ms']}, duplicates {seen['duplicates']}, "
+          f">100 ms: {result['late_over_100ms']}, duplicates {seen['duplicates']}, commits/job "
+          f"{result['commits_per_job']:.3f}, "
           f"beat CPU {[round(c, 1) for c in cpu]} s", flush=True)
     return result
 
@@ -71,12 +76,13 @@ def run(rate: int, seconds: float, beats: int) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> common.Table:
     t = common.Table(["rate (jobs/s)", "beats", "jobs", "published", "duplicates",
                       "lag p50 ms", "lag p99 ms", "lag max ms", "fired >100 ms late",
-                      "beat CPU (share of one core)"])
+                      "beat CPU (share of one core)", "commits/job"])
     for r in results:
         lag = r["lag_ms"]
         t.add(r["rate"], r["beats"], r["jobs"], r["published"], r["duplicates"], lag["p50"],
               lag["p99"], lag["max"], r["late_over_100ms"],
-              " / ".join(f"{c:.0%}" for c in r["beat_cpu_share"]))
+              " / ".join(f"{c:.0%}" for c in r["beat_cpu_share"]),
+              r.get("commits_per_job", float("nan")))
     return t
 
 
@@ -86,13 +92,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--beats", default="1,2")
     parser.add_argument("--no-recreate", action="store_true")
+    parser.add_argument("--tag", default="", help="results file suffix (punctuality<tag>)")
     args = parser.parse_args(argv)
     burst.setup(recreate=not args.no_recreate)
     results = []
     for beats in (int(b) for b in args.beats.split(",")):
         for rate in (int(r) for r in args.rates.split(",")):
             results.append(run(rate, args.seconds, beats))
-            common.save("punctuality", {"machine": common.machine(), "runs": results})
+            common.save(f"punctuality{args.tag}",
+                        {"machine": common.machine(), "runs": results})
             time.sleep(1.0)
     print(table(results).markdown())
     return results
