@@ -168,6 +168,8 @@ class LeaseScheduler(Scheduler):
             return self.settings.MAX_SLEEP if self._listener is not None else 1.0
         db_now, delay = now_and_delay
         if delay <= 0:
+            if result.claimed:
+                return 0.0  # more became due while we claimed (a steady stream): go on
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
         # Without notifications (SQLite) nothing wakes us early: look again every second.
