@@ -105,7 +105,9 @@ def job_schedule(job: Job) -> Schedule:
 # Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
 # MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select
 # (PostgreSQL bug #15715). Claim, lease, fencing token and run rows: one statement.
-_LEVELS_SQL = """
+# A CTE ``levels(priority)``: the distinct priority levels of scheduled jobs (overview.py uses
+# it too).
+DUE_LEVELS_SQL = """
     levels(priority) AS (
         (SELECT priority FROM schedapp_job WHERE state = 'scheduled'
          ORDER BY priority DESC LIMIT 1)
@@ -117,7 +119,7 @@ _LEVELS_SQL = """
     )"""
 
 _CLAIM_SQL = f"""
-WITH RECURSIVE {_LEVELS_SQL},
+WITH RECURSIVE {DUE_LEVELS_SQL},
 due AS MATERIALIZED (
     SELECT d.id
     FROM (SELECT priority FROM levels WHERE priority IS NOT NULL
@@ -158,7 +160,7 @@ ORDER BY c.priority DESC, c.next_run_at
 """
 
 _NEXT_DUE_SQL = f"""
-WITH RECURSIVE {_LEVELS_SQL}
+WITH RECURSIVE {DUE_LEVELS_SQL}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
             SELECT j.next_run_at FROM schedapp_job j

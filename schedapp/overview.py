@@ -22,6 +22,7 @@ from django.db import connection
 from django.db.models import Count, Min
 from django.db.models.functions import Now
 
+from .claims import DUE_LEVELS_SQL
 from .db import db_now, is_postgresql
 from .models import Job, JobState, Node
 
@@ -32,16 +33,8 @@ LAG_WINDOW_MINUTES = 5
 
 # Due jobs, per priority level: the levels are found by a loose index scan of the due partial
 # index, then each level's due range is read in index order. Bounded by %(cap)s rows.
-_BACKLOG_SQL = """
-WITH RECURSIVE levels(priority) AS (
-    (SELECT priority FROM schedapp_job WHERE state = 'scheduled'
-     ORDER BY priority DESC LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.priority FROM schedapp_job j
-            WHERE j.state = 'scheduled' AND j.priority < levels.priority
-            ORDER BY j.priority DESC LIMIT 1)
-    FROM levels WHERE levels.priority IS NOT NULL
-)
+_BACKLOG_SQL = f"""
+WITH RECURSIVE {DUE_LEVELS_SQL}
 SELECT
     (SELECT count(*) FROM (
         SELECT 1 FROM levels l CROSS JOIN LATERAL (
