@@ -6,7 +6,8 @@ import os
 from project.settings_test import *  # noqa: F403
 from project.settings_test import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]
+if "django_celery_beat" not in INSTALLED_APPS:  # the test settings add it when installed
+    INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]
 
 # RedBeat keeps its schedule in a Redis database of its own (the broker's is watched).
 CELERY_REDBEAT_REDIS_URL = os.environ.get("BENCH_REDBEAT_URL", "redis://127.0.0.1:6379/13")

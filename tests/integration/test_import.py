@@ -220,3 +220,16 @@ def test_both_sources_in_one_step(periodic_tasks):
     ):
         run("--from-settings", "--from-django-celery-beat")
     assert Job.objects.filter(name__in=["beat-one", "dcb-cron"]).count() == 2
+
+
+def test_the_task_allowlist_applies_to_imports_too():
+    schedule_ = {
+        "allowed": {"task": "project.tasks.record", "schedule": 60},
+        "forbidden": {"task": "project.tasks.noop", "schedule": 60},
+    }
+    with override_settings(
+        CELERY_BEAT_SCHEDULE=schedule_, SCHEDAPP_ALLOWED_TASKS=["project.tasks.record"]
+    ):
+        out, err = run()
+    assert set(Job.objects.values_list("name", flat=True)) == {"allowed"}
+    assert "not allowed" in out + err
