@@ -233,7 +233,6 @@ FAULT_KINDS = ("kill_beat", "kill_worker", "pause_beat", "restart_redis", "resta
 
 def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> list[str]:
     """Every problem found, as sentences; the table is printed as a side effect."""
-    from django.db.models import Max
 
     from project.models import Execution
     from schedapp.db import db_now
@@ -332,16 +331,15 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
                 f"({job.retry_count}/{job.max_retries}, {len(attempts)} attempts)"
             )
 
-    # 5. Fencing held: a stale run is never the job's latest claim
-    latest = {
-        j: t
-        for j, t in JobRun.objects.values("job_id")
-        .annotate(t=Max("token"))
-        .values_list("job_id", "t")
-    }
+    # 5. Fencing held: a stale completion never applied, i.e. the job had moved on to a newer
+    # token (reclaimed, reaped or cancelled) and still has it. (A stale run can be the job's
+    # latest run: a reaper that dead-letters the job bumps the token without a new claim.)
     for (job_id, token), run in runs_by_token.items():
-        if run.stale and latest[job_id] == token:
-            problems.append(f"stale completion is the latest claim of {jobs[job_id].name}")
+        if run.stale and jobs[job_id].token <= token:
+            problems.append(
+                f"stale completion of {jobs[job_id].name} (token {token}) holds the "
+                f"job's current token {jobs[job_id].token}"
+            )
 
     lags = sorted(
         (r.dispatched_at - r.due_at).total_seconds()
@@ -596,6 +594,17 @@ def main() -> int:
     parser.add_argument("--seeds", default="", help="comma-separated: several chaos runs")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
+    if len(seeds) > 1:  # one process per run: Django's settings are read once per process
+        import subprocess
+
+        codes = [
+            subprocess.call(
+                [sys.executable, __file__, "--duration", str(args.duration), "--seed", str(seed)]
+            )
+            for seed in seeds
+        ]
+        print(f"chaos seeds {seeds}: exit codes {codes}")
+        return 1 if any(codes) else 0
     failed = False
     for seed in seeds if args.scenario == "chaos" else [0]:
         workdir = Path(tempfile.mkdtemp(prefix="schedapp-chaos-"))
