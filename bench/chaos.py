@@ -121,57 +121,44 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
 
     now = db_now()
     counts: Counter = Counter()
+    # One-off kinds, spread over the window: (name, how many, task, kwargs, options).
+    one_offs = [
+        ("once", int(1500 * scale), "project.tasks.record", {}, {"lease_seconds": LEASE}),
+        (
+            "long",
+            max(2, int(8 * scale)),
+            "project.tasks.record",
+            {"sleep": 8},
+            {"lease_seconds": 3, "max_retries": 10, "retry_backoff": 1},
+        ),
+        (
+            "flaky",
+            max(4, int(30 * scale)),
+            "project.tasks.flaky",
+            {"failures": 2},
+            {"max_retries": 6, "retry_backoff": 1, "lease_seconds": LEASE},
+        ),
+        (
+            "fail",
+            max(2, int(6 * scale)),
+            "project.tasks.fail",
+            {},
+            {"max_retries": 2, "retry_backoff": 1, "lease_seconds": LEASE},
+        ),
+    ]
     specs = []
-    for i in range(int(1500 * scale)):
-        at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append(
-            {
-                "task": "project.tasks.record",
-                "run_at": at,
-                "name": f"once-{i}",
-                "kwargs": {"label": f"once-{i}"},
-                "lease_seconds": LEASE,
-            }
-        )
-    for i in range(max(2, int(8 * scale))):
-        at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append(
-            {
-                "task": "project.tasks.record",
-                "run_at": at,
-                "name": f"long-{i}",
-                "kwargs": {"label": f"long-{i}", "sleep": 8},
-                "lease_seconds": 3,
-                "max_retries": 10,
-                "retry_backoff": 1,
-            }
-        )
-    for i in range(max(4, int(30 * scale))):
-        at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append(
-            {
-                "task": "project.tasks.flaky",
-                "run_at": at,
-                "name": f"flaky-{i}",
-                "kwargs": {"label": f"flaky-{i}", "failures": 2},
-                "max_retries": 6,
-                "retry_backoff": 1,
-                "lease_seconds": LEASE,
-            }
-        )
-    for i in range(max(2, int(6 * scale))):
-        at = now + timedelta(seconds=5 + rng.random() * window)
-        specs.append(
-            {
-                "task": "project.tasks.fail",
-                "run_at": at,
-                "name": f"fail-{i}",
-                "kwargs": {"label": f"fail-{i}"},
-                "max_retries": 2,
-                "retry_backoff": 1,
-                "lease_seconds": LEASE,
-            }
-        )
+    for kind, count, task, kwargs, options in one_offs:
+        for i in range(count):
+            at = now + timedelta(seconds=5 + rng.random() * window)
+            specs.append(
+                {
+                    "task": task,
+                    "run_at": at,
+                    "name": f"{kind}-{i}",
+                    "kwargs": {"label": f"{kind}-{i}", **kwargs},
+                    **options,
+                }
+            )
     for i in range(6):
         specs.append(
             {

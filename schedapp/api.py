@@ -382,8 +382,8 @@ def duplicate(job: JobRef, *, name: str | None = None) -> Job:
     source = get(job)
     fields = {f: getattr(source, f) for f in JOB_FIELDS if f not in ("task", "name")}
     fields = {k: v for k, v in fields.items() if v not in (None, "") or k in SCHEDULE_FIELDS}
-    if source.run_at is not None and source.run_at < db_now():
-        fields["run_at"] = db_now()
+    if source.run_at is not None:
+        fields["run_at"] = max(source.run_at, db_now())  # a one-off in the past runs now
     return schedule(
         source.task, name=name or f"{source.name} (copy {uuid.uuid4().hex[:6]})", **fields
     )

@@ -162,18 +162,18 @@ class LeaseScheduler(Scheduler):
         self._maybe_update_node()
         if result.claimed >= batch or result.reaped:
             return 0.0  # more is due right now
+        # Without notifications (SQLite) nothing wakes us early: look again every second.
+        ceiling = self.settings.MAX_SLEEP if self._listener is not None else 1.0
         now_and_delay = seconds_until_due()
         if now_and_delay is None:
             self._wake_at_db = None
-            return self.settings.MAX_SLEEP if self._listener is not None else 1.0
+            return ceiling
         db_now, delay = now_and_delay
         if delay <= 0:
             if result.claimed:
                 return 0.0  # more became due while we claimed (a steady stream): go on
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
-        # Without notifications (SQLite) nothing wakes us early: look again every second.
-        ceiling = self.settings.MAX_SLEEP if self._listener is not None else 1.0
         delay = min(delay, ceiling, float(self.max_interval or delay))
         self._wake_at_db = db_now.timestamp() + delay
         return delay

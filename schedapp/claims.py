@@ -180,14 +180,18 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
     that decides misfires.
     """
     result = ClaimResult()
+    portable = not is_postgresql()
     with transaction.atomic():
         result.reaped = reap_expired_leases(limit, rng=rng)
-        rows = _claim_postgresql(beat, limit) if is_postgresql() else _claim_portable(beat, limit)
+        # PostgreSQL's claim statement reads now() itself; the portable path needs it here.
+        now = db_now() if portable else None
+        rows = _claim_portable(beat, limit, now) if now else _claim_postgresql(beat, limit)
         result.claimed = len(rows)
         late = [r for r in rows if r["late"]]
         ready = [r for r in rows if not r["late"]]
-        now = db_now() if late or not is_postgresql() else None  # the transaction's time
-        if not is_postgresql():
+        if late and now is None:
+            now = db_now()  # the transaction's time, the same as the claim's now()
+        if portable:
             _insert_runs(beat, ready, now)  # type: ignore[arg-type]
         if late:
             result.skipped_misfires = _apply_misfires(beat, late, now, rng)  # type: ignore[arg-type]
@@ -225,10 +229,9 @@ _CLAIM_FIELDS = (
 )
 
 
-def _claim_portable(beat: str, limit: int) -> list[dict]:
+def _claim_portable(beat: str, limit: int, now: datetime) -> list[dict]:
     """The same claim through the ORM, for databases without the PostgreSQL path (SQLite,
     whose IMMEDIATE transactions serialise beats instead of SKIP LOCKED)."""
-    now = db_now()
     rows = list(
         Job.objects.select_for_update(skip_locked=True)
         .filter(state=JobState.SCHEDULED, next_run_at__lte=now)

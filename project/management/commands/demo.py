@@ -116,27 +116,22 @@ class Command(BaseCommand):
         celery = [sys.executable, "-m", "celery", "-A", "project"]
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+
+        def beat(name: str) -> list[str]:
+            return [
+                *celery,
+                "beat",
+                "-S",
+                "schedapp.beat:LeaseScheduler",
+                "-l",
+                "INFO",
+                "-s",
+                str(log_dir / f"{name}.schedule"),
+            ]
+
         commands = {
-            "beat-1": [
-                *celery,
-                "beat",
-                "-S",
-                "schedapp.beat:LeaseScheduler",
-                "-l",
-                "INFO",
-                "-s",
-                str(log_dir / "beat-1.schedule"),
-            ],
-            "beat-2": [
-                *celery,
-                "beat",
-                "-S",
-                "schedapp.beat:LeaseScheduler",
-                "-l",
-                "INFO",
-                "-s",
-                str(log_dir / "beat-2.schedule"),
-            ],
+            "beat-1": beat("beat-1"),
+            "beat-2": beat("beat-2"),
             "worker": [*celery, "worker", "-l", "INFO", "-c", "2", "-n", "demo-worker@%h"],
             "web": [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         }
