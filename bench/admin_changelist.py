@@ -63,8 +63,8 @@ FROM generate_series(%(start)s, %(stop)s) AS i
 FILL_RUNS = """
 INSERT INTO schedapp_jobrun (
     job_id, token, attempt, scheduled_for, due_at, claimed_by, dispatched_at,
-    started_at, finished_at, heartbeat_at, heartbeats, worker, task_id, status, stale, error,
-    traceback)
+    started_at, finished_at, heartbeat_at, heartbeats, worker, admission, task_id, status,
+    stale, error, traceback)
 SELECT
     1 + n %% %(jobs)s, 1000 + n, 1,
     now() - make_interval(secs => (%(total)s - n) * 0.01),
@@ -73,7 +73,7 @@ SELECT
     now() - make_interval(secs => (%(total)s - n) * 0.01 - (n %% 50) * 0.002),
     now() - make_interval(secs => (%(total)s - n) * 0.01),
     now() - make_interval(secs => (%(total)s - n) * 0.01 - 1.5), NULL, 0,
-    'worker' || n %% 16 || '@host', 'schedapp:' || (1 + n %% %(jobs)s) || ':' || (1000 + n),
+    'worker' || n %% 16 || '@host', '', 'schedapp:' || (1 + n %% %(jobs)s) || ':' || (1000 + n),
     (ARRAY['succeeded', 'failed', 'lost', 'succeeded', 'succeeded'])[1 + n %% 5], false,
     CASE WHEN n %% 5 = 1 THEN 'RuntimeError: boom' ELSE '' END,
     CASE WHEN n %% 5 = 1 THEN repeat('  File "tasks.py", line 1, in run' || chr(10), 20)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from .message import RUN_HEADERS, RunHeaders
+
 log = logging.getLogger("schedapp.context")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,29 +30,29 @@ def current_run() -> RunInfo | None:
     direct call, eager mode)."""
     from celery import current_task
 
-    from .dispatch import (
-        HEADER_ATTEMPT,
-        HEADER_JOB,
-        HEADER_KEY,
-        HEADER_RUN,
-        HEADER_SCHEDULED_FOR,
-        HEADER_TOKEN,
-    )
-
-    request = getattr(current_task, "request", None)
-    if request is None:
-        return None
-    job_id = _header(request, HEADER_JOB)
-    if job_id is None:
+    headers = run_headers(getattr(current_task, "request", None))
+    if headers is None:
         return None
     return RunInfo(
-        job_id=int(job_id),
-        run_id=int(_header(request, HEADER_RUN)),
-        token=int(_header(request, HEADER_TOKEN)),
-        scheduled_for=datetime.fromisoformat(_header(request, HEADER_SCHEDULED_FOR)),
-        attempt=int(_header(request, HEADER_ATTEMPT)),
-        idempotency_key=str(_header(request, HEADER_KEY)),
+        job_id=headers.job_id,
+        run_id=headers.run_id,
+        token=headers.token,
+        scheduled_for=headers.scheduled_for,
+        attempt=headers.attempt,
+        idempotency_key=headers.idempotency_key,
     )
+
+
+def run_headers(request: Any) -> RunHeaders | None:
+    """schedapp's headers of a Celery task request (custom headers become attributes of the
+    request in the worker; they are also kept under ``headers`` by some code paths)."""
+    if request is None:
+        return None
+    values = {name: _header(request, name) for name in RUN_HEADERS}
+    try:
+        return RunHeaders.read({k: v for k, v in values.items() if v is not None})
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _header(request: Any, name: str) -> Any:

@@ -23,16 +23,18 @@ from celery import Celery
 from kombu import Exchange, Producer, Queue
 
 from .claims import ClaimedRun
+from .message import (
+    HEADER_ATTEMPT,
+    HEADER_JOB,
+    HEADER_KEY,
+    HEADER_LEASE,
+    HEADER_RUN,
+    HEADER_SCHEDULE,
+    HEADER_SCHEDULED_FOR,
+    HEADER_TOKEN,
+)
 
 log = logging.getLogger("schedapp.dispatch")
-
-HEADER_JOB = "schedapp_job"
-HEADER_RUN = "schedapp_run"
-HEADER_TOKEN = "schedapp_token"
-HEADER_SCHEDULED_FOR = "schedapp_scheduled_for"
-HEADER_ATTEMPT = "schedapp_attempt"
-HEADER_KEY = "schedapp_key"
-HEADER_LEASE = "schedapp_lease"
 
 _EMBED = '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
 
@@ -87,6 +89,7 @@ def message_headers(run: ClaimedRun, origin: str) -> dict[str, Any]:
         HEADER_ATTEMPT: run.attempt,
         HEADER_KEY: run.idempotency_key,
         HEADER_LEASE: run.lease_seconds,
+        HEADER_SCHEDULE: run.schedule.encode() if run.schedule else None,
     }
 
 

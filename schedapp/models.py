@@ -8,13 +8,14 @@ may have expired.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from .conf import get_settings
+from .message import idempotency_key, parse_task_id, task_id_for
 from .policies import MISFIRE_POLICIES
 
 
@@ -225,6 +226,9 @@ class JobRun(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeats = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True, default="")
+    # Which admission at a worker's door started this run: a retried door write (its commit
+    # landed, its reply was lost) recognises its own admission instead of refusing it.
+    admission = models.CharField(max_length=32, blank=True, default="")
     task_id = models.CharField(max_length=255)
     status = models.CharField(
         max_length=16, choices=RunStatus.choices, default=RunStatus.DISPATCHED
@@ -266,11 +270,6 @@ class JobRun(models.Model):
         return None
 
 
-def idempotency_key(job_id: int, scheduled_for: datetime) -> str:
-    """Stable across retries and re-dispatches of one occurrence of one job."""
-    return f"schedapp:{job_id}:{scheduled_for.astimezone(UTC).isoformat()}"
-
-
 class Node(models.Model):
     """A beat or worker process seen recently; each refreshes its row while it lives."""
 
@@ -305,21 +304,16 @@ class OnceKey(models.Model):
         return self.key
 
 
-TASK_ID_PREFIX = "schedapp:"
-
-
-def task_id_for(job_id: int, token: int) -> str:
-    """The Celery task id of one claim: deterministic, so a re-publish is harmless to trace,
-    and enough for any worker signal to find its run (a run is unique per job and token)."""
-    return f"{TASK_ID_PREFIX}{job_id}:{token}"
-
-
-def parse_task_id(task_id: str | None) -> tuple[int, int] | None:
-    """(job_id, token) from a schedapp task id; None for any other task."""
-    if not task_id or not task_id.startswith(TASK_ID_PREFIX):
-        return None
-    try:
-        job, token = task_id[len(TASK_ID_PREFIX) :].split(":")
-        return int(job), int(token)
-    except ValueError:
-        return None
+__all__ = [
+    "Job",
+    "JobRun",
+    "JobSource",
+    "JobState",
+    "MisfirePolicy",
+    "Node",
+    "OnceKey",
+    "RunStatus",
+    "idempotency_key",
+    "parse_task_id",
+    "task_id_for",
+]

@@ -45,11 +45,11 @@ FROM generate_series(%(start)s, %(stop)s) AS i
 FILL_RUNS = """
 INSERT INTO schedapp_jobrun (
     job_id, token, attempt, scheduled_for, due_at, claimed_by, dispatched_at,
-    started_at, finished_at, heartbeat_at, heartbeats, worker, task_id, status, stale, error,
-    traceback)
+    started_at, finished_at, heartbeat_at, heartbeats, worker, admission, task_id, status,
+    stale, error, traceback)
 SELECT
     j.id, 1000 + g.n, 1, now() - make_interval(secs => g.n), now() - make_interval(secs => g.n),
-    'beat-1', now(), now(), now() + interval '2 seconds', NULL, 0, 'worker1@host',
+    'beat-1', now(), now(), now() + interval '2 seconds', NULL, 0, 'worker1@host', '',
     'schedapp:' || j.id || ':' || (1000 + g.n),
     (ARRAY['succeeded', 'failed', 'lost', 'succeeded'])[1 + g.n %% 4], false,
     CASE WHEN g.n %% 4 = 1 THEN 'RuntimeError: boom' ELSE '' END,
