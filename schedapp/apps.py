@@ -8,6 +8,9 @@ class SchedappConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, worker
+        from .validation import celery_app
 
         checks.register()
-        worker.connect()
+        # Before Celery builds a worker's boot steps: Django is set up while the worker
+        # imports its modules, which comes first.
+        worker.connect(celery_app())

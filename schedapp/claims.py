@@ -15,6 +15,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from functools import reduce
 from operator import or_
 
@@ -24,16 +25,9 @@ from django.db.models.functions import Now
 
 from . import metrics, policies
 from .db import db_now, is_postgresql, notify_due
-from .models import (
-    ACTIVE_RUN_STATUSES,
-    Job,
-    JobRun,
-    JobState,
-    RunStatus,
-    idempotency_key,
-    task_id_for,
-)
-from .schedules import Interval, Once, Schedule, parse_cron
+from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
+from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from .schedules import Interval, Once, Schedule, next_fire_time, parse_cron
 
 log = logging.getLogger("schedapp.claims")
 
@@ -54,6 +48,7 @@ class ClaimedRun:
     attempt: int
     lease_seconds: int
     lateness: float = 0.0  # seconds between due_at and the claim, in the database clock
+    schedule: ScheduleRef | None = None  # a recurring job's schedule, as the claim read it
 
     @property
     def task_id(self) -> str:
@@ -149,9 +144,9 @@ claimed AS (
 runs AS (
     INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
                                  dispatched_at, task_id, status, heartbeats, stale, worker,
-                                 error, traceback)
+                                 admission, error, traceback)
     SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
-           'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', ''
+           'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', '', ''
     FROM claimed c WHERE NOT c.late
     RETURNING id, job_id
 )
@@ -331,7 +326,16 @@ def _claimed_run(row: dict) -> ClaimedRun:
         attempt=row["retry_count"] + 1,
         lease_seconds=row["lease_seconds"],
         lateness=row["lateness"],
+        schedule=_schedule_ref(row),
     )
+
+
+def _schedule_ref(row: dict) -> ScheduleRef | None:
+    if row["cron"]:
+        return ScheduleRef(cron=row["cron"], timezone=row["timezone"])
+    if row["interval"] is not None:
+        return ScheduleRef(interval=row["interval"])
+    return None
 
 
 def seconds_until_due() -> tuple[datetime, float] | None:
@@ -373,16 +377,18 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
     """Give back claims whose messages could not be published, so they are claimed again.
 
     The token is bumped: if a message did reach the broker after all, it is stale at the door.
+    Job rows are locked before run rows, as everywhere.
     """
     if not claims:
         return 0
     with transaction.atomic():
+        released = Job.objects.filter(_pairs(claims), state=JobState.RUNNING).update(
+            state=JobState.SCHEDULED, token=F("token") + 1, claimed_by="", lease_expires_at=None
+        )
         JobRun.objects.filter(_pairs(claims, "job_id"), status=RunStatus.DISPATCHED).update(
             status=RunStatus.LOST, finished_at=Now(), error=f"not published: {reason}"
         )
-        return Job.objects.filter(_pairs(claims), state=JobState.RUNNING).update(
-            state=JobState.SCHEDULED, token=F("token") + 1, claimed_by="", lease_expires_at=None
-        )
+        return released
 
 
 # --- reaping -------------------------------------------------------------------------------
@@ -447,78 +453,329 @@ def _reap(limit: int, rng: policies.Rng) -> int:
 
 
 # --- worker side -----------------------------------------------------------------------------
+#
+# Every write below locks the job row before the run row (the reaper, the claim and the API
+# do the same), so the door, renewals, completions and the reaper serialise on the job row: a
+# run cannot be both "admitted" and "reaped as never started". Each write is idempotent: when
+# its COMMIT lands but the reply is lost and the caller tries again, the second attempt finds
+# its own work done and changes nothing.
 
-START_OK = "started"
+
+class DoorVerdict(StrEnum):
+    """The door's answer for one delivered message; the values are the metric labels."""
+
+    ADMITTED = "admitted"
+    STALE_TOKEN = "stale_token"  # claimed again, cancelled or reaped since this message
+    LEASE_EXPIRED = "lease_expired"  # the lease ran out before the message arrived
+    JOB_PAUSED = "job_paused"
+    JOB_STATE = "job_state"  # the job is no longer running (e.g. dead, succeeded)
+    DUPLICATE = "duplicate"  # the run already started under another admission, or finished
+    UNKNOWN = "unknown"  # no such run
+    ERROR = "error"  # the claim could not be checked (database unreachable): not executed
+
+    @property
+    def explanation(self) -> str:
+        return _DOOR_EXPLANATIONS[self]
 
 
-def start_run(job_id: int, token: int, worker: str) -> str:
-    """The door: mark the run started if its claim is still current; else say why not.
+_DOOR_EXPLANATIONS = {
+    DoorVerdict.ADMITTED: "admitted",
+    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
+    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived; it will be dispatched again",
+    DoorVerdict.JOB_PAUSED: "the job is paused",
+    DoorVerdict.JOB_STATE: "the job is no longer running",
+    DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery)",
+    DoorVerdict.UNKNOWN: "no such run",
+    DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
+    "dispatched again",
+}
 
-    Only a ``dispatched`` run of the job's current token starts, so a broker redelivery of a
-    message whose run already started elsewhere, or a message older than the job's latest
-    claim, is not executed.
+# The door, one statement: lock the job row if the claim is current and its lease has not
+# expired, move the run from dispatched to running under this admission (or find it already
+# there under this same admission: a retried door), and extend the lease from now.
+_ADMIT_SQL = """
+WITH job AS (
+    SELECT j.id, j.token FROM schedapp_job j
+    WHERE j.id = %(job)s AND j.token = %(token)s AND j.state = 'running'
+      AND j.lease_expires_at > now()
+    FOR UPDATE
+),
+run AS (
+    UPDATE schedapp_jobrun r
+    SET status = 'running', started_at = coalesce(r.started_at, now()), worker = %(worker)s,
+        admission = %(admission)s
+    FROM job
+    WHERE r.job_id = job.id AND r.token = job.token
+      AND (r.status = 'dispatched' OR (r.status = 'running' AND r.admission = %(admission)s))
+    RETURNING r.job_id
+),
+lease AS (
+    UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
+    FROM run WHERE j.id = run.job_id
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM lease), j.token, j.state, j.lease_expires_at > now(), r.status
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN schedapp_job j ON j.id = %(job)s
+LEFT JOIN schedapp_jobrun r ON r.job_id = %(job)s AND r.token = %(token)s
+"""
+
+
+def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+    """The door: start the run if its claim is current and its lease has not expired,
+    extending the lease; otherwise say why not (and close the run if it never will start).
+
+    ``admission`` identifies this door call: a retry of the same call (its first commit landed,
+    the reply was lost) is admitted again; another delivery of the same message is not.
     """
-    started = JobRun.objects.filter(
-        job_id=job_id,
-        token=token,
-        status=RunStatus.DISPATCHED,
-        job__token=token,
-        job__state=JobState.RUNNING,
-    ).update(status=RunStatus.RUNNING, started_at=Now(), worker=worker)
-    if started:
-        return START_OK
-    run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
-    job = Job.objects.filter(id=job_id).values("token", "state").first()
-    if run is None or job is None:
-        return "unknown run"
-    if run["status"] != RunStatus.DISPATCHED:
-        return f"run already {run['status']}"
-    reason = "stale token" if job["token"] != token else f"job is {job['state']}"
+    if is_postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _ADMIT_SQL,
+                {"job": job_id, "token": token, "worker": worker, "admission": admission},
+            )
+            admitted, job_token, state, lease_valid, run_status = cursor.fetchone()
+    else:
+        admitted, job_token, state, lease_valid, run_status = _admit_portable(
+            job_id, token, worker, admission
+        )
+    if admitted:
+        return DoorVerdict.ADMITTED
+    verdict = _refusal(token, job_token, state, lease_valid, run_status)
+    if run_status == RunStatus.DISPATCHED and verdict is not DoorVerdict.UNKNOWN:
+        _close_refused_run(job_id, token, worker, verdict)
+    return verdict
+
+
+def _admit_portable(
+    job_id: int, token: int, worker: str, admission: str
+) -> tuple[int, int | None, str | None, bool | None, str | None]:
     with transaction.atomic():
+        now = db_now()
+        job = Job.objects.select_for_update().filter(id=job_id).values(
+            "token", "state", "lease_expires_at"
+        ).first()
+        run = JobRun.objects.filter(job_id=job_id, token=token).values(
+            "status", "admission"
+        ).first()
+        if job is None:
+            return 0, None, None, None, run and run["status"]
+        lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
+        fenced = job["token"] == token and job["state"] == JobState.RUNNING and lease_valid
+        admissible = run is not None and (
+            run["status"] == RunStatus.DISPATCHED
+            or (run["status"] == RunStatus.RUNNING and run["admission"] == admission)
+        )
+        if not (fenced and admissible):
+            return 0, job["token"], job["state"], lease_valid, run and run["status"]
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
+        )
+        lease = Job.objects.filter(id=job_id).values_list("lease_seconds", flat=True).get()
+        Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
+        return 1, token, JobState.RUNNING, True, RunStatus.RUNNING
+
+
+def _refusal(
+    token: int,
+    job_token: int | None,
+    state: str | None,
+    lease_valid: bool | None,
+    run_status: str | None,
+) -> DoorVerdict:
+    if job_token is None or run_status is None:
+        return DoorVerdict.UNKNOWN
+    if job_token != token:
+        return DoorVerdict.STALE_TOKEN
+    if state == JobState.PAUSED:
+        return DoorVerdict.JOB_PAUSED
+    if state != JobState.RUNNING:
+        return DoorVerdict.JOB_STATE
+    if run_status != RunStatus.DISPATCHED:
+        return DoorVerdict.DUPLICATE
+    if not lease_valid:
+        return DoorVerdict.LEASE_EXPIRED
+    # Everything looked current in the statement's snapshot, yet the job row's lock, taken
+    # after waiting, said otherwise: a reaper or a claim got there first.
+    return DoorVerdict.STALE_TOKEN
+
+
+def _close_refused_run(job_id: int, token: int, worker: str, verdict: DoorVerdict) -> None:
+    """A delivered run that will never start is closed as ``skipped``. A paused job gives its
+    lease back, so that resume makes it claimable at once; an expired lease is left to the
+    reaper, which dispatches the occurrence again."""
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
         JobRun.objects.filter(job_id=job_id, token=token, status=RunStatus.DISPATCHED).update(
             status=RunStatus.SKIPPED,
             finished_at=Now(),
             worker=worker,
-            error=f"delivered but not executed: {reason}",
+            error=f"delivered but not executed: {verdict.explanation}",
         )
-        # A message refused because the job was paused gives its lease back, so that resume
-        # makes the job claimable at once instead of after the lease expires.
-        Job.objects.filter(id=job_id, token=token, state=JobState.PAUSED).update(
-            claimed_by="", lease_expires_at=None
-        )
-    return reason
-
-
-def renew_leases(held: Sequence[tuple[int, int, int]]) -> set[tuple[int, int]]:
-    """Extend the leases ``(job_id, token, lease_seconds)`` a worker holds; return those that
-    are still its own. One statement per distinct lease length, not one per task."""
-    if not held:
-        return set()
-    by_lease: dict[int, list[tuple[int, int]]] = {}
-    for job_id, token, lease in held:
-        by_lease.setdefault(lease, []).append((job_id, token))
-    pairs = [(j, t) for j, t, _ in held]
-    with transaction.atomic():
-        for lease, claims in by_lease.items():
-            Job.objects.filter(
-                _pairs(claims),
-                state__in=[JobState.RUNNING, JobState.PAUSED],
-                lease_expires_at__isnull=False,
-            ).update(lease_expires_at=Now() + timedelta(seconds=lease))
-        renewed = set(
-            Job.objects.filter(_pairs(pairs), lease_expires_at__isnull=False).values_list(
-                "id", "token"
+        if verdict is DoorVerdict.JOB_PAUSED:
+            Job.objects.filter(id=job_id, token=token, state=JobState.PAUSED).update(
+                claimed_by="", lease_expires_at=None
             )
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What one lease heartbeat found: leases renewed, runs that finished normally since (the
+    worker has not noticed yet), and leases lost (reclaimed, reaped or cancelled)."""
+
+    renewed: set[tuple[int, int]] = field(default_factory=set)
+    finished: set[tuple[int, int]] = field(default_factory=set)
+    lost: set[tuple[int, int]] = field(default_factory=set)
+
+
+_RENEW_SQL = """
+WITH held AS (
+    SELECT * FROM unnest(%(jobs)s::bigint[], %(tokens)s::bigint[]) AS h (job_id, token)
+),
+renewed AS (
+    UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
+    FROM held h
+    WHERE j.id = h.job_id AND j.token = h.token AND j.lease_expires_at IS NOT NULL
+      AND j.state IN ('running', 'paused')
+    RETURNING j.id, j.token
+),
+beats AS (
+    UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
+    FROM renewed n WHERE r.job_id = n.id AND r.token = n.token AND r.status = 'running'
+    RETURNING r.id
+)
+SELECT h.job_id, h.token, n.id IS NOT NULL, r.status, r.stale
+FROM held h
+LEFT JOIN renewed n ON n.id = h.job_id AND n.token = h.token
+LEFT JOIN schedapp_jobrun r ON r.job_id = h.job_id AND r.token = h.token
+"""
+
+_FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
+    """Extend every lease ``(job_id, token)`` a worker holds from now, in one statement.
+
+    A lease that can no longer be renewed is *lost* only if its run did not simply finish:
+    a run whose completion committed a moment ago (the worker's main process has not seen it
+    yet) is reported as finished, not as an alarm.
+    """
+    if not held:
+        return Renewal()
+    if is_postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _RENEW_SQL, {"jobs": [j for j, _ in held], "tokens": [t for _, t in held]}
+            )
+            rows = cursor.fetchall()
+    else:
+        rows = _renew_portable(held)
+    result = Renewal()
+    unsure = []
+    for job_id, token, renewed, status, stale in rows:
+        key = (job_id, token)
+        if renewed:
+            result.renewed.add(key)
+        elif status in _FINISHED_NORMALLY and not stale:
+            result.finished.add(key)
+        elif status == RunStatus.RUNNING:
+            unsure.append(key)  # finished (or reclaimed) while this statement ran: look again
+        else:
+            result.lost.add(key)
+    if unsure:
+        for job_id, token, status, stale in JobRun.objects.filter(
+            _pairs(unsure, "job_id")
+        ).values_list("job_id", "token", "status", "stale"):
+            done = status in _FINISHED_NORMALLY and not stale
+            (result.finished if done else result.lost).add((job_id, token))
+    return result
+
+
+def _renew_portable(held: Sequence[tuple[int, int]]) -> list[tuple[int, int, bool, str, bool]]:
+    with transaction.atomic():
+        now = db_now()
+        current = list(
+            Job.objects.select_for_update()
+            .filter(
+                _pairs(held),
+                lease_expires_at__isnull=False,
+                state__in=[JobState.RUNNING, JobState.PAUSED],
+            )
+            .values_list("id", "token", "lease_seconds")
         )
+        for job_id, _token, lease in current:
+            Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
+        renewed = {(j, t) for j, t, _ in current}
         if renewed:
             JobRun.objects.filter(_pairs(renewed, "job_id"), status=RunStatus.RUNNING).update(
-                heartbeats=F("heartbeats") + 1, heartbeat_at=Now()
+                heartbeats=F("heartbeats") + 1, heartbeat_at=now
             )
-    return renewed
+        runs = {
+            (j, t): (status, stale)
+            for j, t, status, stale in JobRun.objects.filter(_pairs(held, "job_id")).values_list(
+                "job_id", "token", "status", "stale"
+            )
+        }
+    return [
+        (j, t, (j, t) in renewed, *runs.get((j, t), (None, False)))  # type: ignore[misc]
+        for j, t in held
+    ]
 
 
-SUCCEEDED = "succeeded"
-FAILED = "failed"
+# --- completion ------------------------------------------------------------------------------
+
+SUCCEEDED = RunStatus.SUCCEEDED.value
+FAILED = RunStatus.FAILED.value
+
+
+class Completion(StrEnum):
+    APPLIED = "applied"  # the run's outcome moved its job on
+    STALE = "stale"  # recorded on the run only: the job had moved on (lease lost, cancelled)
+    ALREADY_RECORDED = "already_recorded"  # a retried completion whose first attempt landed
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    completion: Completion
+    dead: bool = False  # this failure exhausted the job's retries
+
+    @property
+    def applied(self) -> bool:
+        return self.completion is Completion.APPLIED
+
+
+# A success in one statement, fenced by token and guarded by "the schedule is the one the claim
+# saw": the job moves to its next occurrence (computed by the worker from that schedule) and
+# the run is closed, only while the run is still running under the job's current token.
+_SUCCEED_SQL = """
+WITH job AS (
+    UPDATE schedapp_job j SET
+        state = CASE WHEN %(next)s::timestamptz IS NULL THEN 'succeeded'
+                     WHEN j.state = 'paused' THEN 'paused' ELSE 'scheduled' END,
+        scheduled_for = coalesce(%(next)s::timestamptz, j.scheduled_for),
+        next_run_at = %(next)s::timestamptz + j.jitter * random() * interval '1 second',
+        retry_count = 0, claimed_by = '', lease_expires_at = NULL, last_run_at = now(),
+        last_status = 'succeeded', updated_at = now()
+    WHERE j.id = %(job)s AND j.token = %(token)s AND j.state IN ('running', 'paused')
+      AND j.scheduled_for = %(scheduled_for)s
+      AND (CASE WHEN %(once)s THEN j.run_at IS NOT NULL
+                ELSE j.cron = %(cron)s AND j.timezone = %(timezone)s
+                     AND j.interval IS NOT DISTINCT FROM %(interval)s::interval END)
+      AND EXISTS (SELECT 1 FROM schedapp_jobrun r
+                  WHERE r.job_id = j.id AND r.token = j.token AND r.status = 'running')
+    RETURNING j.next_run_at
+),
+fence AS (SELECT count(*) AS n, min(next_run_at) AS next_run_at FROM job),
+run AS (
+    UPDATE schedapp_jobrun r SET status = 'succeeded', finished_at = now()
+    FROM fence
+    WHERE fence.n = 1 AND r.job_id = %(job)s AND r.token = %(token)s AND r.status = 'running'
+    RETURNING r.id
+)
+SELECT (SELECT count(*) FROM run),
+       (SELECT pg_notify('schedapp', extract(epoch FROM fence.next_run_at)::text)
+        FROM fence WHERE fence.next_run_at IS NOT NULL)
+"""
 
 
 def complete_run(
@@ -529,38 +786,107 @@ def complete_run(
     error: str = "",
     traceback: str = "",
     retry_delay: timedelta | None = None,
+    headers: RunHeaders | None = None,
+    allow_unstarted: bool = False,
     rng: policies.Rng = random.random,
-) -> bool:
-    """Record a run's outcome and move its job on; returns False if the completion was stale.
+) -> CompletionResult:
+    """Record a run's outcome and move its job on.
 
-    A stale completion (the job was reclaimed since, or cancelled) is recorded on its run,
-    flagged ``stale``, and never touches the job.
+    Only a run still ``running`` under the job's current token moves the job; a run whose job
+    moved on (its lease was lost, it was cancelled) is recorded on the run only, flagged
+    ``stale``; a run already finished (a retried completion) is left as it is.
+    ``allow_unstarted`` lets a run that never passed the door fail (its task is not
+    registered on the worker that received it).
     """
+    if outcome == SUCCEEDED and headers is not None and is_postgresql():
+        if _succeed_fast(job_id, token, headers):
+            return CompletionResult(Completion.APPLIED)
+    return _complete(
+        job_id,
+        token,
+        outcome,
+        error=error,
+        traceback=traceback,
+        retry_delay=retry_delay,
+        allow_unstarted=allow_unstarted,
+        rng=rng,
+    )
+
+
+def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
+    ref = headers.schedule
+    once = ref is None
+    nxt = None
+    if ref is not None:
+        if ref.interval is not None:
+            schedule: Schedule = Interval(ref.interval)
+        else:
+            schedule = parse_cron(ref.cron, ref.timezone)
+        nxt = next_fire_time(schedule, headers.scheduled_for)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SUCCEED_SQL,
+            {
+                "job": job_id,
+                "token": token,
+                "next": nxt,
+                "once": once,
+                "scheduled_for": headers.scheduled_for,
+                "cron": ref.cron if ref else "",
+                "timezone": ref.timezone if ref else "",
+                "interval": ref.interval if ref else None,
+            },
+        )
+        (applied, _notified) = cursor.fetchone()
+    return bool(applied)
+
+
+def _complete(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    retry_delay: timedelta | None,
+    allow_unstarted: bool,
+    rng: policies.Rng,
+) -> CompletionResult:
+    accepted = {RunStatus.RUNNING, RunStatus.LOST}
+    if allow_unstarted:
+        accepted.add(RunStatus.DISPATCHED)
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id, token=token).first()
-        stale = job is None
+        job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
+        run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
+        if run is None or run["status"] not in accepted:
+            return CompletionResult(Completion.ALREADY_RECORDED)
+        fresh = (
+            job is not None
+            and job.token == token
+            and job.state in (JobState.RUNNING, JobState.PAUSED)
+            and run["status"] != RunStatus.LOST
+        )
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=outcome,
             finished_at=Now(),
             error=error[:10000],
             traceback=traceback[:50000],
-            stale=stale,
+            stale=not fresh,
         )
-        if job is None:
-            metrics.run_finished(outcome, stale=True)
+        if not fresh:
             log.warning(
                 "stale completion of job %s token %s: not applied",
                 job_id,
                 token,
                 extra={"action": "stale_completion", "job": job_id, "token": token},
             )
-            return False
+            return CompletionResult(Completion.STALE)
+        assert job is not None
         if outcome == SUCCEEDED:
             plan = policies.plan_after_success(_facts(job), rng=rng)
         else:
             plan = policies.plan_after_failure(_facts(job), delay=retry_delay, rng=rng)
         _write_after_run(job_id, token, plan, status=outcome, error=error)
-    metrics.run_finished(outcome, dead=plan.dead)
     if plan.dead:
         log.error(
             "job %s is dead after %d attempt(s): %s",
@@ -569,7 +895,7 @@ def complete_run(
             error.splitlines()[0] if error else "",
             extra={"action": "dead", "job": job_id},
         )
-    return True
+    return CompletionResult(Completion.APPLIED, dead=plan.dead)
 
 
 def _facts(job: Job) -> policies.JobFacts:
@@ -617,17 +943,27 @@ def _write_after_run(
         notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)
 
 
-def record_cancelled(job_id: int, token: int, *, terminated: bool) -> None:
+def record_cancelled(job_id: int, token: int, *, terminated: bool) -> CompletionResult | None:
     """A schedapp task was revoked. After ``api.cancel`` (which bumped the token) only the run
     is closed; a revoke from elsewhere (``celery control revoke``) counts as a failed attempt,
-    so the job is retried or dead-lettered instead of waiting for its lease to expire."""
+    so the job is retried or dead-lettered instead of waiting for its lease to expire.
+    Returns the completion when the revoke moved the job, None when it only closed the run."""
     how = "revoked and terminated" if terminated else "revoked"
     current = Job.objects.filter(id=job_id, token=token, state=JobState.RUNNING).exists()
     if current:
-        complete_run(job_id, token, FAILED, error=f"task {how} outside schedapp")
-        JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
-        return
-    metrics.run_finished("cancelled")
-    JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
-        status=RunStatus.CANCELLED, finished_at=Now(), error=f"cancelled ({how})"
-    )
+        result = complete_run(
+            job_id, token, FAILED, error=f"task {how} outside schedapp", allow_unstarted=True
+        )
+        if result.applied:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
+                JobRun.objects.filter(job_id=job_id, token=token).update(
+                    status=RunStatus.CANCELLED
+                )
+        return result
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
+        JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
+            status=RunStatus.CANCELLED, finished_at=Now(), error=f"cancelled ({how})"
+        )
+    return None

@@ -48,6 +48,11 @@ class Settings:
     JOBS: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Seconds between a worker's or beat's row updates in the nodes table.
     NODE_HEARTBEAT: float = 10.0
+    # Seconds between a worker's lease heartbeats (a thread of its main process, independent
+    # of the broker and of the pool). Each heartbeat renews, in one statement, every lease the
+    # worker holds whose last renewal is a third of the lease old: keep leases at least three
+    # heartbeats long.
+    LEASE_HEARTBEAT: float = 1.0
 
 
 def _coerce(value: Any, default: Any) -> Any:

@@ -1,17 +1,24 @@
-"""Worker hooks: Celery signal receivers connected when the Django app is ready.
+"""Worker hooks: the door, the lease heartbeat and the completion, around plain Celery workers.
 
 Where each runs, in a prefork worker:
 
-* ``task_received`` (main process, before the task reaches a pool process): the door. The run
-  starts only if its claim is still the job's current one; otherwise the request is revoked
-  locally, so Celery acknowledges and discards it without running the task body.
-* ``heartbeat_sent`` (main process, every worker heartbeat, 2 s by default): renews the leases
-  of every schedapp task running in this worker with one statement, and notices lost ones.
-  ``--without-heartbeat`` turns this off (then leases expire under long tasks: don't); a hung
-  task is bounded by Celery's time limits, not by schedapp.
+* ``task_received`` (main process, before the request reaches the pool or the prefetch
+  buffer): the door. The run starts only if its claim is still the job's current one and its
+  lease has not expired; admission extends the lease. A refused request is revoked locally,
+  so Celery acknowledges and discards it without running the task body. From admission on,
+  the run is *held* by this worker until Celery is done with the request.
+* ``LeaseHeartbeat`` (a bootstep: a thread of the main process with its own database
+  connection): every ``SCHEDAPP_LEASE_HEARTBEAT`` seconds it sends
+  ``schedapp.signals.lease_heartbeat``; the receiver renews, in one statement, the leases of
+  every run this worker holds, prefetched or executing, once a third of the lease has passed.
+  It needs neither the broker nor a free pool process: leases live as long as the worker
+  process lives and reaches the database. A hung task is bounded by Celery's time limits.
 * ``task_success`` / ``task_failure`` / ``task_retry`` (pool process; ``task_failure`` also in
-  the main process for lost workers and hard time limits): the completion, fenced by token.
-* ``task_revoked`` (main process): a run cancelled by ``api.cancel(..., terminate=True)``.
+  the main process for lost pool processes and hard time limits): the completion, fenced by
+  token and idempotent.
+* ``task_unknown`` (main process): a message for a task this worker does not have fails its
+  run ("not registered on worker ..."), which then follows the job's retry policy.
+* ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
 
 Tasks that schedapp did not dispatch (their task id is not ``schedapp:<job>:<token>``) are
 left alone by every hook.
@@ -22,281 +29,381 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import signals
+from celery import bootsteps, signals
+from celery.worker import state as worker_state
 
 from . import metrics
-from .models import parse_task_id
+from .claims import (
+    FAILED,
+    SUCCEEDED,
+    Completion,
+    CompletionResult,
+    DoorVerdict,
+    admit_run,
+    complete_run,
+    record_cancelled,
+    renew_leases,
+)
+from .conf import get_settings
+from .context import run_headers
+from .db import CONNECTION_ERRORS, reset_connection, with_retries
+from .message import HEADER_LEASE, parse_task_id
+from .models import Node
+from .nodes import record_node
+from .signals import lease_heartbeat
 
 log = logging.getLogger("schedapp.worker")
 
-_lease_renewed_at: dict[tuple[int, int], float] = {}
-_lease_lost: set[tuple[int, int]] = set()
-_node: dict[str, Any] = {"name": None, "started_at": None, "last": 0.0}
-# Task ids this process refused at the door, so their revocation is not mistaken for a cancel.
-_refused: set[str] = set()
+# A request admitted at the door appears in Celery's own bookkeeping right after the door
+# returns; until it is that old, a held run missing from it is not taken for finished.
+_ADMISSION_GRACE = 2.0
 
 
-def connect() -> None:
-    """Connect the receivers (idempotent: dispatch_uid)."""
-    signals.task_received.connect(on_task_received, weak=False, dispatch_uid="schedapp.door")
-    signals.heartbeat_sent.connect(on_heartbeat, weak=False, dispatch_uid="schedapp.heartbeat")
-    signals.task_success.connect(on_task_success, weak=False, dispatch_uid="schedapp.success")
-    signals.task_failure.connect(on_task_failure, weak=False, dispatch_uid="schedapp.failure")
-    signals.task_retry.connect(on_task_retry, weak=False, dispatch_uid="schedapp.retry")
-    signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="schedapp.revoked")
-    signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="schedapp.ready")
-    signals.worker_process_shutdown.connect(
-        on_process_shutdown, weak=False, dispatch_uid="schedapp.process_shutdown"
-    )
-    signals.worker_shutdown.connect(
-        on_worker_shutdown, weak=False, dispatch_uid="schedapp.shutdown"
-    )
+@dataclass
+class Held:
+    """A run this worker admitted and still holds (prefetched or executing)."""
+
+    task_id: str
+    lease: float
+    admitted_at: float
+    renewed_at: float
 
 
-# --- the door ----------------------------------------------------------------------------------
+class WorkerHooks:
+    """The worker side of the lease protocol, for one worker process.
 
+    The door runs on the consumer's thread and the heartbeat on its own thread; both see the
+    runs held here through ``held``, guarded by a lock.
+    """
 
-def on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    claim = parse_task_id(getattr(request, "id", None))
-    if claim is None:
-        return
-    from .claims import START_OK, start_run
-    from .db import with_retries
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held: dict[tuple[int, int], Held] = {}
+        # Task ids refused at the door, so that their revocation is not taken for a cancel.
+        self._refused: set[str] = set()
+        self.hostname: str | None = None
+        self.started_at: datetime | None = None
+        self._node_recorded = 0.0
 
-    job_id, token = claim
-    worker = getattr(request, "hostname", None) or socket.gethostname()
-    try:
-        outcome = with_retries(lambda: start_run(job_id, token, worker), what="start", attempts=3)
-    except Exception as exc:  # cannot check the token: do not run it
-        outcome = f"could not check the claim ({exc})"
-        log.error(
-            "job %s token %s: %s; not executing (its lease will expire and it will be "
-            "claimed again)",
+    def connect(self) -> None:
+        """Connect the receivers (idempotent: dispatch_uid)."""
+        for signal, receiver, uid in (
+            (signals.task_received, self.on_task_received, "door"),
+            (signals.task_success, self.on_task_success, "success"),
+            (signals.task_failure, self.on_task_failure, "failure"),
+            (signals.task_retry, self.on_task_retry, "retry"),
+            (signals.task_revoked, self.on_task_revoked, "revoked"),
+            (signals.task_unknown, self.on_task_unknown, "unknown"),
+            (signals.worker_ready, self.on_worker_ready, "ready"),
+            (signals.worker_process_shutdown, self.on_process_shutdown, "process_shutdown"),
+            (signals.worker_shutdown, self.on_worker_shutdown, "shutdown"),
+            (lease_heartbeat, self.on_lease_heartbeat, "lease_heartbeat"),
+        ):
+            signal.connect(receiver, weak=False, dispatch_uid=f"schedapp.{uid}")
+
+    # --- the door --------------------------------------------------------------------------
+
+    def on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        task_id = getattr(request, "id", None)
+        claim = parse_task_id(task_id)
+        if claim is None:
+            return
+        job_id, token = claim
+        worker = getattr(request, "hostname", None) or socket.gethostname()
+        admission = uuid.uuid4().hex
+        try:
+            verdict = with_retries(
+                lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
+            )
+        except Exception as exc:  # cannot check the claim: do not run it
+            verdict = DoorVerdict.ERROR
+            log.error(
+                "job %s token %s: could not check the claim (%s); not executing",
+                job_id,
+                token,
+                exc,
+                extra={"action": "door_error", "job": job_id, "token": token},
+            )
+        if verdict is DoorVerdict.ADMITTED:
+            now = time.monotonic()
+            lease = float(_request_headers(request).get(HEADER_LEASE) or 60)
+            with self._lock:
+                self.held[claim] = Held(task_id, lease, now, now)  # type: ignore[arg-type]
+            return
+        metrics.door_skipped(verdict.value)
+        log.warning(
+            "job %s token %s delivered but not executed: %s",
             job_id,
             token,
-            outcome,
-            extra={"action": "door_error"},
+            verdict.explanation,
+            extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
-    if outcome == START_OK:
-        return
-    metrics.door_skipped(_reason_word(outcome))
-    log.warning(
-        "job %s token %s delivered but not executed: %s",
-        job_id,
-        token,
-        outcome,
-        extra={"action": "door_skip", "job": job_id, "token": token},
-    )
-    _refuse(request)
+        self._refuse(task_id)  # type: ignore[arg-type]
 
+    def _refuse(self, task_id: str) -> None:
+        """Have Celery discard the request: it is acknowledged and never reaches the pool."""
+        if len(self._refused) > 100_000:
+            self._refused.clear()
+        self._refused.add(task_id)
+        worker_state.revoked.add(task_id)
 
-def _reason_word(outcome: str) -> str:
-    """A fixed label for metrics: stale_token, job_state, duplicate, unknown or error."""
-    if outcome == "stale token":
-        return "stale_token"
-    for prefix, word in (
-        ("job is", "job_state"),
-        ("run already", "duplicate"),
-        ("unknown", "unknown"),
-    ):
-        if outcome.startswith(prefix):
-            return word
-    return "error"
+    # --- the lease heartbeat ---------------------------------------------------------------
 
+    def on_lease_heartbeat(self, sender: Any = None, **_: Any) -> None:
+        try:
+            self.renew_held_leases()
+            self._record_node()
+        except CONNECTION_ERRORS as exc:
+            reset_connection()
+            log.warning("lease renewal failed: %s", exc, extra={"action": "renew_failed"})
 
-def _refuse(request: Any) -> None:
-    """Have Celery discard the request: it is acknowledged and never reaches the pool."""
-    from celery.worker import state
-
-    if len(_refused) > 100_000:
-        _refused.clear()
-    _refused.add(request.id)
-    state.revoked.add(request.id)
-
-
-# --- heartbeats ------------------------------------------------------------------------------
-
-
-def on_heartbeat(sender: Any = None, **_: Any) -> None:
-    from .db import CONNECTION_ERRORS, reset_connection
-
-    try:
-        _renew_active_leases()
-        _record_worker_node()
-    except CONNECTION_ERRORS as exc:
-        reset_connection()
-        log.warning("lease renewal failed: %s", exc, extra={"action": "renew_failed"})
-
-
-def _renew_active_leases() -> None:
-    from celery.worker import state
-
-    from .claims import renew_leases
-    from .dispatch import HEADER_LEASE
-
-    now = time.monotonic()
-    due: list[tuple[int, int, int]] = []
-    active: set[tuple[int, int]] = set()
-    for request in list(state.active_requests):
-        claim = parse_task_id(request.id)
-        if claim is None:
-            continue
-        active.add(claim)
-        lease = int(request.request_dict.get(HEADER_LEASE) or 60)
-        # Renew once a third of the lease has passed: often enough to survive two missed
-        # heartbeats, rarely enough that a long lease costs almost nothing.
-        if now - _lease_renewed_at.get(claim, 0.0) >= lease / 3.0 and claim not in _lease_lost:
-            due.append((claim[0], claim[1], lease))
-    for gone in set(_lease_renewed_at) - active:  # heartbeats stop when the task ends
-        _lease_renewed_at.pop(gone, None)
-        _lease_lost.discard(gone)
-    if not due:
-        return
-    renewed = renew_leases(due)
-    metrics.heartbeat("worker", renewed=len(renewed), lost=len(due) - len(renewed))
-    for job_id, token, _lease in due:
-        if (job_id, token) in renewed:
-            _lease_renewed_at[(job_id, token)] = now
-        else:
-            _lease_lost.add((job_id, token))
+    def renew_held_leases(self) -> None:
+        """Renew the leases due for it (a third of the lease old) among the runs held here."""
+        due = self._due_for_renewal()
+        if not due:
+            return
+        renewal = renew_leases(due)
+        now = time.monotonic()
+        with self._lock:
+            for key in renewal.renewed:
+                if key in self.held:
+                    self.held[key].renewed_at = now
+            for key in renewal.finished | renewal.lost:
+                self.held.pop(key, None)
+        metrics.heartbeat("worker", renewed=len(renewal.renewed), lost=len(renewal.lost))
+        for job_id, token in sorted(renewal.lost):
             log.error(
-                "job %s lost its lease (token %s is no longer current): its completion "
-                "will be recorded as stale",
+                "job %s lost its lease (token %s was reclaimed, reaped or cancelled while this "
+                "worker held it): its outcome will be recorded as stale",
                 job_id,
                 token,
                 extra={"action": "lease_lost", "job": job_id, "token": token},
             )
 
+    def _due_for_renewal(self) -> list[tuple[int, int]]:
+        live = set(worker_state.requests)  # reserved, active and scheduled task ids
+        now = time.monotonic()
+        with self._lock:
+            for key, held in list(self.held.items()):
+                if held.task_id not in live and now - held.admitted_at > _ADMISSION_GRACE:
+                    del self.held[key]  # Celery is done with it
+            return [k for k, h in self.held.items() if now - h.renewed_at >= h.lease / 3.0]
 
-def on_worker_ready(sender: Any = None, **_: Any) -> None:
-    metrics.start_metrics_server()
-    _node["name"] = getattr(sender, "hostname", None) or f"{socket.gethostname()}:{os.getpid()}"
-    _node["started_at"] = datetime.now(UTC)
-    try:
-        _record_worker_node(force=True)
-    except Exception as exc:  # visibility only
-        log.warning("could not record worker node: %s", exc)
+    # --- the node row ----------------------------------------------------------------------
 
+    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
+        metrics.start_metrics_server()
+        self.hostname = getattr(sender, "hostname", None) or f"{socket.gethostname()}:{os.getpid()}"
+        self.started_at = datetime.now(UTC)
+        try:
+            self._record_node(force=True)
+        except Exception as exc:  # visibility only
+            log.warning("could not record worker node: %s", exc)
 
-def on_process_shutdown(pid: int | None = None, **_: Any) -> None:
-    metrics.process_exited(pid or os.getpid())
-
-
-def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
-    if _node["name"] is None:
-        return
-    try:
-        from .models import Node
-
-        Node.objects.filter(name=_node["name"]).delete()
-    except Exception:  # shutting down
-        pass
-
-
-def _record_worker_node(force: bool = False) -> None:
-    from celery.worker import state
-
-    from .conf import get_settings
-    from .nodes import record_node
-
-    if _node["name"] is None:
-        return
-    now = time.monotonic()
-    if not force and now - _node["last"] < get_settings().NODE_HEARTBEAT:
-        return
-    _node["last"] = now
-    record_node(
-        _node["name"],
-        "worker",
-        _node["started_at"],
-        {"active": len(state.active_requests), "processed": sum(state.total_count.values())},
-    )
-
-
-# --- completion ------------------------------------------------------------------------------
-
-
-def on_task_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    request = getattr(sender, "request", None)
-    _complete(getattr(request, "id", None), "succeeded")
-
-
-def on_task_failure(
-    sender: Any = None,
-    task_id: str | None = None,
-    exception: Any = None,
-    einfo: Any = None,
-    **_: Any,
-) -> None:
-    _complete(
-        task_id,
-        "failed",
-        error=_describe(exception),
-        traceback=str(getattr(einfo, "traceback", "") or ""),
-    )
-
-
-def on_task_retry(
-    sender: Any = None, request: Any = None, reason: Any = None, einfo: Any = None, **_: Any
-) -> None:
-    """A task called ``self.retry()``: schedapp owns retries, so this counts as a failed
-    attempt retried after the requested countdown (or the job's backoff), within the job's
-    ``max_retries``. Celery's own retry message is refused at the door when it arrives."""
-    delay = _retry_delay(getattr(reason, "when", None))
-    exc = getattr(reason, "exc", None) or reason
-    _complete(
-        getattr(request, "id", None),
-        "failed",
-        error=f"retry requested: {_describe(exc)}",
-        traceback=str(getattr(einfo, "traceback", "") or ""),
-        retry_delay=delay,
-    )
-
-
-def on_task_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
-) -> None:
-    task_id = getattr(request, "id", None)
-    claim = parse_task_id(task_id)
-    if claim is None or task_id in _refused:
-        _refused.discard(task_id)  # type: ignore[arg-type]
-        return
-    from .claims import record_cancelled
-    from .db import with_retries
-
-    with_retries(
-        lambda: record_cancelled(claim[0], claim[1], terminated=terminated),
-        what="revoked",
-        attempts=3,
-    )
-
-
-def _complete(task_id: str | None, outcome: str, **kwargs: Any) -> None:
-    claim = parse_task_id(task_id)
-    if claim is None:
-        return
-    from .claims import complete_run
-    from .db import with_retries
-
-    job_id, token = claim
-    try:
-        # Long enough to ride out a database restart; after that the lease expires and the
-        # job runs again (at-least-once), which is the safe failure.
-        with_retries(
-            lambda: complete_run(job_id, token, outcome, **kwargs), what="completion", attempts=10
+    def _record_node(self, force: bool = False) -> None:
+        if self.hostname is None or self.started_at is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._node_recorded < get_settings().NODE_HEARTBEAT:
+            return
+        self._node_recorded = now
+        with self._lock:
+            held = len(self.held)
+        record_node(
+            self.hostname,
+            "worker",
+            self.started_at,
+            {
+                "active": len(worker_state.active_requests),
+                "held": held,
+                "processed": sum(worker_state.total_count.values()),
+            },
         )
-    except Exception as exc:  # never break the worker; the lease will expire
-        log.exception(
-            "could not record completion of job %s token %s: %s",
-            job_id,
-            token,
-            exc,
-            extra={"action": "completion_failed", "job": job_id},
+
+    def on_process_shutdown(self, pid: int | None = None, **_: Any) -> None:
+        metrics.process_exited(pid or os.getpid())
+
+    def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if self.hostname is None:
+            return
+        try:
+            Node.objects.filter(name=self.hostname).delete()
+        except Exception:  # shutting down
+            pass
+
+    # --- completion ------------------------------------------------------------------------
+
+    def on_task_success(self, sender: Any = None, result: Any = None, **_: Any) -> None:
+        request = getattr(sender, "request", None)
+        self._complete(getattr(request, "id", None), SUCCEEDED, headers=run_headers(request))
+
+    def on_task_failure(
+        self,
+        sender: Any = None,
+        task_id: str | None = None,
+        exception: Any = None,
+        einfo: Any = None,
+        **_: Any,
+    ) -> None:
+        self._complete(
+            task_id,
+            FAILED,
+            error=_describe(exception),
+            traceback=str(getattr(einfo, "traceback", "") or ""),
         )
+
+    def on_task_retry(
+        self,
+        sender: Any = None,
+        request: Any = None,
+        reason: Any = None,
+        einfo: Any = None,
+        **_: Any,
+    ) -> None:
+        """A task called ``self.retry()``: schedapp owns retries, so this counts as a failed
+        attempt retried after the requested countdown (or the job's backoff), within the
+        job's ``max_retries``. Celery's own retry message is refused at the door."""
+        exc = getattr(reason, "exc", None) or reason
+        self._complete(
+            getattr(request, "id", None),
+            FAILED,
+            error=f"retry requested: {_describe(exc)}",
+            traceback=str(getattr(einfo, "traceback", "") or ""),
+            retry_delay=_retry_delay(getattr(reason, "when", None)),
+        )
+
+    def on_task_unknown(
+        self, sender: Any = None, name: str | None = None, id: str | None = None, **_: Any
+    ) -> None:
+        """Celery rejected a message whose task this worker does not have (a deploy in
+        progress, a renamed task). The run fails, so the job retries and, if it never finds
+        a worker that has the task, goes dead with the reason, instead of being re-sent every
+        lease forever."""
+        host = getattr(sender, "hostname", None) or self.hostname or socket.gethostname()
+        self._complete(
+            id,
+            FAILED,
+            error=f"task {name} is not registered on worker {host}",
+            allow_unstarted=True,
+        )
+
+    def on_task_revoked(
+        self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+    ) -> None:
+        task_id = getattr(request, "id", None)
+        claim = parse_task_id(task_id)
+        if claim is None or task_id in self._refused:
+            self._refused.discard(task_id)  # type: ignore[arg-type]
+            return
+        result = with_retries(
+            lambda: record_cancelled(claim[0], claim[1], terminated=terminated),
+            what="revoked",
+            attempts=3,
+        )
+        self._observe(result, "cancelled")
+
+    def _complete(self, task_id: str | None, outcome: str, **kwargs: Any) -> None:
+        claim = parse_task_id(task_id)
+        if claim is None:
+            return
+        job_id, token = claim
+        try:
+            # Long enough to ride out a database restart; after that the lease expires and the
+            # job runs again (at-least-once), which is the safe failure. A retry of a
+            # completion whose commit landed finds it recorded and changes nothing.
+            result = with_retries(
+                lambda: complete_run(job_id, token, outcome, **kwargs),
+                what="completion",
+                attempts=10,
+            )
+        except Exception as exc:  # never break the worker; the lease will expire
+            log.exception(
+                "could not record completion of job %s token %s: %s",
+                job_id,
+                token,
+                exc,
+                extra={"action": "completion_failed", "job": job_id},
+            )
+            return
+        self._observe(result, outcome)
+
+    @staticmethod
+    def _observe(result: CompletionResult | None, outcome: str) -> None:
+        if result is None:
+            metrics.run_finished("cancelled")
+        elif result.completion is not Completion.ALREADY_RECORDED:
+            metrics.run_finished(
+                outcome, stale=result.completion is Completion.STALE, dead=result.dead
+            )
+
+
+class LeaseHeartbeat(bootsteps.StartStopStep):
+    """A thread of the worker's main process that sends ``lease_heartbeat`` every period.
+
+    Celery's own worker heartbeat stops while the broker is unreachable, and a solo pool's
+    only thread is busy running the task: neither may decide whether a lease lives.
+    """
+
+    label = "schedapp lease heartbeat"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, parent: Any) -> None:
+        period = get_settings().LEASE_HEARTBEAT
+        log.info(
+            "lease heartbeat every %.1fs (renews every lease held here)",
+            period,
+            extra={"action": "lease_heartbeat_start"},
+        )
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(parent.hostname, period),
+            name="schedapp-lease-heartbeat",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, hostname: str, period: float) -> None:
+        try:
+            while not self._stop.wait(period):
+                lease_heartbeat.send(sender=hostname)
+        finally:
+            reset_connection()  # this thread's own connection
+
+    def stop(self, parent: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def shutdown(self, parent: Any) -> None:
+        self.stop(parent)
+
+
+hooks = WorkerHooks()
+
+
+def connect(app: Any = None) -> None:
+    """Connect the hooks, and add the lease heartbeat to the worker's boot steps."""
+    hooks.connect()
+    if app is not None:
+        app.steps["worker"].add(LeaseHeartbeat)
+
+
+def _request_headers(request: Any) -> dict[str, Any]:
+    headers = getattr(request, "request_dict", None) or {}
+    return headers if isinstance(headers, dict) else {}
 
 
 def _describe(exc: Any) -> str:

@@ -9,7 +9,14 @@ import pytest
 from django.db import connection, connections, transaction
 
 from schedapp import api, claims
-from schedapp.claims import claim_due_jobs, complete_run, renew_leases, start_run
+from schedapp.claims import (
+    Completion,
+    DoorVerdict,
+    admit_run,
+    claim_due_jobs,
+    complete_run,
+    renew_leases,
+)
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 
@@ -22,6 +29,11 @@ def due_jobs(n: int, **options) -> list[Job]:
         {"task": "project.tasks.record", "run_at": when, "name": f"job-{i}", **options}
         for i in range(n)
     )
+
+
+def start_run(job_id: int, token: int, worker: str = "w1") -> DoorVerdict:
+    """The door, as a worker calls it: one admission per delivery."""
+    return admit_run(job_id, token, worker, admission=f"{worker}-{token}")
 
 
 def expire_lease(job_id: int) -> None:
@@ -147,9 +159,9 @@ def test_stale_completion_changes_nothing_on_the_job():
     (new,) = claim_due_jobs("beat-2", 10).runs
     before = Job.objects.get(pk=job.pk)
     # When the first holder reports success late
-    applied = complete_run(job.pk, old.token, claims.SUCCEEDED)
+    result = complete_run(job.pk, old.token, claims.SUCCEEDED)
     # Then its run records it, flagged stale, and the job is untouched
-    assert applied is False
+    assert result.completion is Completion.STALE
     after = Job.objects.get(pk=job.pk)
     assert (after.state, after.next_run_at, after.token, after.claimed_by, after.retry_count) == (
         before.state,
@@ -161,7 +173,8 @@ def test_stale_completion_changes_nothing_on_the_job():
     old_run = JobRun.objects.get(pk=old.run_id)
     assert old_run.stale and old_run.status == RunStatus.SUCCEEDED
     # ... and the current holder's completion still applies
-    assert complete_run(job.pk, new.token, claims.SUCCEEDED) is True
+    start_run(job.pk, new.token)
+    assert complete_run(job.pk, new.token, claims.SUCCEEDED).applied
     after = Job.objects.get(pk=job.pk)
     assert after.state == JobState.SCHEDULED
     assert after.scheduled_for == new.scheduled_for + timedelta(seconds=60)
@@ -170,9 +183,9 @@ def test_stale_completion_changes_nothing_on_the_job():
 def test_the_door_starts_only_the_current_dispatched_claim():
     (job,) = due_jobs(1)
     (run,) = claim_due_jobs("beat-1", 10).runs
-    assert start_run(job.pk, run.token, "w1") == claims.START_OK
+    assert start_run(job.pk, run.token, "w1") is DoorVerdict.ADMITTED
     # a second delivery of the same message (broker redelivery) does not start it again
-    assert start_run(job.pk, run.token, "w2") == "run already running"
+    assert start_run(job.pk, run.token, "w2") is DoorVerdict.DUPLICATE
     assert JobRun.objects.get(pk=run.run_id).worker == "w1"
 
 
@@ -182,15 +195,16 @@ def test_the_door_refuses_a_message_older_than_the_latest_claim():
     expire_lease(job.pk)
     (new,) = claim_due_jobs("beat-2", 10).runs
     # the old message is already marked lost by the reaper: not started again
-    assert start_run(job.pk, old.token, "w1") == "run already lost"
-    assert start_run(job.pk, new.token, "w1") == claims.START_OK
+    assert start_run(job.pk, old.token, "w1") is DoorVerdict.STALE_TOKEN
+    assert JobRun.objects.get(pk=old.run_id).status == RunStatus.LOST
+    assert start_run(job.pk, new.token, "w1") is DoorVerdict.ADMITTED
 
 
 def test_the_door_skips_a_message_for_a_job_paused_after_dispatch():
     (job,) = due_jobs(1)
     (run,) = claim_due_jobs("beat-1", 10).runs
     api.pause(job)
-    assert start_run(job.pk, run.token, "w1") == "job is paused"
+    assert start_run(job.pk, run.token, "w1") is DoorVerdict.JOB_PAUSED
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SKIPPED
     # the lease was given back, so resuming makes it claimable at once
     api.resume(job)
@@ -206,8 +220,9 @@ def test_renewal_extends_only_current_leases_and_counts_heartbeats():
         start_run(r.job_id, r.token, "w1")
     expire_lease(b.pk)
     claim_due_jobs("beat-2", 10)  # b is reaped and claimed again: its old token is stale
-    renewed = renew_leases([(a.pk, runs[a.pk].token, 5), (b.pk, runs[b.pk].token, 5)])
-    assert renewed == {(a.pk, runs[a.pk].token)}
+    renewal = renew_leases([(a.pk, runs[a.pk].token), (b.pk, runs[b.pk].token)])
+    assert renewal.renewed == {(a.pk, runs[a.pk].token)}
+    assert renewal.lost == {(b.pk, runs[b.pk].token)} and not renewal.finished
     assert JobRun.objects.get(pk=runs[a.pk].run_id).heartbeats == 1
     a.refresh_from_db()
     assert a.lease_expires_at > db_now() + timedelta(seconds=4)
@@ -267,7 +282,7 @@ def test_publish_failure_releases_claims_and_fences_the_old_token():
     assert job.state == JobState.SCHEDULED and job.token > run.token
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
     # a message that did reach the broker after all is refused at the door
-    assert start_run(job.pk, run.token, "w1") != claims.START_OK
+    assert start_run(job.pk, run.token, "w1") is DoorVerdict.STALE_TOKEN
     (again,) = claim_due_jobs("beat-1", 10).runs
     assert again.job_id == job.pk
 

@@ -1,0 +1,257 @@
+"""The worker side of the lease protocol against real PostgreSQL: the door, renewals and
+completions, each idempotent and serialised with the reaper and the API on the job row."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections, transaction
+
+from schedapp import api, claims
+from schedapp.claims import (
+    Completion,
+    DoorVerdict,
+    admit_run,
+    claim_due_jobs,
+    complete_run,
+    renew_leases,
+)
+from schedapp.db import db_now
+from schedapp.message import RunHeaders
+from schedapp.models import Job, JobRun, JobState, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(**options):
+    """One job due now, claimed by a beat: (job, its claimed run)."""
+    job = api.schedule("project.tasks.record", run_at=db_now(), name="job", **options)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    return job, run
+
+
+def claimed_recurring(**options):
+    job = api.schedule("project.tasks.record", interval=60, name="every-minute", **options)
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    return job, run
+
+
+def headers_of(run: claims.ClaimedRun) -> RunHeaders:
+    """What the worker reads back from the message of ``run``."""
+    from schedapp.dispatch import message_headers
+
+    return RunHeaders.read(message_headers(run, "test"))  # type: ignore[return-value]
+
+
+def in_thread(fn):
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+# --- the door ---------------------------------------------------------------------------------
+
+
+def test_the_door_refuses_a_message_whose_lease_expired_before_it_arrived():
+    job, run = claimed(lease_seconds=5, max_retries=0)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    # When the message arrives after its lease ran out (and before any reaper ran)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.LEASE_EXPIRED
+    # Then it is not executed; the reaper dispatches the occurrence again, without spending
+    # a retry (it never started)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SKIPPED
+    claims.reap_expired_leases(10)
+    (again,) = claim_due_jobs("beat-1", 10).runs
+    assert again.token > run.token and again.attempt == 1
+    assert admit_run(job.pk, again.token, "w1", "a2") is DoorVerdict.ADMITTED
+
+
+def test_admission_extends_the_lease_from_the_moment_of_admission():
+    job, run = claimed(lease_seconds=30)
+    # the message waited in the queue for most of its lease
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() + timedelta(seconds=1))
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    job.refresh_from_db()
+    assert job.lease_expires_at > db_now() + timedelta(seconds=28)
+
+
+def test_the_door_waits_for_a_cancel_in_progress_and_then_refuses():
+    job, run = claimed()
+    cancelling = threading.Event()
+    release = threading.Event()
+
+    def cancel_slowly():
+        with transaction.atomic():
+            api.cancel(job)  # locks the job row and bumps the token
+            cancelling.set()
+            release.wait(10)
+
+    canceller, _ = in_thread(cancel_slowly)
+    assert cancelling.wait(10)
+    door, verdict = in_thread(lambda: admit_run(job.pk, run.token, "w1", "a1"))
+    # The door cannot decide while the job row is locked by the cancel...
+    door.join(0.5)
+    assert door.is_alive(), "the door decided without the job row's lock"
+    release.set()
+    canceller.join(10)
+    door.join(10)
+    # ... and once it commits, the door sees the new token: the message is not executed
+    assert verdict["value"] is DoorVerdict.STALE_TOKEN
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.CANCELLED
+
+
+def test_the_door_and_the_reaper_serialise_on_the_job_row():
+    # Given a dispatched run whose lease has just expired, and a reaper deciding about it
+    job, run = claimed(max_retries=0)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(milliseconds=1))
+    reaper_locked = threading.Event()
+    finish_reaping = threading.Event()
+
+    def reap():
+        with transaction.atomic():
+            # the reaper's first step: lock the expired lease's job row
+            locked = list(
+                Job.objects.select_for_update(skip_locked=True).filter(
+                    pk=job.pk, lease_expires_at__lt=db_now()
+                )
+            )
+            reaper_locked.set()
+            finish_reaping.wait(10)
+            return len(locked), claims._reap(10, rng=lambda: 0.5)
+
+    reaper, reaped = in_thread(reap)
+    assert reaper_locked.wait(10)
+    # When the message reaches a worker while the reaper holds the row
+    door, verdict = in_thread(lambda: admit_run(job.pk, run.token, "w1", "a1"))
+    door.join(2)
+    finish_reaping.set()
+    reaper.join(10)
+    door.join(10)
+    # Then the door did not start it, and the reaper's "never started" decision stands: the
+    # occurrence is dispatched again, no attempt spent, and exactly one run of it can execute
+    assert verdict["value"] is not DoorVerdict.ADMITTED
+    assert reaped["value"][0] == 1
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 0)
+    assert JobRun.objects.get(pk=run.run_id).status in (RunStatus.SKIPPED, RunStatus.LOST)
+
+
+def test_a_retried_door_admits_its_own_admission_and_no_other():
+    job, run = claimed()
+    assert admit_run(job.pk, run.token, "w1", "first") is DoorVerdict.ADMITTED
+    # the same door call again (its commit landed, its reply was lost): still admitted
+    assert admit_run(job.pk, run.token, "w1", "first") is DoorVerdict.ADMITTED
+    # a second delivery of the message is another admission: refused
+    assert admit_run(job.pk, run.token, "w2", "second") is DoorVerdict.DUPLICATE
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.worker, r.admission) == (RunStatus.RUNNING, "w1", "first")
+
+
+# --- completion -------------------------------------------------------------------------------
+
+
+def test_a_retried_success_moves_a_recurring_job_on_exactly_once():
+    job, run = claimed_recurring()
+    admit_run(job.pk, run.token, "w1", "a1")
+    first = complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    after_first = Job.objects.get(pk=job.pk)
+    # the same completion again (its commit landed, its reply was lost)
+    second = complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    after_second = Job.objects.get(pk=job.pk)
+    assert first.completion is Completion.APPLIED
+    assert second.completion is Completion.ALREADY_RECORDED
+    # the next occurrence is the one after the run's, not one further (no occurrence skipped)
+    assert after_first.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+    assert after_second.scheduled_for == after_first.scheduled_for
+    assert after_second.next_run_at == after_first.next_run_at
+
+
+def test_a_retried_success_without_headers_is_also_applied_once():
+    job, run = claimed_recurring()
+    admit_run(job.pk, run.token, "w1", "a1")
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).completion is (
+        Completion.ALREADY_RECORDED
+    )
+    assert Job.objects.get(pk=job.pk).scheduled_for == run.scheduled_for + timedelta(seconds=60)
+
+
+def test_a_retried_failure_spends_one_retry():
+    job, run = claimed(max_retries=1, retry_backoff=0)
+    admit_run(job.pk, run.token, "w1", "a1")
+    assert complete_run(job.pk, run.token, claims.FAILED, error="boom").applied
+    again = complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    job.refresh_from_db()
+    # one attempt failed: one retry spent, the job is retried, not dead
+    assert again.completion is Completion.ALREADY_RECORDED
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
+
+
+def test_a_success_edited_in_flight_follows_the_new_schedule():
+    job, run = claimed_recurring()
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.update(job, interval=120)  # while the run executes
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    job.refresh_from_db()
+    assert job.scheduled_for == run.scheduled_for + timedelta(seconds=120)
+
+
+def test_a_one_off_success_in_one_statement_finishes_the_job():
+    job, run = claimed()
+    admit_run(job.pk, run.token, "w1", "a1")
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    job.refresh_from_db()
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (job.state, job.lease_expires_at, job.claimed_by) == (JobState.SUCCEEDED, None, "")
+    assert (r.status, r.stale) == (RunStatus.SUCCEEDED, False) and r.finished_at is not None
+
+
+def test_a_run_whose_task_is_unknown_to_the_worker_fails_and_follows_the_retry_policy():
+    job, run = claimed(max_retries=1, retry_backoff=0)
+    error = "task project.tasks.record is not registered on worker w1@host"
+    # never admitted (Celery rejects the message before any door), yet it fails its run
+    assert complete_run(job.pk, run.token, claims.FAILED, error=error, allow_unstarted=True).applied
+    job.refresh_from_db()
+    assert (job.state, job.retry_count, job.last_error) == (JobState.SCHEDULED, 1, error)
+    (again,) = claim_due_jobs("beat-1", 10).runs
+    complete_run(job.pk, again.token, claims.FAILED, error=error, allow_unstarted=True)
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
+    assert JobRun.objects.get(pk=again.run_id).error == error
+
+
+# --- renewal ----------------------------------------------------------------------------------
+
+
+def test_renewal_of_a_run_that_just_finished_is_not_a_lost_lease():
+    job, run = claimed_recurring()
+    admit_run(job.pk, run.token, "w1", "a1")
+    complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    # the worker's main process has not seen the completion yet and renews it
+    renewal = renew_leases([(job.pk, run.token)])
+    assert renewal.finished == {(job.pk, run.token)}
+    assert not renewal.lost and not renewal.renewed
+
+
+def test_renewal_keeps_a_paused_jobs_running_lease():
+    job, run = claimed(lease_seconds=10)
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.pause(job)
+    time.sleep(0.01)
+    renewal = renew_leases([(job.pk, run.token)])
+    assert renewal.renewed == {(job.pk, run.token)}
+    assert JobRun.objects.get(pk=run.run_id).heartbeats == 1
