@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet, fleet_for
+from tests.servers import PrivateRedis
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,6 +40,34 @@ def broker_url() -> str:
     url = settings.CELERY_BROKER_URL
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    """A Redis server of the test's own, which it may stop and start (a broker outage)."""
+    server = PrivateRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(kill=True)
+
+
+@pytest.fixture
+def private_fleet(
+    request: pytest.FixtureRequest,
+    transactional_db: None,
+    private_redis: PrivateRedis,
+    tmp_path: Path,
+) -> Iterator[Fleet]:
+    """Real beats and workers whose broker is ``private_redis``."""
+    from django.db import connection
+
+    with fleet_for(tmp_path, connection.settings_dict, private_redis.url) as f:
+        yield f
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(f.logs())
 
 
 @pytest.fixture

@@ -1,0 +1,205 @@
+"""The worker protocol with real beats, workers, PostgreSQL and Redis: a task runs twice only
+when its lease was really lost, never because of the broker, Celery's prefetch, a message that
+arrived late, or the pool in use."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from project.models import Execution
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from tests.fleet import wait_until
+
+pytestmark = [pytest.mark.e2e]
+
+
+def executions_by_label(prefix: str) -> Counter:
+    return Counter(
+        Execution.objects.filter(label__startswith=prefix, finished_at__isnull=False).values_list(
+            "label", flat=True
+        )
+    )
+
+
+def test_a_broker_outage_longer_than_the_lease_does_not_run_a_healthy_task_twice(
+    private_fleet, private_redis
+):
+    # Given two beats and a worker, and a 20 s one-off job with a 4 s lease, running
+    private_fleet.beat()
+    private_fleet.beat()
+    worker = private_fleet.worker(concurrency=1)
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "outage", "sleep": 20},
+        run_at=db_now(),
+        lease_seconds=4,
+        name="outage",
+    )
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=30)
+    # When Redis goes away for three leases (PostgreSQL stays up), then comes back
+    private_redis.stop()
+    time.sleep(12)
+    private_redis.start()
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        timeout=60,
+        message="the job finished",
+    )
+    time.sleep(6)  # time for a second copy to show up, if one had been dispatched
+    # Then it executed once: its lease was renewed through the outage
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
+    (run,) = JobRun.objects.filter(job=job)
+    assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
+    assert run.heartbeats >= 3
+    assert worker.alive()
+
+
+def test_celerys_default_prefetch_never_runs_a_buffered_one_off_twice(fleet):
+    # Given a worker with one process and Celery's default prefetch (4 messages)
+    fleet.beat()
+    fleet.beat()
+    fleet.worker(concurrency=1, extra_args=["--prefetch-multiplier", "4"])
+    # When three 3 s jobs with 2 s leases are due together: two of them wait in the
+    # worker's buffer longer than their lease
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "kwargs": {"label": f"prefetch-{i}", "sleep": 3},
+            "run_at": db_now(),
+            "lease_seconds": 2,
+            "max_retries": 3,
+            "name": f"prefetch-{i}",
+        }
+        for i in range(3)
+    )
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 3,
+        timeout=60,
+        message="the three jobs finished",
+    )
+    time.sleep(4)
+    # Then each ran exactly once, its lease renewed while it waited
+    assert executions_by_label("prefetch-") == {f"prefetch-{i}": 1 for i in range(3)}
+    assert set(JobRun.objects.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
+
+
+def test_messages_that_arrive_after_their_lease_expired_run_exactly_once(fleet):
+    # Given 20 jobs dispatched while no worker runs, their 2 s leases expired since, and no
+    # beat reaping them yet
+    beat = fleet.beat()
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "kwargs": {"label": f"late-{i}", "sleep": 1},
+            "run_at": db_now(),
+            "lease_seconds": 2,
+            "max_retries": 0,
+            "name": f"late-{i}",
+        }
+        for i in range(20)
+    )
+    wait_until(lambda: JobRun.objects.count() == 20, timeout=20, message="the dispatch")
+    beat.stop()
+    time.sleep(3)
+    # When a worker receives those messages while a new beat reaps the expired leases
+    fleet.worker(concurrency=2)
+    fleet.beat()
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 20,
+        timeout=90,
+        message="every job finished",
+    )
+    time.sleep(3)
+    # Then each occurrence executed once, and no attempt was spent on the late messages
+    assert executions_by_label("late-") == {f"late-{i}": 1 for i in range(20)}
+    assert not Job.objects.filter(state=JobState.DEAD).exists()
+
+
+def test_finished_runs_never_raise_a_lost_lease_alarm(fleet):
+    # Given a worker renewing leases every 0.2 s, and jobs lasting about a third of their
+    # lease: renewals keep landing just as runs finish
+    fleet.beat()
+    worker = fleet.worker(concurrency=4, settings={"SCHEDAPP_LEASE_HEARTBEAT": 0.2})
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "kwargs": {"label": f"short-{i}", "sleep": 1.0 + (i % 5) / 10},
+            "run_at": db_now() + timedelta(seconds=i * 0.3),
+            "lease_seconds": 3,
+            "name": f"short-{i}",
+        }
+        for i in range(150)
+    )
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 150,
+        timeout=120,
+        interval=1,
+        message="every job finished",
+    )
+    # Then no run that finished normally was reported as having lost its lease
+    assert "lost its lease" not in worker.log()
+    assert not JobRun.objects.filter(stale=True).exists()
+    assert executions_by_label("short-") == {f"short-{i}": 1 for i in range(150)}
+    assert JobRun.objects.filter(heartbeats__gt=0).count() > 100  # renewals did happen
+
+
+def test_a_task_not_registered_on_the_worker_fails_then_goes_dead(fleet):
+    # Given a job whose task the worker does not have (renamed, or not deployed there yet);
+    # written behind the API's back, which would have refused it
+    now = db_now()
+    job = Job.objects.create(
+        name="renamed",
+        task="project.tasks.renamed_away",
+        run_at=now,
+        next_run_at=now,
+        scheduled_for=now,
+        max_retries=1,
+        retry_backoff=timedelta(0),
+        lease_seconds=3,
+    )
+    fleet.worker(concurrency=1)
+    fleet.beat()
+    # Then its runs fail with the reason, follow the retry policy, and the job goes dead
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+        timeout=40,
+        message="the job went dead",
+    )
+    job.refresh_from_db()
+    runs = list(JobRun.objects.filter(job=job).order_by("id"))
+    assert [r.status for r in runs] == [RunStatus.FAILED, RunStatus.FAILED], [
+        (r.token, r.attempt, r.status, r.error) for r in runs
+    ]
+    assert job.last_error.startswith(
+        "task project.tasks.renamed_away is not registered on worker worker"
+    )
+    assert all(r.error == job.last_error for r in runs)
+
+
+def test_the_solo_pool_renews_leases_while_its_only_thread_runs_the_task(fleet):
+    fleet.beat()
+    fleet.beat()
+    fleet.worker(pool="solo", concurrency=1)
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "solo", "sleep": 12},
+        run_at=db_now(),
+        lease_seconds=3,
+        name="solo",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        timeout=40,
+        message="the long job finished",
+    )
+    time.sleep(3)
+    (run,) = JobRun.objects.filter(job=job)
+    assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
+    assert run.heartbeats >= 2
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
