@@ -1,0 +1,219 @@
+"""Worker overhead: the same stock worker draining the same backlog, plain Celery vs schedapp.
+
+    .venv/bin/python -m bench.run --sections overhead          # 3 rounds of each, 3,000 tasks
+    .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --profile
+
+Both sides run ``project.tasks.noop`` on one worker (prefork, ``-c 2``, acks late, prefetch 1,
+result backend disabled) against the same Redis and PostgreSQL. The backlog is put in the
+queue *before* the worker starts, so the worker's start-up is outside the measurement:
+
+* plain Celery: N messages sent with ``send_task`` (Celery's own publishing path);
+* schedapp: N one-off jobs due at once, dispatched by one beat (leases of an hour, so nothing
+  is reclaimed while the worker is away), then the beat is stopped.
+
+Then the worker starts, and the clock runs from the moment the first message leaves the queue
+to the moment the queue and Redis' unacked set are both empty (acks late: a message is
+acknowledged after its task returned and, for schedapp, after its completion was recorded).
+The ratio is schedapp's rate over plain Celery's, rounds alternating, medians reported.
+Commits per execution come from ``pg_stat_database`` over the schedapp drain. ``--profile``
+samples the worker's main process and its pool children with py-spy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import common
+
+DB = "schedapp_bench_overhead"
+REDIS_DB = 14
+QUEUE = common.QUEUE
+_TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node", "project_execution")
+WORKER_SETTINGS = {
+    "CELERY_RESULT_BACKEND": "",  # disabled on both sides
+    # The README's worker settings (acks late and prefetch 1 are the project's defaults).
+}
+
+_django_ready = False
+
+
+def setup(recreate: bool = True) -> None:
+    global _django_ready
+    if recreate:
+        common.recreate_db(DB, settings=common.OURS_SETTINGS)
+    os.environ["DATABASE_URL"] = common.db_url(DB)
+    os.environ["CELERY_BROKER_URL"] = common.redis_url(REDIS_DB)
+    os.environ["CELERY_RESULT_BACKEND"] = ""
+    os.environ["DJANGO_SETTINGS_MODULE"] = common.OURS_SETTINGS
+    if not _django_ready:
+        import django
+
+        django.setup()
+        _django_ready = True
+
+
+def reset() -> None:
+    from django.db import connection
+
+    connection.close()
+    with common.connect(DB) as conn:
+        conn.execute("TRUNCATE " + ", ".join(_TABLES) + " RESTART IDENTITY CASCADE")
+    common.flush_redis(REDIS_DB)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(common.redis_url(REDIS_DB))
+
+
+def _env() -> dict[str, str]:
+    return common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, WORKER_SETTINGS)
+
+
+def stage_plain(n: int) -> None:
+    """N messages through Celery's own ``send_task``, before any worker runs."""
+    from project.celery import app
+
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            app.send_task("project.tasks.noop", args=[i], producer=producer)
+
+
+def stage_schedapp(n: int, logs: Path) -> None:
+    """N one-off jobs due now, dispatched by one beat which is then stopped."""
+    with common.connect(DB) as conn:
+        now = common.db_now(conn)
+        common.insert_jobs(conn, 1, n, now, lease=3600)
+    beat = common.start_beat("beat", common.OURS_SCHEDULER, _env(), logs,
+                             count_statements=False)
+    try:
+        beat.wait_for("schedapp.beat: beat ", timeout=60)
+        r = _redis()
+        if not common.wait_until(lambda: r.llen(QUEUE) >= n, timeout=120, interval=0.05):
+            raise TimeoutError(f"the beat published {r.llen(QUEUE)} of {n}")
+    finally:
+        beat.stop()
+
+
+def drain(n: int, logs: Path, name: str, profile: bool) -> dict[str, Any]:
+    """Start the worker and time the backlog's drain."""
+    r = _redis()
+    assert r.llen(QUEUE) == n, r.llen(QUEUE)
+    commits_before = common.xact_commits(DB)
+    worker = common.start_worker(name, _env(), logs, concurrency=2)
+    spies: list[subprocess.Popen] = []
+    try:
+        started = _wait_first_consumed(r, n, worker)
+        if profile:
+            spies = _start_spies(worker, logs / name)
+        while r.llen(QUEUE) or r.hlen("unacked"):
+            if time.monotonic() - started > 600:
+                raise TimeoutError("the worker did not drain the queue in 600 s")
+            if not worker.alive():
+                raise RuntimeError(f"the worker died:\n{worker.log()[-3000:]}")
+            time.sleep(0.005)
+        elapsed = time.monotonic() - started
+        cpu = worker.cpu_seconds()
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        worker.stop()
+        for spy in spies:
+            spy.wait(timeout=30)
+    common.settle_stats()
+    commits = common.xact_commits(DB) - commits_before
+    return {"seconds": elapsed, "per_s": n / elapsed, "worker_cpu_s": cpu,
+            "commits": commits}
+
+
+def _wait_first_consumed(r: redis.Redis, n: int, worker: common.Proc) -> float:
+    deadline = time.monotonic() + 120
+    while r.llen(QUEUE) >= n:
+        if time.monotonic() > deadline or not worker.alive():
+            raise RuntimeError(f"the worker consumed nothing:\n{worker.log()[-3000:]}")
+        time.sleep(0.001)
+    return time.monotonic()
+
+
+def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
+    """py-spy on the worker's main process and each pool child (wall time, idle included)."""
+    import psutil
+
+    spy = str(Path(sys.executable).parent / "py-spy")
+    main = psutil.Process(worker.pid)
+    # `celery` is the session leader; the worker's main process is that same pid.
+    pids = [main.pid] + [c.pid for c in main.children(recursive=True)]
+    spies = []
+    for pid in pids:
+        out = Path(f"{prefix}-{'main' if pid == main.pid else pid}.txt")
+        spies.append(subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--rate", "500", "--format", "raw",
+             "--output", str(out), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
+def schedapp_ok(n: int) -> dict[str, int]:
+    with common.connect(DB) as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) FROM schedapp_jobrun GROUP BY status").fetchall()
+    return {status: int(count) for status, count in rows}
+
+
+def run(n: int = 3000, rounds: int = 3, profile: bool = False) -> dict[str, Any]:
+    setup()
+    logs = common.run_dir("overhead")
+    plain: list[dict[str, Any]] = []
+    ours: list[dict[str, Any]] = []
+    for i in range(rounds):
+        reset()
+        stage_plain(n)
+        plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
+        print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s", flush=True)
+        reset()
+        stage_schedapp(n, logs)
+        ours.append(drain(n, logs, f"schedapp{i}", profile and i == 0))
+        statuses = schedapp_ok(n)
+        ours[-1]["runs"] = statuses
+        ours[-1]["commits_per_execution"] = ours[-1]["commits"] / n
+        if statuses.get("succeeded") != n:
+            raise RuntimeError(f"not every run succeeded: {statuses}")
+        print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
+              f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
+    ratios = [o["per_s"] / p["per_s"] for o, p in zip(ours, plain, strict=True)]
+    result = {
+        "machine": common.machine(), "n": n, "rounds": rounds,
+        "plain_per_s": statistics.median(p["per_s"] for p in plain),
+        "schedapp_per_s": statistics.median(o["per_s"] for o in ours),
+        "ratio_median": statistics.median(ratios), "ratios": ratios,
+        "commits_per_execution": statistics.median(o["commits_per_execution"] for o in ours),
+        "plain": plain, "schedapp": ours,
+    }
+    print(f"overhead: plain {result['plain_per_s']:,.0f}/s, schedapp "
+          f"{result['schedapp_per_s']:,.0f}/s, ratio {result['ratio_median']:.2f} "
+          f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}), "
+          f"{result['commits_per_execution']:.2f} commits/execution", flush=True)
+    common.save("overhead", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    run(args.n, args.rounds, args.profile)
+
+
+if __name__ == "__main__":
+    main()
