@@ -225,12 +225,9 @@ def test_promtool_check_rules():
 
 @needs_promtool
 def test_promtool_test_rules():
+    # promtool finds the rule file relative to the test file
     done = subprocess.run(
-        [PROMTOOL, "test", "rules", RULE_TESTS.name],
-        cwd=RULE_TESTS.parent,  # the test file names the rules relative to itself
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [PROMTOOL, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
