@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--dsn", default="host=127.0.0.1 port=5432 user=postgres dbname=postgres")
     args = parser.parse_args()
     info = psycopg.conninfo.conninfo_to_dict(args.dsn)
-    upstream = (str(info.get("host", "127.0.0.1")), int(info.get("port", 5432)))
+    upstream = (str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
 
     def through(host: str, port: int) -> str:
         return psycopg.conninfo.make_conninfo(args.dsn, host=host, port=port)

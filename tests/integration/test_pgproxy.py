@@ -6,6 +6,7 @@ the probe table is named per process so parallel runs cannot collide.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import struct
@@ -126,7 +127,7 @@ def test_forwards_many_statements_on_concurrent_connections(pg_proxy: PgProxy) -
             assert rows == 5000
             return n
 
-    threads = [in_thread(lambda n=n: work(n)) for n in range(6)]
+    threads = [in_thread(functools.partial(work, n)) for n in range(6)]
     for thread, _ in threads:
         thread.join(60)
 
@@ -153,6 +154,19 @@ def test_encryption_requests_are_refused_and_startup_goes_on_in_plain_text(
     # And a client that insists on TLS is told the server has none
     with pytest.raises(psycopg.OperationalError, match="SSL"):
         via(pg_proxy, sslmode="require")
+
+
+def test_cancel_requests_reach_the_server(pg_proxy: PgProxy) -> None:
+    with via(pg_proxy, autocommit=True) as conn:
+        # Given a long statement running through the proxy
+        stmt, out = in_thread(lambda: conn.execute("SELECT pg_sleep(30)"))
+        time.sleep(0.5)
+        # When the client cancels it (a CancelRequest on a connection of its own)
+        conn.cancel_safe(timeout=10)
+        stmt.join(10)
+        # Then the server cancelled it
+        assert isinstance(out.get("error"), psycopg.errors.QueryCanceled), out
+        assert round_trip(conn) < 1.0
 
 
 def test_cut_after_commit_the_transaction_commits_and_the_client_sees_a_broken_connection(
@@ -246,13 +260,17 @@ def test_cut_matches_a_prepared_statement_executed_by_name_only(pg_proxy: PgProx
     assert event["statement"].startswith("B: INSERT INTO")
 
 
-def test_cut_only_hits_connections_of_the_named_application(pg_proxy: PgProxy) -> None:
+def test_cut_only_hits_connections_of_the_named_application(
+    pg_proxy: PgProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pg_proxy.cut_after(app="worker-*")
     # Given a beat's connection and a worker's, both committing
     with via(pg_proxy, application_name="beat-1") as beat:
         beat.execute("SELECT 1")
         beat.commit()  # not a worker: goes through
-    with via(pg_proxy, application_name="worker-2") as worker:
+    # (named as a subprocess would be: PGAPPNAME in its environment)
+    monkeypatch.setenv("PGAPPNAME", "worker-2")
+    with via(pg_proxy) as worker:
         worker.execute("SELECT 1")
         with pytest.raises(psycopg.OperationalError):
             worker.commit()

@@ -17,6 +17,7 @@ connections so a fault can target it with ``app="worker-*"``.
 from __future__ import annotations
 
 from .control import ControlServer, ProxyControl, spawn_proxy
+from .djangodb import django_through
 from .proxy import COMMIT, PgProxy, with_address
 
 __all__ = [
@@ -28,12 +29,3 @@ __all__ = [
     "spawn_proxy",
     "with_address",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Django is imported only by who needs it: the standalone proxy does not.
-    if name == "django_through":
-        from .djangodb import django_through
-
-        return django_through
-    raise AttributeError(name)

@@ -68,10 +68,13 @@ class ControlServer:
             threading.Thread(target=self._session, args=(client,), daemon=True).start()
 
     def _session(self, client: socket.socket) -> None:
-        with client, client.makefile("rwb") as stream:
-            for line in stream:
-                stream.write(json.dumps(self.handle(line)).encode() + b"\n")
-                stream.flush()
+        try:
+            with client, client.makefile("rwb") as stream:
+                for line in stream:
+                    stream.write(json.dumps(self.handle(line)).encode() + b"\n")
+                    stream.flush()
+        except OSError:  # the caller went away mid-reply: nothing to tell it
+            pass
 
     def handle(self, line: bytes) -> dict[str, Any]:
         try:

@@ -1,12 +1,13 @@
-"""Point a Django connection alias at a proxy for the duration of a ``with`` block."""
+"""Point a Django connection alias at a proxy for the duration of a ``with`` block.
+
+Django is imported inside the function: the standalone proxy process never loads it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
-
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 
 class Endpoint(Protocol):
@@ -15,7 +16,7 @@ class Endpoint(Protocol):
 
 
 @contextmanager
-def django_through(proxy: Endpoint, alias: str = DEFAULT_DB_ALIAS) -> Iterator[Any]:
+def django_through(proxy: Endpoint, alias: str = "default") -> Iterator[Any]:
     """Route Django's ``alias`` connection through ``proxy``; yield that connection.
 
     The code under test uses ``django.db.connection`` itself, so the default alias is
@@ -25,6 +26,8 @@ def django_through(proxy: Endpoint, alias: str = DEFAULT_DB_ALIAS) -> Iterator[A
     open meanwhile go through the proxy too. Needs ``django_db(transaction=True)``: closing
     the connection would end a test-case transaction, and a cut COMMIT must really commit.
     """
+    from django.db import connections
+
     conn = connections[alias]
     if conn.in_atomic_block:
         raise RuntimeError("django_through needs django_db(transaction=True)")
@@ -39,6 +42,8 @@ def django_through(proxy: Endpoint, alias: str = DEFAULT_DB_ALIAS) -> Iterator[A
 
 
 def _close(conn: Any) -> None:
+    from django.db import DatabaseError
+
     try:
         conn.close()
     except DatabaseError:  # a connection the proxy cut may fail to close cleanly
