@@ -56,12 +56,11 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
     def target() -> None:
-        started = time.monotonic()
         try:
             out["value"] = fn()
         except BaseException as exc:
             out["error"] = exc
-        out["elapsed"] = time.monotonic() - started
+        out["finished"] = time.monotonic()
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -280,7 +279,7 @@ def test_cut_only_hits_connections_of_the_named_application(
 
 def test_delay_adds_latency_per_round_trip_until_its_duration_ends(pg_proxy: PgProxy) -> None:
     with via(pg_proxy, autocommit=True) as conn:
-        assert round_trip(conn) < 0.15
+        round_trip(conn)
         # Given a 0.25 s delay for the next 1.5 s
         pg_proxy.delay(0.25, duration=1.5)
         # Then each round trip takes at least that long
@@ -297,6 +296,7 @@ def test_blackhole_hangs_a_statement_and_new_connections_until_it_ends(pg_proxy:
     with via(pg_proxy, autocommit=True) as conn:
         round_trip(conn)
         # Given a 1.5 s partition
+        armed = time.monotonic()
         pg_proxy.blackhole(1.5)
         # When a statement runs on an open connection, and a new connection is opened
         stmt, stmt_out = in_thread(lambda: conn.execute("SELECT 42").fetchone())
@@ -309,8 +309,8 @@ def test_blackhole_hangs_a_statement_and_new_connections_until_it_ends(pg_proxy:
         fresh.join(10)
         assert stmt_out.get("value") == (42,), stmt_out
         assert "error" not in fresh_out, fresh_out
-        assert stmt_out["elapsed"] >= 1.2 and fresh_out["elapsed"] >= 1.2
-        assert round_trip(conn) < 0.15
+        assert min(stmt_out["finished"], fresh_out["finished"]) - armed >= 1.5
+        assert round_trip(conn) < 1.0
     assert pg_proxy.stats()["held"] >= 2
 
 
@@ -319,13 +319,14 @@ def test_blackhole_with_reset_closes_the_connections_at_its_end(pg_proxy: PgProx
         round_trip(conn)
         round_trip(idle)
         # Given a partition that ends like a NAT dropping its state
+        armed = time.monotonic()
         pg_proxy.blackhole(1.0, reset=True)
         # When a statement runs during it
         stmt, out = in_thread(lambda: conn.execute("SELECT 1").fetchone())
         stmt.join(10)
         # Then it hangs until the end, and fails then, as does the idle connection
         assert isinstance(out.get("error"), psycopg.OperationalError), out
-        assert out["elapsed"] >= 0.8
+        assert out["finished"] - armed >= 1.0
         with pytest.raises(psycopg.OperationalError):
             idle.execute("SELECT 1")
     assert pg_proxy.stats()["resets"] == 2
@@ -348,6 +349,12 @@ def test_reset_all_breaks_open_connections_and_clear_disarms(pg_proxy: PgProxy) 
         assert round_trip(conn) < 1.0
         conn.commit()
     assert pg_proxy.stats()["cuts"] == 0
+
+
+def test_database_url_points_a_url_at_the_proxy(pg_proxy: PgProxy) -> None:
+    url = "postgresql://app:s3cret@db.example:6432/test_x?sslmode=disable"
+    expected = f"postgresql://app:s3cret@{pg_proxy.host}:{pg_proxy.port}/test_x?sslmode=disable"
+    assert pg_proxy.database_url(url) == expected
 
 
 def test_standalone_process_is_steered_through_its_control_socket(tmp_path: Path) -> None:
