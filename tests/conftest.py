@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet, fleet_for
+from tests.pgproxy import PgProxy
 from tests.servers import PrivateRedis
 
 
@@ -82,3 +83,19 @@ def fleet(
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(f.logs())
+
+
+@pytest.fixture
+def pg_proxy() -> Iterator[PgProxy]:
+    """A fault-injecting proxy (tests/pgproxy) in front of the test database's server.
+
+    It needs no database access itself; route Django through it with
+    ``tests.pgproxy.django_through(pg_proxy)`` (under ``django_db(transaction=True)``), or a
+    subprocess with ``DATABASE_URL=pg_proxy.database_url(url)``.
+    """
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    upstream = (db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
+    with PgProxy(upstream) as proxy:
+        yield proxy

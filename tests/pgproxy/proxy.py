@@ -1,0 +1,323 @@
+"""PgProxy: a TCP proxy between PostgreSQL clients and a server that injects network faults at
+message boundaries: a reply lost after its COMMIT landed, latency, a partition, a reset.
+
+One accepting thread, and two threads per client connection (connection.py). The fault state
+lives here; connections read it without a lock on their fast path (a reference check per
+chunk) and take the lock only when a fault is armed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Connection
+
+log = logging.getLogger("tests.pgproxy")
+
+Address = tuple[str, int]
+Pattern = bytes | re.Pattern[bytes]
+
+# The COMMIT statement itself. A plain b"COMMIT" is a substring match, and Django's default
+# cursor inlines parameter values into the query text: it would also hit an INSERT of 'commit'.
+COMMIT = re.compile(rb"^\s*commit\b", re.IGNORECASE)
+
+
+@dataclass
+class _Cut:
+    pattern: Pattern  # bytes: lower-cased
+    remaining: int
+    app: str | None
+
+    def matches(self, text: bytes) -> bool:
+        if isinstance(self.pattern, bytes):
+            return self.pattern in text.lower()
+        return self.pattern.search(text) is not None
+
+
+@dataclass(frozen=True)
+class _Delay:
+    seconds: float
+    until: float | None  # time.monotonic(); None: until cleared
+    app: str | None
+
+
+@dataclass
+class _Partition:
+    until: float | None
+    reset: bool
+    app: str | None
+    timer: threading.Timer | None = None
+
+    def active(self, now: float) -> bool:
+        # A partition that resets holds its traffic until its end has closed the connections.
+        return self.until is None or now < self.until or self.reset
+
+
+class PgProxy:
+    """Forward ``listen`` to ``upstream`` (the PostgreSQL server) and inject faults on demand.
+
+    Every fault takes ``app``: a glob matched against the application_name of the connection's
+    StartupMessage (None: every connection; "" matches only connections without one).
+    """
+
+    def __init__(self, upstream: Address = ("127.0.0.1", 5432), listen: Address = ("127.0.0.1", 0)):
+        self.upstream = upstream
+        self._listen = listen
+        self._listener: socket.socket | None = None
+        self._accepter: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._conns: dict[int, Connection] = {}
+        self._ids = itertools.count(1)
+        self._cut: _Cut | None = None
+        self._delay: _Delay | None = None
+        self._partition: _Partition | None = None
+        self._stats = dict.fromkeys(
+            ("connections", "cuts", "delayed", "partitions", "held", "resets"), 0
+        )
+        self._events: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self._seq = itertools.count(1)
+        self.host, self.port = listen
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> PgProxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(self._listen)
+        listener.listen(128)
+        self._listener = listener
+        self.host, self.port = listener.getsockname()[:2]
+        self._accepter = threading.Thread(
+            target=self._accept_loop, name=f"pgproxy-{self.port}-accept", daemon=True
+        )
+        self._accepter.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection, wait for the threads."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+            except OSError:
+                pass
+            listener.close()
+        if self._accepter is not None:
+            self._accepter.join(5)
+        self.clear()
+        for conn in self._snapshot():
+            conn.close()
+        for conn in self._snapshot():
+            conn.thread.join(5)
+
+    def __enter__(self) -> PgProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # -- faults -------------------------------------------------------------------------------
+    def cut_after(self, pattern: Pattern = COMMIT, times: int = 1, app: str | None = None) -> None:
+        """Lose the reply of the next ``times`` statements that match ``pattern``.
+
+        ``pattern``: bytes found anywhere in the statement text, case-insensitively, or a
+        compiled bytes regex (searched); the default is the COMMIT statement. The matching
+        Query/Parse (or Bind of a statement prepared from matching text) and the rest of its
+        batch up to Sync are forwarded, the server's reply is read up to its ReadyForQuery and
+        dropped, then the connection is closed on both sides: the server has done the work
+        (committed), the client only sees a broken connection.
+        """
+        if not pattern or times < 1:
+            raise ValueError("cut_after needs a non-empty pattern and times >= 1")
+        if isinstance(pattern, bytes):
+            pattern = pattern.lower()
+        with self._cond:
+            self._cut = _Cut(pattern, times, app)
+
+    def delay(self, seconds: float, duration: float | None = None, app: str | None = None) -> None:
+        """Hold every client->server chunk of messages ``seconds`` for ``duration`` seconds.
+
+        Client to server only, so one round trip gains ``seconds`` (not twice that).
+        """
+        until = None if duration is None else time.monotonic() + duration
+        with self._cond:
+            self._delay = _Delay(seconds, until, app)
+            self._event("delay", app=app, seconds=seconds, duration=duration)
+            self._cond.notify_all()
+
+    def blackhole(
+        self, duration: float | None, reset: bool = False, app: str | None = None
+    ) -> None:
+        """Forward nothing either way for ``duration`` seconds (None: until clear()).
+
+        Connections stay open and new ones are accepted but not forwarded, as on a cut
+        network; then traffic resumes, or with ``reset`` every matching connection is closed
+        (as a NAT or firewall that dropped its state would).
+        """
+        now = time.monotonic()
+        part = _Partition(None if duration is None else now + duration, reset, app)
+        with self._cond:
+            self._end_partition_timer()
+            self._partition = part
+            self._stats["partitions"] += 1
+            self._event("partition", app=app, duration=duration, reset=reset)
+            if duration is not None:
+                part.timer = threading.Timer(duration, self._end_partition, (part,))
+                part.timer.daemon = True
+                part.timer.start()
+            self._cond.notify_all()
+
+    def reset_all(self, app: str | None = None) -> int:
+        """Close every current (matching) connection now; returns how many."""
+        conns = [c for c in self._snapshot() if c.matches(app)]
+        for conn in conns:
+            conn.close()
+        with self._cond:
+            self._stats["resets"] += len(conns)
+            self._event("reset", app=app, connections=len(conns))
+        return len(conns)
+
+    def clear(self) -> None:
+        """Disarm every fault: held messages go on, a pending partition reset is cancelled."""
+        with self._cond:
+            self._cut = None
+            self._delay = None
+            self._end_partition_timer()
+            self._partition = None
+            self._event("clear")
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: connections accepted, open now, cuts fired, chunks delayed, partitions
+        started, chunks held by a partition, connections reset."""
+        with self._cond:
+            return {**self._stats, "open": len(self._conns)}
+
+    def events(self, since: int = 0) -> list[dict[str, Any]]:
+        """What happened, oldest first (kind: cut, delay, partition, partition_end, reset,
+        clear), each with ``seq`` and wall-clock ``time``, so that a chaos oracle can tie an
+        anomaly to the fault that caused it. A cut names its statement and the lost reply."""
+        with self._cond:
+            return [e for e in self._events if e["seq"] > since]
+
+    def database_url(self, url: str) -> str:
+        """``url`` (postgresql://user@host:port/db?...) with its host and port replaced by ours."""
+        return with_address(url, self.host, self.port)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _event(self, kind: str, **detail: Any) -> None:  # call with self._cond held
+        self._events.append({"seq": next(self._seq), "time": time.time(), "kind": kind, **detail})
+
+    def _snapshot(self) -> list[Connection]:
+        with self._cond:
+            return list(self._conns.values())
+
+    def _end_partition_timer(self) -> None:  # call with self._cond held
+        if self._partition is not None and self._partition.timer is not None:
+            self._partition.timer.cancel()
+
+    def _end_partition(self, part: _Partition) -> None:
+        with self._cond:
+            if self._partition is not part:
+                return
+            victims = [c for c in self._conns.values() if part.reset and c.matches(part.app)]
+            for conn in victims:
+                conn.closed = True  # what they hold is dropped, never forwarded
+            self._partition = None
+            self._stats["resets"] += len(victims)
+            self._event("partition_end", app=part.app, reset=len(victims))
+            self._cond.notify_all()
+        for conn in victims:
+            conn.close()
+
+    def _accept_loop(self) -> None:
+        while (listener := self._listener) is not None:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(self, next(self._ids), client)
+            with self._cond:
+                self._conns[conn.id] = conn
+                self._stats["connections"] += 1
+            conn.thread.start()
+
+    def _forget(self, conn: Connection) -> None:
+        with self._cond:
+            self._conns.pop(conn.id, None)
+
+    def _claim_cut(self, conn: Connection, mtype: int, text: bytes) -> bool:
+        cut = self._cut
+        if cut is None or not cut.matches(text) or not conn.matches(cut.app):
+            return False
+        with self._cond:
+            if self._cut is not cut or cut.remaining <= 0:
+                return False
+            cut.remaining -= 1
+            if cut.remaining == 0:
+                self._cut = None
+        conn.cut_statement = f"{chr(mtype)}: {text[:200].decode('utf-8', 'replace')}"
+        return True
+
+    def _fire_cut(self, conn: Connection) -> None:
+        with self._cond:
+            self._stats["cuts"] += 1
+            self._event(
+                "cut",
+                conn=conn.id,
+                app=conn.app,
+                statement=conn.cut_statement,
+                reply=conn.cut_reply,
+            )
+
+    def _wait_to_forward(self, conn: Connection, received: float, to_server: bool) -> bool:
+        """Hold a chunk while a partition or a delay applies to it; False if conn closed."""
+        counted_hold = counted_delay = False
+        with self._cond:
+            while not conn.closed:
+                now = time.monotonic()
+                part = self._partition
+                if part is not None and part.active(now) and conn.matches(part.app):
+                    if not counted_hold:
+                        counted_hold = True
+                        self._stats["held"] += 1
+                    # past `until`, a resetting partition waits for its end (a notify)
+                    self._cond.wait(None if part.until is None else max(part.until - now, 0.05))
+                    continue
+                delay = self._delay
+                if (
+                    to_server
+                    and delay is not None
+                    and (delay.until is None or received < delay.until)
+                    and now < received + delay.seconds
+                    and conn.matches(delay.app)
+                ):
+                    if not counted_delay:
+                        counted_delay = True
+                        self._stats["delayed"] += 1
+                    self._cond.wait(received + delay.seconds - now)
+                    continue
+                return True
+        return False
+
+
+def with_address(url: str, host: str, port: int) -> str:
+    """A postgresql:// URL pointed at another host and port, everything else kept."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a URL: {url!r}")
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, _ = netloc.rpartition("@")
+    return f"{scheme}://{userinfo}{at}{host}:{port}{slash}{tail}"
