@@ -120,12 +120,18 @@ def _app_timezone() -> str:
     return str(getattr(zone, "key", zone))
 
 
-def map_celery_schedule(value: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(schedule fields, None) or (None, why it cannot be mapped)."""
+def map_celery_schedule(
+    value: Any, timezone: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(schedule fields, None) or (None, why it cannot be mapped).
+
+    ``timezone`` is the Celery app's zone, which a crontab runs in; None reads it from the
+    settings, and only when a crontab needs it.
+    """
     from celery.schedules import crontab, schedule, solar
 
     if isinstance(value, crontab):
-        return {"cron": crontab_expression(value), "timezone": _app_timezone()}, None
+        return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
     if isinstance(value, solar):
         return None, "solar schedules (sunrise, sunset ...) have no cron equivalent"
     if isinstance(value, schedule):  # after crontab and solar, which subclass it
@@ -137,32 +143,38 @@ def map_celery_schedule(value: Any) -> tuple[dict[str, Any] | None, str | None]:
     return None, f"schedule of type {type(value).__name__} is not supported"
 
 
+def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candidate:
+    """One ``beat_schedule`` item as a candidate job, mapped or not. Touches no database.
+
+    Pure when ``timezone`` (the Celery app's zone) is given, so the differential test against
+    Celery's own scheduler maps entries exactly as an import does.
+    """
+    item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
+    if not isinstance(entry, Mapping) or not entry.get("task"):
+        item.problem = "an entry needs a 'task' and a 'schedule'"
+        return item
+    item.task = str(entry["task"])
+    schedule, problem = map_celery_schedule(entry.get("schedule"), timezone)
+    if schedule is None:
+        item.problem = problem
+        return item
+    item.spec.update(schedule)
+    item.spec["args"] = list(entry.get("args") or ())
+    item.spec["kwargs"] = dict(entry.get("kwargs") or {})
+    options = dict(entry.get("options") or {})
+    for key in CARRIED_OPTIONS:
+        if options.get(key) is not None:
+            item.spec[key] = options.pop(key)
+    if options:
+        item.notes.append(f"options ignored: {', '.join(sorted(options))}")
+    if entry.get("relative"):
+        item.notes.append("relative=True ignored: the interval counts from the import")
+    return item
+
+
 def from_beat_schedule(entries: Mapping[str, Any]) -> list[Candidate]:
     """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict."""
-    found = []
-    for name, entry in entries.items():
-        item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
-        found.append(item)
-        if not isinstance(entry, Mapping) or not entry.get("task"):
-            item.problem = "an entry needs a 'task' and a 'schedule'"
-            continue
-        item.task = str(entry["task"])
-        schedule, problem = map_celery_schedule(entry.get("schedule"))
-        if schedule is None:
-            item.problem = problem
-            continue
-        item.spec.update(schedule)
-        item.spec["args"] = list(entry.get("args") or ())
-        item.spec["kwargs"] = dict(entry.get("kwargs") or {})
-        options = dict(entry.get("options") or {})
-        for key in CARRIED_OPTIONS:
-            if options.get(key) is not None:
-                item.spec[key] = options.pop(key)
-        if options:
-            item.notes.append(f"options ignored: {', '.join(sorted(options))}")
-        if entry.get("relative"):
-            item.notes.append("relative=True ignored: the interval counts from the import")
-    return found
+    return [map_beat_entry(str(name), entry) for name, entry in entries.items()]
 
 
 # --- django-celery-beat ------------------------------------------------------------------------
