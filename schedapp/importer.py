@@ -97,7 +97,11 @@ def beat_schedule_from_settings() -> Mapping[str, Any]:
 
 
 def _cron_part(value: Any) -> str:
-    if isinstance(value, str | int):
+    if isinstance(value, str):
+        # Celery reads "0, 6, 12" as 0,6,12 (it splits on commas and int() strips blanks);
+        # in a cron expression the blanks would split the field.
+        return "".join(value.split())
+    if isinstance(value, int):
         return str(value)
     if isinstance(value, Iterable):
         return ",".join(str(v) for v in sorted(value))

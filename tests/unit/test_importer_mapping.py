@@ -1,0 +1,52 @@
+"""``importer.map_beat_entry``: one ``beat_schedule`` item to a job spec, without a database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery.schedules import crontab, schedule
+
+from schedapp import importer
+from schedapp.schedules import parse_cron
+
+
+def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options():
+    item = importer.map_beat_entry(
+        "report",
+        {
+            "task": "project.tasks.record",
+            "schedule": crontab(minute=0, hour=7, day_of_week="mon-fri"),
+            "args": ("report",),
+            "options": {"queue": "reports", "expires": 30},
+        },
+        "Europe/Paris",
+    )
+    assert item.problem is None
+    assert item.spec == {
+        "cron": "0 7 * * mon-fri",
+        "timezone": "Europe/Paris",
+        "args": ["report"],
+        "kwargs": {},
+        "queue": "reports",
+    }
+    assert item.notes == ["options ignored: expires"]
+
+
+def test_intervals_map_from_numbers_timedeltas_and_schedule_objects():
+    for value in (90, 90.0, timedelta(seconds=90), schedule(run_every=90)):
+        item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC")
+        assert item.spec["interval"] == timedelta(seconds=90), value
+
+
+def test_blanks_inside_a_crontab_field_do_not_split_the_cron_field():
+    # hustlzp/blogbar: crontab(hour='0, 6, 12, 18', minute=30); Celery reads 0,6,12,18
+    item = importer.map_beat_entry(
+        "grab", {"task": "t", "schedule": crontab(hour="0, 6, 12, 18", minute=30)}, "UTC"
+    )
+    assert item.spec["cron"] == "30 0,6,12,18 * * *"
+    assert parse_cron(item.spec["cron"], "UTC").expr == "30 0,6,12,18 * * *"
+
+
+def test_an_entry_without_a_task_is_reported():
+    item = importer.map_beat_entry("x", {"schedule": 60}, "UTC")
+    assert item.problem == "an entry needs a 'task' and a 'schedule'"
