@@ -12,7 +12,9 @@ Mapping:
   django-celery-beat's ``CrontabSchedule`` -> the same, in its own ``timezone``.
 * ``timedelta``, a number of seconds, ``schedule(run_every=...)`` and ``IntervalSchedule``
   -> interval. ``ClockedSchedule`` -> a one-off ``run_at``.
-* ``solar`` and anything else -> not mapped (reported).
+* ``solar``, a subclass of ``crontab`` or ``schedule`` that decides by its own code when it
+  is due (its own ``is_due``, ``remaining_estimate`` or ``now``), and anything else -> not
+  mapped (reported).
 * args, kwargs, ``options.queue`` and ``options.priority`` are carried over; other options
   (``expires``, ``exchange``, ``routing_key`` ...) are listed as ignored. A disabled
   ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
@@ -134,17 +136,36 @@ def map_celery_schedule(
     """
     from celery.schedules import crontab, schedule, solar
 
-    if isinstance(value, crontab):
-        return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
     if isinstance(value, solar):
         return None, "solar schedules (sunrise, sunset ...) have no cron equivalent"
-    if isinstance(value, schedule):  # after crontab and solar, which subclass it
+    for base in (crontab, schedule):  # crontab and solar subclass schedule
+        if isinstance(value, base) and _times_its_own_way(value, base):
+            return None, (
+                f"{type(value).__name__} decides when it is due by its own code (a custom "
+                f"subclass of celery's {base.__name__}); its fire times have no equivalent"
+            )
+    if isinstance(value, crontab):
+        return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
+    if isinstance(value, schedule):
         return {"interval": value.run_every}, None
     if isinstance(value, timedelta):
         return {"interval": value}, None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"interval": timedelta(seconds=value)}, None
     return None, f"schedule of type {type(value).__name__} is not supported"
+
+
+def _times_its_own_way(value: Any, base: type) -> bool:
+    """Whether a subclass replaces how Celery decides the schedule is due.
+
+    Such a class (an offset first run, a zone of its own, a database lookup) only looks like
+    its base: mapping it as one would import a different schedule without a word.
+    """
+    cls = type(value)
+    return any(
+        getattr(cls, name) is not getattr(base, name)
+        for name in ("is_due", "remaining_estimate", "now")
+    )
 
 
 def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candidate:

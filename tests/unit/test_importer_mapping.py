@@ -50,3 +50,35 @@ def test_blanks_inside_a_crontab_field_do_not_split_the_cron_field():
 def test_an_entry_without_a_task_is_reported():
     item = importer.map_beat_entry("x", {"schedule": 60}, "UTC")
     assert item.problem == "an entry needs a 'task' and a 'schedule'"
+
+
+class _FirstRunLater(schedule):
+    """Like MIT ODL's OffsettingSchedule: the first run is offset, then a plain interval."""
+
+    def is_due(self, last_run_at):  # type: ignore[no-untyped-def]
+        return super().is_due(last_run_at)
+
+
+class _OwnZoneCrontab(crontab):
+    """Like django-celery-beat's TzAwareCrontab: due by a clock of its own."""
+
+    def remaining_estimate(self, last_run_at, ffwd=None):  # type: ignore[no-untyped-def]
+        return super().remaining_estimate(last_run_at)
+
+
+class _RenamedCrontab(crontab):
+    """A subclass that changes nothing about timing."""
+
+
+def test_subclasses_that_time_themselves_are_reported_not_mapped_as_their_base():
+    for value in (_FirstRunLater(run_every=60), _OwnZoneCrontab(minute=0)):
+        item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC")
+        assert item.spec == {}
+        assert item.problem is not None
+        assert f"{type(value).__name__} decides when it is due by its own code" in item.problem
+
+
+def test_a_subclass_that_keeps_celerys_timing_maps_like_its_base():
+    item = importer.map_beat_entry("x", {"task": "t", "schedule": _RenamedCrontab(minute=5)}, "UTC")
+    assert item.problem is None
+    assert item.spec["cron"] == "5 * * * *"
