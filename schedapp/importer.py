@@ -192,8 +192,11 @@ def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candid
             item.spec[key] = options.pop(key)
     if options:
         item.notes.append(f"options ignored: {', '.join(sorted(options))}")
-    if entry.get("relative"):
-        item.notes.append("relative=True ignored: the interval counts from the import")
+    if entry.get("relative") and "interval" in item.spec:  # Celery ignores it on a crontab
+        item.notes.append(
+            "relative=True ignored: Celery rounds each run down to the interval's unit "
+            "(minute, hour or local midnight); this job counts whole intervals from the import"
+        )
     return item
 
 

@@ -82,3 +82,15 @@ def test_a_subclass_that_keeps_celerys_timing_maps_like_its_base():
     item = importer.map_beat_entry("x", {"task": "t", "schedule": _RenamedCrontab(minute=5)}, "UTC")
     assert item.problem is None
     assert item.spec["cron"] == "5 * * * *"
+
+
+def test_relative_is_noted_on_intervals_only_since_celery_ignores_it_on_a_crontab():
+    every = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": timedelta(minutes=5), "relative": True}, "UTC"
+    )
+    assert every.spec["interval"] == timedelta(minutes=5)
+    assert any(note.startswith("relative=True ignored") for note in every.notes)
+    tab = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": crontab(minute="*/20"), "relative": True}, "UTC"
+    )
+    assert tab.notes == []
