@@ -192,12 +192,21 @@ def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candid
             item.spec[key] = options.pop(key)
     if options:
         item.notes.append(f"options ignored: {', '.join(sorted(options))}")
-    if entry.get("relative") and "interval" in item.spec:  # Celery ignores it on a crontab
+    if _relative(entry) and "interval" in item.spec:  # Celery ignores it on a crontab
         item.notes.append(
             "relative=True ignored: Celery rounds each run down to the interval's unit "
             "(minute, hour or local midnight); this job counts whole intervals from the import"
         )
     return item
+
+
+def _relative(entry: Mapping[str, Any]) -> bool:
+    """Whether Celery rounds this entry's runs: a schedule object's own flag wins over the
+    entry's (beat applies ``relative`` only when it builds the schedule from a number)."""
+    from celery.schedules import schedule
+
+    value = entry.get("schedule")
+    return bool(value.relative if isinstance(value, schedule) else entry.get("relative"))
 
 
 def from_beat_schedule(entries: Mapping[str, Any]) -> list[Candidate]:

@@ -94,3 +94,14 @@ def test_relative_is_noted_on_intervals_only_since_celery_ignores_it_on_a_cronta
         "x", {"task": "t", "schedule": crontab(minute="*/20"), "relative": True}, "UTC"
     )
     assert tab.notes == []
+
+
+def test_a_schedule_objects_own_relative_flag_is_the_one_celery_uses():
+    own = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": schedule(run_every=300, relative=True)}, "UTC"
+    )
+    assert any(note.startswith("relative=True ignored") for note in own.notes)
+    entry_only = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": schedule(run_every=300), "relative": True}, "UTC"
+    )
+    assert entry_only.notes == []  # beat keeps the object as it is: no rounding
