@@ -12,7 +12,9 @@ Mapping:
   django-celery-beat's ``CrontabSchedule`` -> the same, in its own ``timezone``.
 * ``timedelta``, a number of seconds, ``schedule(run_every=...)`` and ``IntervalSchedule``
   -> interval. ``ClockedSchedule`` -> a one-off ``run_at``.
-* ``solar`` and anything else -> not mapped (reported).
+* ``solar``, a subclass of ``crontab`` or ``schedule`` that decides by its own code when it
+  is due (its own ``is_due``, ``remaining_estimate`` or ``now``), and anything else -> not
+  mapped (reported).
 * args, kwargs, ``options.queue`` and ``options.priority`` are carried over; other options
   (``expires``, ``exchange``, ``routing_key`` ...) are listed as ignored. A disabled
   ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
@@ -97,7 +99,11 @@ def beat_schedule_from_settings() -> Mapping[str, Any]:
 
 
 def _cron_part(value: Any) -> str:
-    if isinstance(value, str | int):
+    if isinstance(value, str):
+        # Celery reads "0, 6, 12" as 0,6,12 (it splits on commas and int() strips blanks);
+        # in a cron expression the blanks would split the field.
+        return "".join(value.split())
+    if isinstance(value, int):
         return str(value)
     if isinstance(value, Iterable):
         return ",".join(str(v) for v in sorted(value))
@@ -120,15 +126,27 @@ def _app_timezone() -> str:
     return str(getattr(zone, "key", zone))
 
 
-def map_celery_schedule(value: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(schedule fields, None) or (None, why it cannot be mapped)."""
+def map_celery_schedule(
+    value: Any, timezone: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(schedule fields, None) or (None, why it cannot be mapped).
+
+    ``timezone`` is the Celery app's zone, which a crontab runs in; None reads it from the
+    settings, and only when a crontab needs it.
+    """
     from celery.schedules import crontab, schedule, solar
 
-    if isinstance(value, crontab):
-        return {"cron": crontab_expression(value), "timezone": _app_timezone()}, None
     if isinstance(value, solar):
         return None, "solar schedules (sunrise, sunset ...) have no cron equivalent"
-    if isinstance(value, schedule):  # after crontab and solar, which subclass it
+    for base in (crontab, schedule):  # crontab and solar subclass schedule
+        if isinstance(value, base) and _times_its_own_way(value, base):
+            return None, (
+                f"{type(value).__name__} decides when it is due by its own code (a custom "
+                f"subclass of celery's {base.__name__}); its fire times have no equivalent"
+            )
+    if isinstance(value, crontab):
+        return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
+    if isinstance(value, schedule):
         return {"interval": value.run_every}, None
     if isinstance(value, timedelta):
         return {"interval": value}, None
@@ -137,32 +155,63 @@ def map_celery_schedule(value: Any) -> tuple[dict[str, Any] | None, str | None]:
     return None, f"schedule of type {type(value).__name__} is not supported"
 
 
+def _times_its_own_way(value: Any, base: type) -> bool:
+    """Whether a subclass replaces how Celery decides the schedule is due.
+
+    Such a class (an offset first run, a zone of its own, a database lookup) only looks like
+    its base: mapping it as one would import a different schedule without a word.
+    """
+    cls = type(value)
+    return any(
+        getattr(cls, name) is not getattr(base, name)
+        for name in ("is_due", "remaining_estimate", "now")
+    )
+
+
+def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candidate:
+    """One ``beat_schedule`` item as a candidate job, mapped or not. Touches no database.
+
+    Pure when ``timezone`` (the Celery app's zone) is given, so the differential test against
+    Celery's own scheduler maps entries exactly as an import does.
+    """
+    item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
+    if not isinstance(entry, Mapping) or not entry.get("task"):
+        item.problem = "an entry needs a 'task' and a 'schedule'"
+        return item
+    item.task = str(entry["task"])
+    schedule, problem = map_celery_schedule(entry.get("schedule"), timezone)
+    if schedule is None:
+        item.problem = problem
+        return item
+    item.spec.update(schedule)
+    item.spec["args"] = list(entry.get("args") or ())
+    item.spec["kwargs"] = dict(entry.get("kwargs") or {})
+    options = dict(entry.get("options") or {})
+    for key in CARRIED_OPTIONS:
+        if options.get(key) is not None:
+            item.spec[key] = options.pop(key)
+    if options:
+        item.notes.append(f"options ignored: {', '.join(sorted(options))}")
+    if _relative(entry) and "interval" in item.spec:  # Celery ignores it on a crontab
+        item.notes.append(
+            "relative=True ignored: Celery rounds each run down to the interval's unit "
+            "(minute, hour or local midnight); this job counts whole intervals from the import"
+        )
+    return item
+
+
+def _relative(entry: Mapping[str, Any]) -> bool:
+    """Whether Celery rounds this entry's runs: a schedule object's own flag wins over the
+    entry's (beat applies ``relative`` only when it builds the schedule from a number)."""
+    from celery.schedules import schedule
+
+    value = entry.get("schedule")
+    return bool(value.relative if isinstance(value, schedule) else entry.get("relative"))
+
+
 def from_beat_schedule(entries: Mapping[str, Any]) -> list[Candidate]:
     """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict."""
-    found = []
-    for name, entry in entries.items():
-        item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
-        found.append(item)
-        if not isinstance(entry, Mapping) or not entry.get("task"):
-            item.problem = "an entry needs a 'task' and a 'schedule'"
-            continue
-        item.task = str(entry["task"])
-        schedule, problem = map_celery_schedule(entry.get("schedule"))
-        if schedule is None:
-            item.problem = problem
-            continue
-        item.spec.update(schedule)
-        item.spec["args"] = list(entry.get("args") or ())
-        item.spec["kwargs"] = dict(entry.get("kwargs") or {})
-        options = dict(entry.get("options") or {})
-        for key in CARRIED_OPTIONS:
-            if options.get(key) is not None:
-                item.spec[key] = options.pop(key)
-        if options:
-            item.notes.append(f"options ignored: {', '.join(sorted(options))}")
-        if entry.get("relative"):
-            item.notes.append("relative=True ignored: the interval counts from the import")
-    return found
+    return [map_beat_entry(str(name), entry) for name, entry in entries.items()]
 
 
 # --- django-celery-beat ------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""``importer.map_beat_entry``: one ``beat_schedule`` item to a job spec, without a database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery.schedules import crontab, schedule
+
+from schedapp import importer
+from schedapp.schedules import parse_cron
+
+
+def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options():
+    item = importer.map_beat_entry(
+        "report",
+        {
+            "task": "project.tasks.record",
+            "schedule": crontab(minute=0, hour=7, day_of_week="mon-fri"),
+            "args": ("report",),
+            "options": {"queue": "reports", "expires": 30},
+        },
+        "Europe/Paris",
+    )
+    assert item.problem is None
+    assert item.spec == {
+        "cron": "0 7 * * mon-fri",
+        "timezone": "Europe/Paris",
+        "args": ["report"],
+        "kwargs": {},
+        "queue": "reports",
+    }
+    assert item.notes == ["options ignored: expires"]
+
+
+def test_intervals_map_from_numbers_timedeltas_and_schedule_objects():
+    for value in (90, 90.0, timedelta(seconds=90), schedule(run_every=90)):
+        item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC")
+        assert item.spec["interval"] == timedelta(seconds=90), value
+
+
+def test_blanks_inside_a_crontab_field_do_not_split_the_cron_field():
+    # hustlzp/blogbar: crontab(hour='0, 6, 12, 18', minute=30); Celery reads 0,6,12,18
+    item = importer.map_beat_entry(
+        "grab", {"task": "t", "schedule": crontab(hour="0, 6, 12, 18", minute=30)}, "UTC"
+    )
+    assert item.spec["cron"] == "30 0,6,12,18 * * *"
+    assert parse_cron(item.spec["cron"], "UTC").expr == "30 0,6,12,18 * * *"
+
+
+def test_an_entry_without_a_task_is_reported():
+    item = importer.map_beat_entry("x", {"schedule": 60}, "UTC")
+    assert item.problem == "an entry needs a 'task' and a 'schedule'"
+
+
+class _FirstRunLater(schedule):
+    """Like MIT ODL's OffsettingSchedule: the first run is offset, then a plain interval."""
+
+    def is_due(self, last_run_at):  # type: ignore[no-untyped-def]
+        return super().is_due(last_run_at)
+
+
+class _OwnZoneCrontab(crontab):
+    """Like django-celery-beat's TzAwareCrontab: due by a clock of its own."""
+
+    def remaining_estimate(self, last_run_at, ffwd=None):  # type: ignore[no-untyped-def]
+        return super().remaining_estimate(last_run_at)
+
+
+class _RenamedCrontab(crontab):
+    """A subclass that changes nothing about timing."""
+
+
+def test_subclasses_that_time_themselves_are_reported_not_mapped_as_their_base():
+    for value in (_FirstRunLater(run_every=60), _OwnZoneCrontab(minute=0)):
+        item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC")
+        assert item.spec == {}
+        assert item.problem is not None
+        assert f"{type(value).__name__} decides when it is due by its own code" in item.problem
+
+
+def test_a_subclass_that_keeps_celerys_timing_maps_like_its_base():
+    item = importer.map_beat_entry("x", {"task": "t", "schedule": _RenamedCrontab(minute=5)}, "UTC")
+    assert item.problem is None
+    assert item.spec["cron"] == "5 * * * *"
+
+
+def test_relative_is_noted_on_intervals_only_since_celery_ignores_it_on_a_crontab():
+    every = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": timedelta(minutes=5), "relative": True}, "UTC"
+    )
+    assert every.spec["interval"] == timedelta(minutes=5)
+    assert any(note.startswith("relative=True ignored") for note in every.notes)
+    tab = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": crontab(minute="*/20"), "relative": True}, "UTC"
+    )
+    assert tab.notes == []
+
+
+def test_a_schedule_objects_own_relative_flag_is_the_one_celery_uses():
+    own = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": schedule(run_every=300, relative=True)}, "UTC"
+    )
+    assert any(note.startswith("relative=True ignored") for note in own.notes)
+    entry_only = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": schedule(run_every=300), "relative": True}, "UTC"
+    )
+    assert entry_only.notes == []  # beat keeps the object as it is: no rounding
