@@ -1,0 +1,105 @@
+"""Retried writes after a lost reply: the COMMIT lands, the reply never reaches the worker,
+the worker's hook tries again, and the second attempt changes nothing (lesson 16).
+
+A fault-injecting proxy (tests/pgproxy) sits between Django and PostgreSQL: it forwards the
+write, lets the server commit, swallows the server's answer and cuts the connection. The
+worker hooks then retry exactly as they do in a worker (``db.with_retries``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from celery.worker import state as worker_state
+
+from schedapp import api, claims
+from schedapp.claims import claim_due_jobs
+from schedapp.db import db_now
+from schedapp.message import HEADER_LEASE, RunHeaders
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.worker import WorkerHooks
+from tests.pgproxy import django_through
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Fragments that occur only in the statement under test (Django inlines parameters into the
+# text, so a fragment must not be something a value could contain).
+DOOR = b"started_at = coalesce(r.started_at, now())"
+FAST_SUCCESS = b"last_status = 'succeeded'"
+
+
+def claimed(**options) -> claims.ClaimedRun:
+    if "interval" not in options:
+        options["run_at"] = db_now()
+    job = api.schedule("project.tasks.record", name="job", **options)
+    if "interval" in options:
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    return run
+
+
+def delivered(run: claims.ClaimedRun) -> SimpleNamespace:
+    """The Celery request a worker's main process sees for ``run``'s message."""
+    return SimpleNamespace(
+        id=run.task_id, hostname="w1@host", request_dict={HEADER_LEASE: run.lease_seconds}
+    )
+
+
+def headers_of(run: claims.ClaimedRun) -> RunHeaders:
+    from schedapp.dispatch import message_headers
+
+    return RunHeaders.read(message_headers(run, "test"))  # type: ignore[return-value]
+
+
+def test_a_door_whose_reply_was_lost_admits_its_run_on_retry(pg_proxy):
+    run = claimed(lease_seconds=30)
+    hooks = WorkerHooks()
+    pg_proxy.cut_after(DOOR)
+    with django_through(pg_proxy):
+        hooks.on_task_received(request=delivered(run))
+    assert pg_proxy.stats()["cuts"] == 1  # the first attempt committed, its reply was lost
+    # The retry recognised its own admission: the run is held here, not refused
+    assert (run.job_id, run.token) in hooks.held
+    assert run.task_id not in worker_state.revoked
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
+
+
+def test_a_success_whose_reply_was_lost_moves_the_job_on_once(pg_proxy):
+    run = claimed(interval=60)
+    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    hooks = WorkerHooks()
+    pg_proxy.cut_after(FAST_SUCCESS)
+    with django_through(pg_proxy):
+        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+    assert pg_proxy.stats()["cuts"] == 1
+    job = Job.objects.get(pk=run.job_id)
+    # the next occurrence follows the one that ran: none was skipped by the retry
+    assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SUCCEEDED
+
+
+def test_a_success_committed_in_a_transaction_whose_reply_was_lost_is_applied_once(pg_proxy):
+    run = claimed(interval=60)
+    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    hooks = WorkerHooks()
+    pg_proxy.cut_after()  # the COMMIT of the general completion path
+    with django_through(pg_proxy):
+        hooks._complete(run.task_id, claims.SUCCEEDED)  # no headers: the general path
+    assert pg_proxy.stats()["cuts"] == 1
+    job = Job.objects.get(pk=run.job_id)
+    assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+
+
+def test_a_failure_whose_reply_was_lost_spends_one_retry(pg_proxy):
+    run = claimed(max_retries=1, retry_backoff=0)
+    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    hooks = WorkerHooks()
+    pg_proxy.cut_after()
+    with django_through(pg_proxy):
+        hooks._complete(run.task_id, claims.FAILED, error="RuntimeError: boom")
+    assert pg_proxy.stats()["cuts"] == 1
+    job = Job.objects.get(pk=run.job_id)
+    # one failed attempt: retried, not dead
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
