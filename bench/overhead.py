@@ -41,6 +41,7 @@ QUEUE = common.QUEUE
 _TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node", "project_execution")
 WORKER_SETTINGS = {
     "CELERY_RESULT_BACKEND": "",  # disabled on both sides
+    "DJANGO_DEBUG": "0",  # as in production: no query log kept per statement
     # The README's worker settings (acks late and prefetch 1 are the project's defaults).
 }
 
@@ -156,7 +157,7 @@ def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
     for pid in pids:
         out = Path(f"{prefix}-{'main' if pid == main.pid else pid}.txt")
         spies.append(subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--rate", "500", "--format", "raw",
+            [spy, "record", "--pid", str(pid), "--rate", "500", "--idle", "--format", "raw",
              "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies

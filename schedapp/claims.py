@@ -490,132 +490,69 @@ _DOOR_EXPLANATIONS = {
     "dispatched again",
 }
 
-# The door, one statement: lock the job row if the claim is current and its lease has not
-# expired, move the run from dispatched to running under this admission (or find it already
-# there under this same admission: a retried door), and extend the lease from now.
-_ADMIT_SQL = """
-WITH job AS (
-    SELECT j.id, j.token FROM schedapp_job j
-    WHERE j.id = %(job)s AND j.token = %(token)s AND j.state = 'running'
-      AND j.lease_expires_at > now()
-    FOR UPDATE
-),
-run AS (
-    UPDATE schedapp_jobrun r
-    SET status = 'running', started_at = coalesce(r.started_at, now()), worker = %(worker)s,
-        admission = %(admission)s
-    FROM job
-    WHERE r.job_id = job.id AND r.token = job.token
-      AND (r.status = 'dispatched' OR (r.status = 'running' AND r.admission = %(admission)s))
-    RETURNING r.job_id
-),
-lease AS (
-    UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
-    FROM run WHERE j.id = run.job_id
-    RETURNING j.id
-)
-SELECT (SELECT count(*) FROM lease), j.token, j.state, j.lease_expires_at > now(), r.status
-FROM (VALUES (1)) AS one (x)
-LEFT JOIN schedapp_job j ON j.id = %(job)s
-LEFT JOIN schedapp_jobrun r ON r.job_id = %(job)s AND r.token = %(token)s
-"""
-
-
 def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
     extending the lease; otherwise say why not (and close the run if it never will start).
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
+    On PostgreSQL this is the function ``schedapp_admit_run`` (migration 0003).
     """
     if is_postgresql():
         with connection.cursor() as cursor:
             cursor.execute(
-                _ADMIT_SQL,
-                {"job": job_id, "token": token, "worker": worker, "admission": admission},
+                "SELECT schedapp_admit_run(%s, %s, %s, %s)", [job_id, token, worker, admission]
             )
-            admitted, job_token, state, lease_valid, run_status = cursor.fetchone()
-    else:
-        admitted, job_token, state, lease_valid, run_status = _admit_portable(
-            job_id, token, worker, admission
-        )
-    if admitted:
-        return DoorVerdict.ADMITTED
-    verdict = _refusal(token, job_token, state, lease_valid, run_status)
-    if run_status == RunStatus.DISPATCHED and verdict is not DoorVerdict.UNKNOWN:
-        _close_refused_run(job_id, token, worker, verdict)
-    return verdict
+            return DoorVerdict(cursor.fetchone()[0])
+    return _admit_portable(job_id, token, worker, admission)
 
 
-def _admit_portable(
-    job_id: int, token: int, worker: str, admission: str
-) -> tuple[int, int | None, str | None, bool | None, str | None]:
+def _admit_portable(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+    """``schedapp_admit_run`` through the ORM (SQLite's IMMEDIATE transactions serialise it)."""
     with transaction.atomic():
         now = db_now()
-        job = Job.objects.select_for_update().filter(id=job_id).values(
-            "token", "state", "lease_expires_at"
-        ).first()
-        run = JobRun.objects.filter(job_id=job_id, token=token).values(
-            "status", "admission"
-        ).first()
-        if job is None:
-            return 0, None, None, None, run and run["status"]
+        job = (
+            Job.objects.select_for_update()
+            .filter(id=job_id)
+            .values("token", "state", "lease_expires_at", "lease_seconds")
+            .first()
+        )
+        runs = JobRun.objects.filter(job_id=job_id, token=token)
+        run = runs.values("status", "admission").first()
+        if job is None or run is None:
+            return DoorVerdict.UNKNOWN
         lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
-        fenced = job["token"] == token and job["state"] == JobState.RUNNING and lease_valid
-        admissible = run is not None and (
-            run["status"] == RunStatus.DISPATCHED
-            or (run["status"] == RunStatus.RUNNING and run["admission"] == admission)
-        )
-        if not (fenced and admissible):
-            return 0, job["token"], job["state"], lease_valid, run and run["status"]
-        JobRun.objects.filter(job_id=job_id, token=token).update(
-            status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
-        )
-        lease = Job.objects.filter(id=job_id).values_list("lease_seconds", flat=True).get()
-        Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
-        return 1, token, JobState.RUNNING, True, RunStatus.RUNNING
-
-
-def _refusal(
-    token: int,
-    job_token: int | None,
-    state: str | None,
-    lease_valid: bool | None,
-    run_status: str | None,
-) -> DoorVerdict:
-    if job_token is None or run_status is None:
-        return DoorVerdict.UNKNOWN
-    if job_token != token:
-        return DoorVerdict.STALE_TOKEN
-    if state == JobState.PAUSED:
-        return DoorVerdict.JOB_PAUSED
-    if state != JobState.RUNNING:
-        return DoorVerdict.JOB_STATE
-    if run_status != RunStatus.DISPATCHED:
-        return DoorVerdict.DUPLICATE
-    if not lease_valid:
-        return DoorVerdict.LEASE_EXPIRED
-    # Everything looked current in the statement's snapshot, yet the job row's lock, taken
-    # after waiting, said otherwise: a reaper or a claim got there first.
-    return DoorVerdict.STALE_TOKEN
-
-
-def _close_refused_run(job_id: int, token: int, worker: str, verdict: DoorVerdict) -> None:
-    """A delivered run that will never start is closed as ``skipped``. A paused job gives its
-    lease back, so that resume makes it claimable at once; an expired lease is left to the
-    reaper, which dispatches the occurrence again."""
-    with transaction.atomic():
-        Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
-        JobRun.objects.filter(job_id=job_id, token=token, status=RunStatus.DISPATCHED).update(
-            status=RunStatus.SKIPPED,
-            finished_at=Now(),
-            worker=worker,
-            error=f"delivered but not executed: {verdict.explanation}",
-        )
-        if verdict is DoorVerdict.JOB_PAUSED:
-            Job.objects.filter(id=job_id, token=token, state=JobState.PAUSED).update(
-                claimed_by="", lease_expires_at=None
+        if job["token"] != token:
+            verdict = DoorVerdict.STALE_TOKEN
+        elif job["state"] == JobState.PAUSED:
+            verdict = DoorVerdict.JOB_PAUSED
+        elif job["state"] != JobState.RUNNING:
+            verdict = DoorVerdict.JOB_STATE
+        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
+            verdict = DoorVerdict.ADMITTED
+        elif run["status"] != RunStatus.DISPATCHED:
+            verdict = DoorVerdict.DUPLICATE
+        elif not lease_valid:
+            verdict = DoorVerdict.LEASE_EXPIRED
+        else:
+            verdict = DoorVerdict.ADMITTED
+        if verdict is DoorVerdict.ADMITTED:
+            runs.update(
+                status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
             )
+            Job.objects.filter(id=job_id).update(
+                lease_expires_at=now + timedelta(seconds=job["lease_seconds"])
+            )
+        elif run["status"] == RunStatus.DISPATCHED:
+            runs.update(
+                status=RunStatus.SKIPPED,
+                finished_at=now,
+                worker=worker,
+                error=f"delivered but not executed: {verdict.explanation}",
+            )
+            if verdict is DoorVerdict.JOB_PAUSED:
+                Job.objects.filter(id=job_id).update(claimed_by="", lease_expires_at=None)
+        return verdict
 
 
 @dataclass(frozen=True)
@@ -628,28 +565,6 @@ class Renewal:
     lost: set[tuple[int, int]] = field(default_factory=set)
 
 
-_RENEW_SQL = """
-WITH held AS (
-    SELECT * FROM unnest(%(jobs)s::bigint[], %(tokens)s::bigint[]) AS h (job_id, token)
-),
-renewed AS (
-    UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
-    FROM held h
-    WHERE j.id = h.job_id AND j.token = h.token AND j.lease_expires_at IS NOT NULL
-      AND j.state IN ('running', 'paused')
-    RETURNING j.id, j.token
-),
-beats AS (
-    UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
-    FROM renewed n WHERE r.job_id = n.id AND r.token = n.token AND r.status = 'running'
-    RETURNING r.id
-)
-SELECT h.job_id, h.token, n.id IS NOT NULL, r.status, r.stale
-FROM held h
-LEFT JOIN renewed n ON n.id = h.job_id AND n.token = h.token
-LEFT JOIN schedapp_jobrun r ON r.job_id = h.job_id AND r.token = h.token
-"""
-
 _FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
@@ -658,40 +573,28 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
 
     A lease that can no longer be renewed is *lost* only if its run did not simply finish:
     a run whose completion committed a moment ago (the worker's main process has not seen it
-    yet) is reported as finished, not as an alarm.
+    yet) is reported as finished, not as an alarm. On PostgreSQL this is the function
+    ``schedapp_renew_leases`` (migration 0003).
     """
     if not held:
         return Renewal()
     if is_postgresql():
         with connection.cursor() as cursor:
             cursor.execute(
-                _RENEW_SQL, {"jobs": [j for j, _ in held], "tokens": [t for _, t in held]}
+                "SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)",
+                [[j for j, _ in held], [t for _, t in held]],
             )
             rows = cursor.fetchall()
     else:
         rows = _renew_portable(held)
     result = Renewal()
-    unsure = []
-    for job_id, token, renewed, status, stale in rows:
-        key = (job_id, token)
-        if renewed:
-            result.renewed.add(key)
-        elif status in _FINISHED_NORMALLY and not stale:
-            result.finished.add(key)
-        elif status == RunStatus.RUNNING:
-            unsure.append(key)  # finished (or reclaimed) while this statement ran: look again
-        else:
-            result.lost.add(key)
-    if unsure:
-        for job_id, token, status, stale in JobRun.objects.filter(
-            _pairs(unsure, "job_id")
-        ).values_list("job_id", "token", "status", "stale"):
-            done = status in _FINISHED_NORMALLY and not stale
-            (result.finished if done else result.lost).add((job_id, token))
+    sets = {"renewed": result.renewed, "finished": result.finished, "lost": result.lost}
+    for job_id, token, outcome in rows:
+        sets[outcome].add((job_id, token))
     return result
 
 
-def _renew_portable(held: Sequence[tuple[int, int]]) -> list[tuple[int, int, bool, str, bool]]:
+def _renew_portable(held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
     with transaction.atomic():
         now = db_now()
         current = list(
@@ -716,10 +619,17 @@ def _renew_portable(held: Sequence[tuple[int, int]]) -> list[tuple[int, int, boo
                 "job_id", "token", "status", "stale"
             )
         }
-    return [
-        (j, t, (j, t) in renewed, *runs.get((j, t), (None, False)))  # type: ignore[misc]
-        for j, t in held
-    ]
+    out = []
+    for key in held:
+        status, stale = runs.get(key, (None, False))
+        if key in renewed:
+            outcome = "renewed"
+        elif status in _FINISHED_NORMALLY and not stale:
+            outcome = "finished"
+        else:
+            outcome = "lost"
+        out.append((*key, outcome))
+    return out
 
 
 # --- completion ------------------------------------------------------------------------------
@@ -742,40 +652,6 @@ class CompletionResult:
     @property
     def applied(self) -> bool:
         return self.completion is Completion.APPLIED
-
-
-# A success in one statement, fenced by token and guarded by "the schedule is the one the claim
-# saw": the job moves to its next occurrence (computed by the worker from that schedule) and
-# the run is closed, only while the run is still running under the job's current token.
-_SUCCEED_SQL = """
-WITH job AS (
-    UPDATE schedapp_job j SET
-        state = CASE WHEN %(next)s::timestamptz IS NULL THEN 'succeeded'
-                     WHEN j.state = 'paused' THEN 'paused' ELSE 'scheduled' END,
-        scheduled_for = coalesce(%(next)s::timestamptz, j.scheduled_for),
-        next_run_at = %(next)s::timestamptz + j.jitter * random() * interval '1 second',
-        retry_count = 0, claimed_by = '', lease_expires_at = NULL, last_run_at = now(),
-        last_status = 'succeeded', updated_at = now()
-    WHERE j.id = %(job)s AND j.token = %(token)s AND j.state IN ('running', 'paused')
-      AND j.scheduled_for = %(scheduled_for)s
-      AND (CASE WHEN %(once)s THEN j.run_at IS NOT NULL
-                ELSE j.cron = %(cron)s AND j.timezone = %(timezone)s
-                     AND j.interval IS NOT DISTINCT FROM %(interval)s::interval END)
-      AND EXISTS (SELECT 1 FROM schedapp_jobrun r
-                  WHERE r.job_id = j.id AND r.token = j.token AND r.status = 'running')
-    RETURNING j.next_run_at
-),
-fence AS (SELECT count(*) AS n, min(next_run_at) AS next_run_at FROM job),
-run AS (
-    UPDATE schedapp_jobrun r SET status = 'succeeded', finished_at = now()
-    FROM fence
-    WHERE fence.n = 1 AND r.job_id = %(job)s AND r.token = %(token)s AND r.status = 'running'
-    RETURNING r.id
-)
-SELECT (SELECT count(*) FROM run),
-       (SELECT pg_notify('schedapp', extract(epoch FROM fence.next_run_at)::text)
-        FROM fence WHERE fence.next_run_at IS NOT NULL)
-"""
 
 
 def complete_run(
@@ -814,8 +690,9 @@ def complete_run(
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
+    """The common success in one call of ``schedapp_succeed_run`` (migration 0003): the next
+    occurrence computed here from the schedule the claim saw. False: take the general path."""
     ref = headers.schedule
-    once = ref is None
     nxt = None
     if ref is not None:
         if ref.interval is not None:
@@ -823,22 +700,23 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
         else:
             schedule = parse_cron(ref.cron, ref.timezone)
         nxt = next_fire_time(schedule, headers.scheduled_for)
+        if nxt is None:
+            return False
     with connection.cursor() as cursor:
         cursor.execute(
-            _SUCCEED_SQL,
-            {
-                "job": job_id,
-                "token": token,
-                "next": nxt,
-                "once": once,
-                "scheduled_for": headers.scheduled_for,
-                "cron": ref.cron if ref else "",
-                "timezone": ref.timezone if ref else "",
-                "interval": ref.interval if ref else None,
-            },
+            "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                job_id,
+                token,
+                headers.scheduled_for,
+                nxt,
+                ref is None,
+                ref.cron if ref else "",
+                ref.timezone if ref else "",
+                ref.interval if ref else None,
+            ],
         )
-        (applied, _notified) = cursor.fetchone()
-    return bool(applied)
+        return bool(cursor.fetchone()[0])
 
 
 def _complete(

@@ -24,9 +24,9 @@ from tests.pgproxy import django_through
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Fragments that occur only in the statement under test (Django inlines parameters into the
-# text, so a fragment must not be something a value could contain).
-DOOR = b"started_at = coalesce(r.started_at, now())"
-FAST_SUCCESS = b"last_status = 'succeeded'"
+# text, so a fragment must not be something a value could contain): the worker's functions.
+DOOR = b"SELECT schedapp_admit_run("
+FAST_SUCCESS = b"SELECT schedapp_succeed_run("
 
 
 def claimed(**options) -> claims.ClaimedRun:

@@ -1,0 +1,180 @@
+"""The worker's hot writes as PL/pgSQL functions (PostgreSQL only).
+
+A worker writes twice per execution: the door and the completion. As plain statements each
+was planned anew on every call (Django turns prepared statements off for the sake of
+connection poolers); a function's statements are planned once per session and cached, and a
+function call works the same behind a transaction-pooling PgBouncer. Each function locks the
+job row first, then reads and writes under that lock, so door, renewal, completion, reaper
+and API serialise on the job row. Other databases use the Python path in ``claims.py``.
+"""
+
+from django.db import migrations
+
+ADMIT_RUN = r"""
+CREATE OR REPLACE FUNCTION schedapp_admit_run(
+    p_job bigint, p_token bigint, p_worker text, p_admission text
+) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    r record;
+    verdict text;
+BEGIN
+    -- The job row first, whatever its token: waiting here for a reaper, a cancel or a claim
+    -- means deciding on what they committed.
+    SELECT token, state, lease_expires_at > now() AS lease_valid INTO j
+    FROM schedapp_job WHERE id = p_job FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'unknown';
+    END IF;
+    SELECT status, admission INTO r FROM schedapp_jobrun
+    WHERE job_id = p_job AND token = p_token;
+    IF NOT FOUND THEN
+        RETURN 'unknown';
+    END IF;
+    IF j.token <> p_token THEN
+        verdict := 'stale_token';
+    ELSIF j.state = 'paused' THEN
+        verdict := 'job_paused';
+    ELSIF j.state <> 'running' THEN
+        verdict := 'job_state';
+    ELSIF r.status = 'running' AND r.admission = p_admission THEN
+        verdict := 'admitted';  -- this same door call again: its commit landed, its reply did not
+    ELSIF r.status <> 'dispatched' THEN
+        verdict := 'duplicate';
+    ELSIF NOT j.lease_valid THEN
+        verdict := 'lease_expired';
+    ELSE
+        verdict := 'admitted';
+    END IF;
+
+    IF verdict = 'admitted' THEN
+        UPDATE schedapp_jobrun
+        SET status = 'running', started_at = coalesce(started_at, now()), worker = p_worker,
+            admission = p_admission
+        WHERE job_id = p_job AND token = p_token;
+        UPDATE schedapp_job SET lease_expires_at = now() + make_interval(secs => lease_seconds)
+        WHERE id = p_job;
+    ELSIF r.status = 'dispatched' THEN
+        -- It will never start here. An expired lease is left to the reaper, which dispatches
+        -- the occurrence again; a paused job gives its lease back, so resume is immediate.
+        UPDATE schedapp_jobrun
+        SET status = 'skipped', finished_at = now(), worker = p_worker,
+            error = 'delivered but not executed: ' || CASE verdict
+                WHEN 'stale_token' THEN 'its claim is no longer the job''s current one'
+                WHEN 'job_paused' THEN 'the job is paused'
+                WHEN 'job_state' THEN 'the job is no longer running'
+                WHEN 'lease_expired' THEN 'its lease expired before it arrived'
+                ELSE verdict END
+        WHERE job_id = p_job AND token = p_token;
+        IF verdict = 'job_paused' THEN
+            UPDATE schedapp_job SET claimed_by = '', lease_expires_at = NULL WHERE id = p_job;
+        END IF;
+    END IF;
+    RETURN verdict;
+END
+$$;
+"""
+
+RENEW_LEASES = r"""
+CREATE OR REPLACE FUNCTION schedapp_renew_leases(p_jobs bigint[], p_tokens bigint[])
+RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
+DECLARE
+    renewed bigint[];
+BEGIN
+    WITH done AS (
+        UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
+        FROM unnest(p_jobs, p_tokens) AS h (id, token)
+        WHERE j.id = h.id AND j.token = h.token AND j.lease_expires_at IS NOT NULL
+          AND j.state IN ('running', 'paused')
+        RETURNING j.id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO renewed FROM done;
+    UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
+    FROM unnest(p_jobs, p_tokens) AS h (id, token)
+    WHERE r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
+      AND r.status = 'running';
+    -- A new snapshot: a completion that committed while this waited for a row lock is seen,
+    -- so a run that simply finished is reported as finished, not as a lost lease.
+    RETURN QUERY
+    SELECT h.id, h.token,
+           CASE WHEN h.id = ANY (renewed) THEN 'renewed'
+                WHEN r.status IN ('succeeded', 'failed') AND NOT r.stale THEN 'finished'
+                ELSE 'lost' END
+    FROM unnest(p_jobs, p_tokens) AS h (id, token)
+    LEFT JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token;
+END
+$$;
+"""
+
+SUCCEED_RUN = r"""
+CREATE OR REPLACE FUNCTION schedapp_succeed_run(
+    p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
+    p_once boolean, p_cron text, p_timezone text, p_interval interval
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    next_run timestamptz;
+BEGIN
+    SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", jitter INTO j
+    FROM schedapp_job WHERE id = p_job FOR UPDATE;
+    -- Anything but the common case (the run still running under the current token, the
+    -- schedule the claim saw) goes to the general path, which tells them apart.
+    IF NOT FOUND OR j.token <> p_token OR j.state NOT IN ('running', 'paused')
+       OR j.scheduled_for IS DISTINCT FROM p_scheduled_for THEN
+        RETURN false;
+    END IF;
+    IF p_once THEN
+        IF j.run_at IS NULL THEN
+            RETURN false;
+        END IF;
+    ELSIF j.cron <> p_cron OR j.timezone <> p_timezone
+          OR j."interval" IS DISTINCT FROM p_interval THEN
+        RETURN false;
+    END IF;
+    UPDATE schedapp_jobrun SET status = 'succeeded', finished_at = now()
+    WHERE job_id = p_job AND token = p_token AND status = 'running';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    next_run := p_next + j.jitter * random() * interval '1 second';
+    UPDATE schedapp_job
+    SET state = CASE WHEN p_next IS NULL THEN 'succeeded'
+                     WHEN j.state = 'paused' THEN 'paused' ELSE 'scheduled' END,
+        scheduled_for = coalesce(p_next, j.scheduled_for), next_run_at = next_run,
+        retry_count = 0, claimed_by = '', lease_expires_at = NULL, last_run_at = now(),
+        last_status = 'succeeded', updated_at = now()
+    WHERE id = p_job;
+    IF next_run IS NOT NULL THEN
+        -- Beats sleep until the next due time they know of; this one may be sooner.
+        PERFORM pg_notify('schedapp', extract(epoch FROM next_run)::text);
+    END IF;
+    RETURN true;
+END
+$$;
+"""
+
+FUNCTIONS = (ADMIT_RUN, RENEW_LEASES, SUCCEED_RUN)
+DROP = (
+    "DROP FUNCTION IF EXISTS schedapp_admit_run(bigint, bigint, text, text)",
+    "DROP FUNCTION IF EXISTS schedapp_renew_leases(bigint[], bigint[])",
+    "DROP FUNCTION IF EXISTS schedapp_succeed_run(bigint, bigint, timestamptz, timestamptz, "
+    "boolean, text, text, interval)",
+)
+
+
+def create(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in FUNCTIONS:
+            schema_editor.execute(sql)
+
+
+def drop(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in DROP:
+            schema_editor.execute(sql)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("schedapp", "0002_run_admission")]
+
+    operations = [migrations.RunPython(create, drop, elidable=False)]
