@@ -63,7 +63,9 @@ OPERATIONS: tuple[Operation, ...] = (
         (JobState.DEAD,),
         "default",
     ),
-    Operation("duplicate", "Duplicate", "add", "duplicate", "duplicated", _ALL_STATES),
+    Operation(
+        "duplicate", "Duplicate", "add", "duplicate", "duplicated (created paused)", _ALL_STATES
+    ),
     Operation(
         "cancel",
         "Cancel",

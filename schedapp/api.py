@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 
 from . import policies
 from .conf import get_settings
@@ -29,6 +30,7 @@ from .validation import (
     celery_app,
     name_taken,
     stored_schedule,
+    task_not_allowed,
     validate_job,
 )
 
@@ -231,7 +233,9 @@ def update(job: JobRef, **changes: Any) -> Job:
         for field, value in cleaned.items():
             setattr(current, field, value)
         rescheduled = any(f in changes for f in (*SCHEDULE_FIELDS, "timezone"))
-        if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED):
+        if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
+            # A run in flight finishes under the old schedule; its completion sees that the
+            # job's occurrence is no longer the one it ran, and keeps this one.
             _first_run(current, db_now())
         try:
             with transaction.atomic():
@@ -259,12 +263,20 @@ def pause(job: JobRef) -> Job:
     return current
 
 
+def _still_allowed(job: Job) -> None:
+    """The allowlist may have changed since the job was written: refuse to set it going."""
+    problem = task_not_allowed(job.task)
+    if problem:
+        raise ValidationError({"task": [problem]})
+
+
 def resume(job: JobRef) -> Job:
     """Claim the job again. Occurrences missed while paused follow its misfire policy."""
     with transaction.atomic():
         current = _locked(job)
         if current.state != JobState.PAUSED:
             raise JobStateError(f"job {current.pk} is {current.state}, not paused.")
+        _still_allowed(current)
         now = db_now()
         lease_held = current.lease_expires_at is not None and current.lease_expires_at > now
         current.state = JobState.RUNNING if lease_held else JobState.SCHEDULED
@@ -297,6 +309,7 @@ def run_now(job: JobRef) -> Job:
                 f"job {current.pk} is {current.state}; run now applies to "
                 "scheduled, succeeded or dead jobs."
             )
+        _still_allowed(current)
         now = db_now()
         current.state = JobState.SCHEDULED
         current.scheduled_for = current.next_run_at = now
@@ -317,6 +330,7 @@ def requeue(job: JobRef) -> Job:
             raise JobStateError(
                 f"job {current.pk} is {current.state}; only dead jobs can be requeued."
             )
+        _still_allowed(current)
         now = db_now()
         current.state = JobState.SCHEDULED
         current.retry_count = 0
@@ -350,7 +364,7 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
             )
         )
         JobRun.objects.filter(job=current, status=RunStatus.DISPATCHED).update(
-            status=RunStatus.CANCELLED, error="cancelled before it started"
+            status=RunStatus.CANCELLED, finished_at=Now(), error="cancelled before it started"
         )
         current.state = JobState.CANCELLED
         current.token += 1
@@ -378,12 +392,17 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
 
 
 def duplicate(job: JobRef, *, name: str | None = None) -> Job:
-    """A new scheduled job with the same task, arguments, schedule and policy."""
+    """A new job with the same task, arguments, schedule and policy, created *paused*: a copy
+    is usually made to be edited, and an active one would fire beside the original."""
     source = get(job)
     fields = {f: getattr(source, f) for f in JOB_FIELDS if f not in ("task", "name")}
     fields = {k: v for k, v in fields.items() if v not in (None, "") or k in SCHEDULE_FIELDS}
     if source.run_at is not None:
         fields["run_at"] = max(source.run_at, db_now())  # a one-off in the past runs now
-    return schedule(
-        source.task, name=name or f"{source.name} (copy {uuid.uuid4().hex[:6]})", **fields
-    )
+    with transaction.atomic():
+        copy = schedule(
+            source.task, name=name or f"{source.name} (copy {uuid.uuid4().hex[:6]})", **fields
+        )
+        copy.state = JobState.PAUSED
+        copy.save(update_fields=["state", "updated_at"])
+    return copy

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,10 +24,18 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from . import metrics, policies
+from . import policies
 from .db import db_now, is_postgresql, notify_due
 from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
-from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from .models import (
+    ACTIVE_RUN_STATUSES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Job,
+    JobRun,
+    JobState,
+    RunStatus,
+)
 from .schedules import Interval, Once, Schedule, next_fire_time, parse_cron
 
 log = logging.getLogger("schedapp.claims")
@@ -67,12 +76,35 @@ class ClaimedRun:
         return json.loads(self.kwargs_json)
 
 
+@dataclass(frozen=True)
+class Quarantined:
+    """A job set aside because schedapp could not understand it: it is ``dead`` with the
+    reason, out of the due slice, and the beat or worker that found it goes on."""
+
+    job_id: int
+    reason: str
+
+
+@dataclass
+class ReapResult:
+    expired: int = 0  # leases reaped
+    started: int = 0  # ... whose run had started (a failed attempt)
+    dead: int = 0  # ... which exhausted the job's retries
+    quarantined: list[Quarantined] = field(default_factory=list)
+
+
 @dataclass
 class ClaimResult:
     runs: list[ClaimedRun] = field(default_factory=list)
     claimed: int = 0  # jobs locked by this claim, including misfires that were skipped
     skipped_misfires: int = 0
-    reaped: int = 0
+    reap: ReapResult = field(default_factory=ReapResult)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    restamped: bool = False  # the claim took long: leases were stamped again before commit
+
+    @property
+    def reaped(self) -> int:
+        return self.reap.expired
 
 
 def schedule_of(
@@ -95,30 +127,20 @@ def job_schedule(job: Job) -> Schedule:
 
 # The due slice, highest priority first, earliest first within a priority. A btree cannot
 # deliver "priority DESC, next_run_at" restricted to next_run_at <= now() as one range, so we
-# walk the distinct priority levels of the partial index (a loose index scan: one probe per
-# level) and take a range scan of each level's due jobs, in order, until the batch is full.
-# Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
-# MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select
+# take the bounded set of priority levels (MIN_PRIORITY..MAX_PRIORITY, ten probes at most,
+# however many jobs there are) and a range scan of each level's due jobs, in order, until the
+# batch is full. Rows are locked as they are read (SKIP LOCKED: other beats take the next
+# ones); the MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select
 # (PostgreSQL bug #15715). Claim, lease, fencing token and run rows: one statement.
-# A CTE ``levels(priority)``: the distinct priority levels of scheduled jobs (overview.py uses
-# it too).
-DUE_LEVELS_SQL = """
-    levels(priority) AS (
-        (SELECT priority FROM schedapp_job WHERE state = 'scheduled'
-         ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.priority FROM schedapp_job j
-                WHERE j.state = 'scheduled' AND j.priority < levels.priority
-                ORDER BY j.priority DESC LIMIT 1)
-        FROM levels WHERE levels.priority IS NOT NULL
-    )"""
+# A CTE ``levels(priority)``, highest first (overview.py uses it too).
+DUE_LEVELS_SQL = f"""
+    levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))"""
 
 _CLAIM_SQL = f"""
-WITH RECURSIVE {DUE_LEVELS_SQL},
+WITH {DUE_LEVELS_SQL},
 due AS MATERIALIZED (
     SELECT d.id
-    FROM (SELECT priority FROM levels WHERE priority IS NOT NULL
-          ORDER BY priority DESC) AS l
+    FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
     CROSS JOIN LATERAL (
         SELECT j.id FROM schedapp_job j
         WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
@@ -155,7 +177,7 @@ ORDER BY c.priority DESC, c.next_run_at
 """
 
 _NEXT_DUE_SQL = f"""
-WITH RECURSIVE {DUE_LEVELS_SQL}
+WITH {DUE_LEVELS_SQL}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
             SELECT j.next_run_at FROM schedapp_job j
@@ -172,12 +194,16 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
 
     Also reaps leases that expired, so their jobs are claimable again (in this same claim when
     they fit). Late recurring jobs get their misfire policy applied here: this is the one place
-    that decides misfires.
+    that decides misfires. A job whose stored schedule cannot be understood is quarantined,
+    never allowed to fail the claim. If the transaction ran long enough to eat into the leases
+    it granted, they are stamped again from the clock just before it commits: a lease is never
+    already expired when it is granted.
     """
     result = ClaimResult()
     portable = not is_postgresql()
+    started = time.monotonic()
     with transaction.atomic():
-        result.reaped = reap_expired_leases(limit, rng=rng)
+        result.reap = _reap(limit, rng)
         # PostgreSQL's claim statement reads now() itself; the portable path needs it here.
         now = db_now() if portable else None
         rows = _claim_portable(beat, limit, now) if now else _claim_postgresql(beat, limit)
@@ -189,10 +215,35 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
         if portable:
             _insert_runs(beat, ready, now)  # type: ignore[arg-type]
         if late:
-            result.skipped_misfires = _apply_misfires(beat, late, now, rng)  # type: ignore[arg-type]
+            result.skipped_misfires, result.quarantined = _apply_misfires(
+                beat,
+                late,
+                now,  # type: ignore[arg-type]
+                rng,
+            )
             ready.extend(r for r in late if r.get("run_id"))
+        if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
+            _restamp_leases([r["id"] for r in ready])
+            result.restamped = True
     result.runs = [_claimed_run(r) for r in ready]
     return result
+
+
+def _restamp_leases(job_ids: list[int]) -> None:
+    """Leases from the clock now (not from the transaction's start), just before commit."""
+    if is_postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + "
+                "make_interval(secs => lease_seconds) WHERE id = ANY(%s) AND state = 'running'",
+                [job_ids],
+            )
+        return
+    now = datetime.now(UTC)
+    for job_id, lease in Job.objects.filter(id__in=job_ids).values_list("id", "lease_seconds"):
+        Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+            lease_expires_at=now + timedelta(seconds=lease)
+        )
 
 
 def _claim_postgresql(beat: str, limit: int) -> list[dict]:
@@ -275,15 +326,27 @@ def _insert_runs(beat: str, rows: list[dict], now: datetime) -> None:
         row["run_id"] = run.pk
 
 
-def _apply_misfires(beat: str, rows: list[dict], now: datetime, rng: policies.Rng) -> int:
-    """Apply each late job's misfire policy; returns how many were released without a run."""
+def _apply_misfires(
+    beat: str, rows: list[dict], now: datetime, rng: policies.Rng
+) -> tuple[int, list[Quarantined]]:
+    """Apply each late job's misfire policy; returns how many were released without a run,
+    and the jobs quarantined because their schedule could not be computed."""
     skipped = 0
+    quarantined: list[Quarantined] = []
     to_run: list[dict] = []
     for row in rows:
-        schedule = schedule_of(None, row["cron"], row["timezone"], row["interval"])
-        plan = policies.plan_misfire(
-            schedule, row["scheduled_for"], now, row["misfire_policy"], row["misfire_max_catchup"]
-        )
+        try:
+            schedule = schedule_of(None, row["cron"], row["timezone"], row["interval"])
+            plan = policies.plan_misfire(
+                schedule,
+                row["scheduled_for"],
+                now,
+                row["misfire_policy"],
+                row["misfire_max_catchup"],
+            )
+        except Exception as exc:  # a row the beat cannot understand: set it aside, go on
+            quarantined.append(_quarantine_locked(row["id"], _unschedulable(exc)))
+            continue
         log.info(
             "job %s missed %d occurrence(s) (policy %s)",
             row["id"],
@@ -309,7 +372,45 @@ def _apply_misfires(beat: str, rows: list[dict], now: datetime, rng: policies.Rn
         row["scheduled_for"] = plan.run_for
         to_run.append(row)
     _insert_runs(beat, to_run, now)
-    return skipped
+    return skipped, quarantined
+
+
+def _unschedulable(exc: BaseException) -> str:
+    return f"its schedule cannot be computed here ({type(exc).__name__}: {exc})"
+
+
+def _quarantine_locked(job_id: int, reason: str) -> Quarantined:
+    """Set a job aside as ``dead`` with ``reason``, in the caller's transaction, which holds
+    the job row's lock. The token moves on, so nothing in flight can change it later."""
+    Job.objects.filter(id=job_id).update(
+        state=JobState.DEAD,
+        token=F("token") + 1,
+        claimed_by="",
+        lease_expires_at=None,
+        next_run_at=None,
+        last_status="quarantined",
+        last_error=f"quarantined: {reason}"[:10000],
+        updated_at=Now(),
+    )
+    JobRun.objects.filter(job_id=job_id, status__in=ACTIVE_RUN_STATUSES).update(
+        status=RunStatus.FAILED, finished_at=Now(), error=f"quarantined: {reason}"[:10000]
+    )
+    log.error(
+        "job %s quarantined (now dead): %s",
+        job_id,
+        reason,
+        extra={"action": "quarantine", "job": job_id},
+    )
+    return Quarantined(job_id, reason)
+
+
+def quarantine_job(job_id: int, reason: str, token: int | None = None) -> Quarantined | None:
+    """Quarantine a job in a transaction of its own (None if ``token`` is no longer its)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).values("token").first()
+        if job is None or (token is not None and job["token"] != token):
+            return None
+        return _quarantine_locked(job_id, reason)
 
 
 def _claimed_run(row: dict) -> ClaimedRun:
@@ -394,62 +495,68 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
 # --- reaping -------------------------------------------------------------------------------
 
 
-def reap_expired_leases(limit: int, rng: policies.Rng = random.random) -> int:
+def reap_expired_leases(limit: int, rng: policies.Rng = random.random) -> ReapResult:
     """Make jobs whose lease expired claimable again, marking their runs ``lost``.
 
     A run that had started counts as a failed attempt (so a task that kills its worker every
     time ends dead instead of looping); one that never started (a beat died between claim and
-    publish, a broker lost the message) is simply dispatched again.
+    publish, a broker lost the message) is simply dispatched again. A paused job's lease is
+    reaped too (its worker died mid-run): its run is closed and the job stays paused.
     """
     with transaction.atomic(savepoint=False):
         return _reap(limit, rng)
 
 
-def _reap(limit: int, rng: policies.Rng) -> int:
+def _reap(limit: int, rng: policies.Rng) -> ReapResult:
     expired = list(
         Job.objects.select_for_update(skip_locked=True)
-        .filter(state=JobState.RUNNING, lease_expires_at__lt=Now())
+        .filter(state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now())
         .order_by("lease_expires_at")[:limit]
     )
     if not expired:
-        return 0
-    started = set(
-        JobRun.objects.filter(
-            _pairs(((j.id, j.token) for j in expired), "job_id"), status=RunStatus.RUNNING
-        ).values_list("job_id", flat=True)
+        return ReapResult()
+    claims = [(j.id, j.token) for j in expired]
+    started = dict(
+        JobRun.objects.filter(_pairs(claims, "job_id"), status=RunStatus.RUNNING).values_list(
+            "job_id", "scheduled_for"
+        )
     )
-    JobRun.objects.filter(
-        _pairs(((j.id, j.token) for j in expired), "job_id"), status__in=ACTIVE_RUN_STATUSES
-    ).update(
+    JobRun.objects.filter(_pairs(claims, "job_id"), status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.LOST,
         finished_at=Now(),
         error="lease expired: the worker or beat holding it stopped renewing it",
     )
-    not_started = [j.id for j in expired if j.id not in started]
-    if not_started:
-        Job.objects.filter(id__in=not_started).update(
-            state=JobState.SCHEDULED, token=F("token") + 1, claimed_by="", lease_expires_at=None
-        )
+    result = ReapResult(expired=len(expired), started=len(started))
     for job in expired:
-        if job.id in started:
-            plan = policies.plan_after_failure(_facts(job), rng=rng)
-            _write_after_run(
-                job.id,
-                job.token,
-                plan,
-                status=RunStatus.LOST,
-                error="lease expired while running",
-                bump_token=True,
+        if job.id not in started:
+            Job.objects.filter(id=job.id).update(
+                state=JobState.SCHEDULED if job.state == JobState.RUNNING else JobState.PAUSED,
+                token=F("token") + 1,
+                claimed_by="",
+                lease_expires_at=None,
             )
-            metrics.run_finished(RunStatus.LOST, dead=plan.dead)
-    metrics.lease_expired(len(expired))
+            continue
+        try:
+            plan = policies.plan_after_failure(_facts(job, ran_for=started[job.id]), rng=rng)
+        except Exception as exc:
+            result.quarantined.append(_quarantine_locked(job.id, _unschedulable(exc)))
+            continue
+        _write_after_run(
+            job.id,
+            job.token,
+            plan,
+            status=RunStatus.LOST,
+            error="lease expired while running",
+            bump_token=True,
+        )
+        result.dead += plan.dead
     log.warning(
         "reaped %d expired lease(s) (%d had started)",
         len(expired),
         len(started),
         extra={"action": "reap", "count": len(expired)},
     )
-    return len(expired)
+    return result
 
 
 # --- worker side -----------------------------------------------------------------------------
@@ -648,6 +755,7 @@ class Completion(StrEnum):
 class CompletionResult:
     completion: Completion
     dead: bool = False  # this failure exhausted the job's retries
+    quarantined: Quarantined | None = None
 
     @property
     def applied(self) -> bool:
@@ -695,11 +803,14 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
     ref = headers.schedule
     nxt = None
     if ref is not None:
-        if ref.interval is not None:
-            schedule: Schedule = Interval(ref.interval)
-        else:
-            schedule = parse_cron(ref.cron, ref.timezone)
-        nxt = next_fire_time(schedule, headers.scheduled_for)
+        try:
+            if ref.interval is not None:
+                schedule: Schedule = Interval(ref.interval)
+            else:
+                schedule = parse_cron(ref.cron, ref.timezone)
+            nxt = next_fire_time(schedule, headers.scheduled_for)
+        except Exception:  # the general path quarantines the job, with the reason
+            return False
         if nxt is None:
             return False
     with connection.cursor() as cursor:
@@ -735,7 +846,11 @@ def _complete(
         accepted.add(RunStatus.DISPATCHED)
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
-        run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
+        run = (
+            JobRun.objects.filter(job_id=job_id, token=token)
+            .values("status", "scheduled_for")
+            .first()
+        )
         if run is None or run["status"] not in accepted:
             return CompletionResult(Completion.ALREADY_RECORDED)
         fresh = (
@@ -760,10 +875,15 @@ def _complete(
             )
             return CompletionResult(Completion.STALE)
         assert job is not None
-        if outcome == SUCCEEDED:
-            plan = policies.plan_after_success(_facts(job), rng=rng)
-        else:
-            plan = policies.plan_after_failure(_facts(job), delay=retry_delay, rng=rng)
+        try:
+            facts = _facts(job, ran_for=run["scheduled_for"])
+            if outcome == SUCCEEDED:
+                plan = policies.plan_after_success(facts, rng=rng)
+            else:
+                plan = policies.plan_after_failure(facts, delay=retry_delay, rng=rng)
+        except Exception as exc:  # written behind the API's back, or another croniter/tzdata
+            quarantined = _quarantine_locked(job_id, _unschedulable(exc))
+            return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
         _write_after_run(job_id, token, plan, status=outcome, error=error)
     if plan.dead:
         log.error(
@@ -776,11 +896,15 @@ def _complete(
     return CompletionResult(Completion.APPLIED, dead=plan.dead)
 
 
-def _facts(job: Job) -> policies.JobFacts:
+def _facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
+    """What the after-run rules read; ``ran_for`` is the occurrence the run was for (the job
+    was rescheduled while the run was in flight if its ``scheduled_for`` differs)."""
     return policies.JobFacts(
         schedule=job_schedule(job),
         state=job.state,
         scheduled_for=job.scheduled_for or job.next_run_at,  # type: ignore[arg-type]
+        next_run_at=job.next_run_at,
+        ran_for=ran_for,
         retry_count=job.retry_count,
         max_retries=job.max_retries,
         retry_backoff=job.retry_backoff,

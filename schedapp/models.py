@@ -51,6 +51,12 @@ def _default_max_catchup() -> int:
     return get_settings().DEFAULT_MISFIRE_MAX_CATCHUP
 
 
+# Claim priority: higher is claimed first. A bounded range (Celery and Oban use 0-9) keeps a
+# claim's cost independent of how many distinct priorities exist: the claim probes each level.
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+
+
 class JobState(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"  # waiting for next_run_at
     RUNNING = "running", "Running"  # claimed under a lease: dispatched or executing
@@ -96,7 +102,11 @@ class Job(models.Model):
     interval = models.DurationField(null=True, blank=True, help_text="Recurring: every ...")
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.SCHEDULED)
-    priority = models.IntegerField(default=0, help_text="Higher is claimed first.")
+    priority = models.SmallIntegerField(
+        default=MIN_PRIORITY,
+        help_text=f"{MIN_PRIORITY}-{MAX_PRIORITY}: when more is due than beats can take at "
+        "once, higher is claimed first.",
+    )
     queue = models.CharField(
         max_length=200,
         blank=True,
@@ -150,9 +160,11 @@ class Job(models.Model):
                 name="schedapp_job_due",
                 condition=Q(state="scheduled"),
             ),
-            # Leases that may have expired.
+            # Leases that may have expired (a paused job's run in flight holds one too).
             models.Index(
-                fields=["lease_expires_at"], name="schedapp_job_lease", condition=Q(state="running")
+                fields=["lease_expires_at"],
+                name="schedapp_job_leased",
+                condition=Q(state__in=["running", "paused"]),
             ),
             models.Index(fields=["state", "task"], name="schedapp_job_state_task"),
         ]
@@ -174,6 +186,11 @@ class Job(models.Model):
             ),
             models.CheckConstraint(
                 name="schedapp_job_positive_lease", condition=Q(lease_seconds__gte=1)
+            ),
+            models.CheckConstraint(
+                name="schedapp_job_priority_range",
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                violation_error_message=f"priority must be {MIN_PRIORITY} to {MAX_PRIORITY}.",
             ),
         ]
         permissions = [
@@ -305,6 +322,8 @@ class OnceKey(models.Model):
 
 
 __all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "Job",
     "JobRun",
     "JobSource",

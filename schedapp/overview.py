@@ -4,7 +4,7 @@ Shared by the admin's overview page and ``manage.py schedapp_status``. Every que
 bounded, so the page stays fast with millions of jobs and runs:
 
 * counts by state: one ``GROUP BY state`` over the ``(state, task)`` index;
-* the due backlog: a loose index scan of the due partial index, one range per priority level,
+* the due backlog: one range of the due partial index per priority level (ten at most),
   counted up to ``BACKLOG_CAP`` (shown as "100,000+" beyond);
 * dispatch lag: computed from the newest ``LAG_SAMPLE`` runs (read backwards on the primary
   key), restricted to the last ``window`` minutes, so a busy history costs the same as an idle
@@ -31,10 +31,10 @@ LAG_SAMPLE = 20_000
 NODE_FRESH_SECONDS = 60
 LAG_WINDOW_MINUTES = 5
 
-# Due jobs, per priority level: the levels are found by a loose index scan of the due partial
-# index, then each level's due range is read in index order. Bounded by %(cap)s rows.
+# Due jobs, per priority level (the bounded range of levels), each level's due range read in
+# the due partial index's order. Bounded by %(cap)s rows.
 _BACKLOG_SQL = f"""
-WITH RECURSIVE {DUE_LEVELS_SQL}
+WITH {DUE_LEVELS_SQL}
 SELECT
     (SELECT count(*) FROM (
         SELECT 1 FROM levels l CROSS JOIN LATERAL (

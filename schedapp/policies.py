@@ -89,6 +89,15 @@ class JobFacts:
     retry_backoff: timedelta
     retry_backoff_max: timedelta
     jitter: int
+    # When the job's due time, and the occurrence the finished run was for. If that differs
+    # from ``scheduled_for``, the job was given a new schedule while the run was in flight:
+    # ``scheduled_for``/``next_run_at`` already hold the new schedule's first occurrence.
+    next_run_at: datetime | None = None
+    ran_for: datetime | None = None
+
+    @property
+    def rescheduled(self) -> bool:
+        return self.ran_for is not None and self.ran_for != self.scheduled_for
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,16 @@ def _keep_operator_state(current: str, new: str) -> str:
 
 
 def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
-    """One-off jobs are done; recurring ones wait for the occurrence after the one that ran."""
+    """One-off jobs are done; recurring ones wait for the occurrence after the one that ran.
+    A job rescheduled while the run was in flight waits for its new schedule's first one."""
+    if job.rescheduled:
+        return AfterRun(
+            _keep_operator_state(job.state, "scheduled"),
+            job.scheduled_for,
+            job.next_run_at,
+            None,
+            0,
+        )
     nxt = next_fire_time(job.schedule, job.scheduled_for)
     if isinstance(job.schedule, Once) or nxt is None:
         state = "cancelled" if job.state == "cancelled" else "succeeded"
@@ -136,6 +154,16 @@ def plan_after_failure(
     if job.retry_count >= job.max_retries:
         state = "cancelled" if job.state == "cancelled" else "dead"
         return AfterRun(state, job.scheduled_for, None, None, job.retry_count, dead=True)
+    if job.rescheduled:
+        # The failed occurrence belongs to the old schedule: the attempt counts, and the job
+        # goes on with its new schedule rather than retrying what no longer exists.
+        return AfterRun(
+            _keep_operator_state(job.state, "scheduled"),
+            job.scheduled_for,
+            job.next_run_at,
+            None,
+            job.retry_count + 1,
+        )
     wait = (
         delay
         if delay is not None

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
+from .models import MAX_PRIORITY, MIN_PRIORITY
 from .policies import MISFIRE_POLICIES
 from .schedules import Schedule, parse_cron, parse_interval, parse_run_at, parse_timezone
 
@@ -71,13 +72,26 @@ def _discovered(app_id: int) -> bool:
     return True
 
 
-def task_problem(name: str) -> str | None:
-    """Why a job may not run this task, or None if it may."""
+def task_not_allowed(name: str) -> str | None:
+    """Why the allowlist refuses this task, or None. Checked when a job is written, and again
+    whenever it is about to run (the allowlist may have changed since)."""
     settings = get_settings()
-    if any(fnmatchcase(name, p) for p in settings.DENIED_TASKS) or not any(
-        fnmatchcase(name, p) for p in settings.ALLOWED_TASKS
-    ):
+    return _allowlist_problem(name, settings.ALLOWED_TASKS, settings.DENIED_TASKS)
+
+
+@lru_cache(maxsize=4096)
+def _allowlist_problem(name: str, allowed: tuple[str, ...], denied: tuple[str, ...]) -> str | None:
+    if any(fnmatchcase(name, p) for p in denied) or not any(fnmatchcase(name, p) for p in allowed):
         return f"task {name!r} is not allowed (SCHEDAPP_ALLOWED_TASKS)."
+    return None
+
+
+def task_problem(name: str) -> str | None:
+    """Why a job may not run this task, or None if it may: allowed, and registered with the
+    Celery app (where jobs are written; a beat only checks the allowlist)."""
+    problem = task_not_allowed(name)
+    if problem:
+        return problem
     app = celery_app()
     _discovered(id(app))
     if name not in app.tasks:
@@ -142,7 +156,7 @@ def validate_job(values: dict[str, Any], *, check_task: bool = True) -> dict[str
         out["queue"] = queue
 
     for field, low, high in (
-        ("priority", -MAX_INT, MAX_INT),
+        ("priority", MIN_PRIORITY, MAX_PRIORITY),
         ("max_retries", 0, 10_000),
         ("jitter", 0, 7 * 86400),
         ("lease_seconds", 1, 7 * 86400),

@@ -204,10 +204,12 @@ def test_a_retried_failure_spends_one_retry():
 def test_a_success_edited_in_flight_follows_the_new_schedule():
     job, run = claimed_recurring()
     admit_run(job.pk, run.token, "w1", "a1")
-    api.update(job, interval=120)  # while the run executes
+    edited = api.update(job, interval=120)  # while the run executes
+    # the one-statement success sees the schedule changed and leaves it to the general path
     assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
     job.refresh_from_db()
-    assert job.scheduled_for == run.scheduled_for + timedelta(seconds=120)
+    assert job.scheduled_for == edited.scheduled_for  # the new schedule's first occurrence
+    assert job.state == JobState.SCHEDULED
 
 
 def test_a_one_off_success_in_one_statement_finishes_the_job():

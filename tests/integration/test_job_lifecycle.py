@@ -1,0 +1,168 @@
+"""Job lifecycle edges found by review (issue 10): paused jobs whose worker died, cancelled
+runs and pruning, the allowlist at run time, schedules edited while a run is in flight, run
+now on an interval, duplicates, and one lock order everywhere."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connections, transaction
+from django.test import override_settings
+
+from schedapp import api, claims
+from schedapp.claims import admit_run, claim_due_jobs, complete_run
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.prune import prune_runs
+from schedapp.schedules import Once
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TASK = "project.tasks.record"
+
+
+def claim_one(beat: str = "beat-1") -> claims.ClaimedRun:
+    (run,) = claim_due_jobs(beat, 10).runs
+    return run
+
+
+def due_recurring(**options) -> Job:
+    job = api.schedule(TASK, name="recurring", **options)
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    return job
+
+
+def test_a_paused_job_whose_worker_died_gets_its_run_closed_and_stays_paused():
+    job = api.schedule(
+        TASK, run_at=db_now(), name="p", lease_seconds=5, max_retries=2, retry_backoff=0
+    )
+    run = claim_one()
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.pause(job)
+    # the worker dies: nobody renews the lease
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    reaped = claims.reap_expired_leases(10)
+    job.refresh_from_db()
+    r = JobRun.objects.get(pk=run.run_id)
+    assert reaped.expired == 1 and reaped.started == 1
+    assert r.status == RunStatus.LOST and r.finished_at is not None
+    # the attempt counts, the job stays paused, and nothing holds it any more
+    assert (job.state, job.retry_count, job.lease_expires_at) == (JobState.PAUSED, 1, None)
+    assert job.token > run.token
+    # resume makes it claimable again
+    api.resume(job)
+    assert claim_one().job_id == job.pk
+
+
+def test_a_cancelled_dispatched_run_is_finished_and_pruned_like_any_other():
+    job = api.schedule(TASK, run_at=db_now(), name="c")
+    run = claim_one()
+    api.cancel(job)
+    r = JobRun.objects.get(pk=run.run_id)
+    assert r.status == RunStatus.CANCELLED and r.finished_at is not None
+    time.sleep(0.05)
+    assert prune_runs(timedelta(milliseconds=10)).deleted == 1
+    assert not JobRun.objects.filter(pk=run.run_id).exists()
+
+
+@pytest.mark.parametrize("operation", ["run_now", "requeue", "resume"])
+def test_operations_that_set_a_job_going_refuse_a_task_no_longer_allowed(operation):
+    job = api.schedule(TASK, run_at=db_now() + timedelta(hours=1), name="o")
+    state = {"run_now": JobState.SCHEDULED, "requeue": JobState.DEAD, "resume": JobState.PAUSED}
+    Job.objects.filter(pk=job.pk).update(state=state[operation], next_run_at=db_now())
+    before = Job.objects.get(pk=job.pk)
+    with override_settings(SCHEDAPP_ALLOWED_TASKS=["other.*"]):
+        with pytest.raises(ValidationError) as raised:
+            getattr(api, operation)(job)
+    assert "is not allowed" in raised.value.message_dict["task"][0]
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.next_run_at) == (before.state, before.next_run_at)
+
+
+def test_a_running_recurring_job_changed_to_a_one_off_fires_the_one_off():
+    job = due_recurring(interval=60)
+    run = claim_one()
+    admit_run(job.pk, run.token, "w1", "a1")
+    at = db_now() + timedelta(seconds=30)
+    api.update(job, run_at=at)  # while its run is in flight
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    job.refresh_from_db()
+    # the one-off is waiting for its time, not marked succeeded by the recurring run
+    assert (job.state, job.scheduled_for, job.next_run_at) == (JobState.SCHEDULED, at, at)
+    assert isinstance(claims.job_schedule(job), Once)
+
+
+def test_editing_a_paused_job_with_a_run_in_flight_keeps_the_new_first_occurrence():
+    job = due_recurring(interval=60)
+    run = claim_one()
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.pause(job)
+    edited = api.update(job, interval=3600)
+    first = edited.scheduled_for
+    assert first > db_now() + timedelta(minutes=59)
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    job.refresh_from_db()
+    assert (job.state, job.scheduled_for) == (JobState.PAUSED, first)
+
+
+def test_a_failure_of_a_run_from_before_an_edit_counts_and_follows_the_new_schedule():
+    job = due_recurring(interval=60, max_retries=3)
+    run = claim_one()
+    admit_run(job.pk, run.token, "w1", "a1")
+    edited = api.update(job, interval=3600)
+    complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    job.refresh_from_db()
+    assert (job.retry_count, job.scheduled_for) == (1, edited.scheduled_for)
+
+
+def test_a_duplicate_is_created_paused():
+    job = api.schedule(TASK, interval=60, name="d")
+    copy = api.duplicate(job)
+    assert copy.state == JobState.PAUSED
+    assert Job.objects.get(pk=copy.pk).state == JobState.PAUSED
+    assert [r.job_id for r in claim_due_jobs("b", 10).runs] == []
+
+
+def in_thread(fn):
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+def test_releasing_claims_takes_the_job_row_before_the_run_row():
+    # Given a completion holding a job's row lock, about to write its run row ...
+    job = api.schedule(TASK, run_at=db_now(), name="l")
+    run = claim_one()
+    holding = threading.Event()
+    go_on = threading.Event()
+
+    def completion_like():
+        with transaction.atomic():
+            Job.objects.select_for_update().filter(pk=job.pk).first()
+            holding.set()
+            go_on.wait(10)
+            JobRun.objects.filter(pk=run.run_id).update(error="written by the completion")
+
+    a, out_a = in_thread(completion_like)
+    assert holding.wait(10)
+    # ... when a beat releases that claim at the same moment
+    b, out_b = in_thread(lambda: claims.release_claims([(job.pk, run.token)], "broker down"))
+    time.sleep(0.5)
+    go_on.set()
+    a.join(15)
+    b.join(15)
+    # Then neither deadlocked: both took the job row first
+    assert "error" not in out_a and "error" not in out_b, (out_a, out_b)
