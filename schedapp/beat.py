@@ -22,6 +22,8 @@ from celery.beat import Scheduler
 from . import metrics
 
 log = logging.getLogger("schedapp.beat")
+# Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
+celery_log = logging.getLogger("celery.beat")
 
 
 class LeaseScheduler(Scheduler):
@@ -38,6 +40,7 @@ class LeaseScheduler(Scheduler):
         self._listener: _Listener | None = None
         self._listener_tried = 0.0
         self._failures = 0
+        self._broker_down = False  # a publish failed: probe the broker before claiming again
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
         self._started_at = datetime.now(UTC)
@@ -67,13 +70,19 @@ class LeaseScheduler(Scheduler):
         metrics.start_metrics_server()
         self._sync_declared_jobs()
         log.info(
-            "beat %s started (batch %d)",
+            "beat %s started: schedapp.beat:LeaseScheduler, sharing the due jobs with every "
+            "beat on %s (batch %d, %s)",
             self.beat_id,
+            _database_label(),
             self.settings.BATCH_SIZE,
+            "woken by LISTEN/NOTIFY" if self._listener is not None else "polling",
             extra={"action": "beat_start", "beat": self.beat_id},
         )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One unit of work; never raises (Celery's beat loop exits on any exception from
+        ``tick``): an unreachable database or broker, or an error nobody foresaw, is logged
+        and backed off from, and the beat goes on."""
         from .db import CONNECTION_ERRORS, reset_connection
 
         if self._dispatcher is None:  # created lazily, then ticked: set up now
@@ -88,11 +97,22 @@ class LeaseScheduler(Scheduler):
         except CONNECTION_ERRORS as exc:
             reset_connection()
             delay = self._backoff()
+            metrics.beat_error("database")
             log.error(
                 "database unavailable: %s; retrying in %.1fs",
                 exc,
                 delay,
                 extra={"action": "db_unavailable", "beat": self.beat_id},
+            )
+        except Exception as exc:
+            reset_connection()
+            delay = self._backoff()
+            metrics.beat_error("unexpected")
+            log.exception(
+                "beat tick failed: %s; retrying in %.1fs",
+                exc,
+                delay,
+                extra={"action": "tick_failed", "beat": self.beat_id},
             )
         return self._sleep(delay)
 
@@ -125,16 +145,24 @@ class LeaseScheduler(Scheduler):
     # --- one unit of work -----------------------------------------------------------------
 
     def _work(self) -> float:
-        from .claims import claim_due_jobs, release_claims, seconds_until_due
+        from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 
+        if self._broker_down:
+            # Claiming now would only record and release a batch again: ask the broker first.
+            if not self._dispatcher.probe():
+                metrics.beat_error("broker")
+                return self._backoff()
+            self._broker_down = False
+            log.info("broker reachable again", extra={"action": "broker_back"})
         batch = self.settings.BATCH_SIZE
         result = claim_due_jobs(self.beat_id, batch)
         claimed_at = time.monotonic()
-        metrics.claimed(
-            result.claimed, reaped=result.reaped, misfires_skipped=result.skipped_misfires
-        )
+        reap = result.reap
+        metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
+        metrics.reaped(reap.expired, started=reap.started, dead=reap.dead)
+        metrics.quarantined(len(result.quarantined) + len(reap.quarantined), "beat")
         self.stats["claimed"] += result.claimed
-        self.stats["reaped"] += result.reaped
+        self.stats["reaped"] += reap.expired
         self.stats["misfires_skipped"] += result.skipped_misfires
         if result.runs:
             try:
@@ -144,6 +172,10 @@ class LeaseScheduler(Scheduler):
                 # now rather than make them wait for their leases to expire.
                 release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
                 raise
+            for run, reason in published.refused:
+                if quarantine_job(run.job_id, reason, token=run.token):
+                    metrics.quarantined(1, "beat")
+            self._log_dispatches(published.published)
             self.stats["dispatched"] += len(published.published)
             # lag = publish time - due time, both in the database clock: the claim's now()
             # plus the time spent since (measured on a monotonic clock, not a wall clock)
@@ -153,30 +185,53 @@ class LeaseScheduler(Scheduler):
             )
             if published.failed:
                 metrics.publish_failed(len(published.failed))
+                metrics.beat_error("broker")
                 self.stats["publish_failures"] += 1
                 self.stats["released"] += release_claims(
                     [(r.job_id, r.token) for r in published.failed], str(published.error)
                 )
+                self._broker_down = True
                 self._maybe_update_node()
                 return self._backoff()
         self._maybe_update_node()
-        if result.claimed >= batch or result.reaped:
+        if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
-        # Without notifications (SQLite) nothing wakes us early: look again every second.
-        ceiling = self.settings.MAX_SLEEP if self._listener is not None else 1.0
         now_and_delay = seconds_until_due()
         if now_and_delay is None:
             self._wake_at_db = None
-            return ceiling
+            return self._sleep_ceiling
         db_now, delay = now_and_delay
         if delay <= 0:
             if result.claimed:
                 return 0.0  # more became due while we claimed (a steady stream): go on
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
-        delay = min(delay, ceiling, float(self.max_interval or delay))
+        delay = min(delay, self._sleep_ceiling, float(self.max_interval or delay))
         self._wake_at_db = db_now.timestamp() + delay
         return delay
+
+    @property
+    def _sleep_ceiling(self) -> float:
+        """The longest sleep without looking: nothing wakes a beat early without LISTEN."""
+        return self.settings.MAX_SLEEP if self._listener is not None else 1.0
+
+    def _log_dispatches(self, runs: list[Any]) -> None:
+        """Celery beat logs ``Scheduler: Sending due task <entry> (<task>)`` for every send,
+        and teams alert on it: the same line per dispatch (``SCHEDAPP_DISPATCH_LOG="each"``,
+        at most ``DISPATCH_LOG_BURST`` lines a batch, then a summary), a summary per batch
+        (``"batch"``), or nothing (``"off"``)."""
+        mode = self.settings.DISPATCH_LOG
+        if mode == "off" or not runs:
+            return
+        shown = runs[: self.settings.DISPATCH_LOG_BURST] if mode == "each" else []
+        for run in shown:
+            celery_log.info("Scheduler: Sending due task %s (%s)", run.name, run.task)
+        if len(runs) > len(shown):
+            celery_log.info(
+                "Scheduler: Sent %d due tasks in one batch (%d not listed one by one)",
+                len(runs),
+                len(runs) - len(shown),
+            )
 
     def _backoff(self) -> float:
         self._failures += 1
@@ -253,6 +308,8 @@ class _Listener:
 
     @classmethod
     def open(cls) -> _Listener | None:
+        """Connected exactly as Django connects (TLS, certificates, ``options``, service
+        files: every ``OPTIONS`` entry), autocommit, LISTENing."""
         from django.db import connection
 
         from .db import NOTIFY_CHANNEL
@@ -262,16 +319,9 @@ class _Listener:
         try:
             import psycopg
 
-            settings = connection.settings_dict
-            conn = psycopg.connect(
-                dbname=settings["NAME"],
-                user=settings.get("USER") or None,
-                password=settings.get("PASSWORD") or None,
-                host=settings.get("HOST") or None,
-                port=settings.get("PORT") or None,
-                autocommit=True,
-                connect_timeout=5,
-            )
+            params = connection.get_connection_params()
+            params.setdefault("connect_timeout", 5)
+            conn = psycopg.connect(**{**params, "autocommit": True})
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             return cls(conn)
         except Exception as exc:  # fall back to polling
@@ -320,3 +370,15 @@ def _due(payload: str) -> float:
         return float(payload)
     except ValueError:
         return 0.0  # unknown payload: wake
+
+
+def _database_label() -> str:
+    """Where the beats meet, for the start-up line: vendor, host, port and database name."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor != "postgresql":
+        return f"{connection.vendor} {settings.get('NAME')}"
+    host = settings.get("HOST") or "localhost"
+    port = settings.get("PORT") or 5432
+    return f"postgresql://{host}:{port}/{settings.get('NAME')}"

@@ -48,6 +48,7 @@ class ClaimedRun:
     run_id: int
     job_id: int
     token: int
+    name: str
     task: str
     args_json: str
     kwargs_json: str
@@ -155,8 +156,8 @@ claimed AS (
     SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
         lease_expires_at = now() + make_interval(secs => j.lease_seconds), updated_at = now()
     FROM due WHERE j.id = due.id
-    RETURNING j.id, j.token, j.task, j.args::text AS args, j.kwargs::text AS kwargs, j.queue,
-              j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
+    RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
+              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.misfire_policy,
               j.misfire_max_catchup, j.priority,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
@@ -256,6 +257,7 @@ def _claim_postgresql(beat: str, limit: int) -> list[dict]:
 _CLAIM_FIELDS = (
     "id",
     "token",
+    "name",
     "task",
     "args",
     "kwargs",
@@ -418,6 +420,7 @@ def _claimed_run(row: dict) -> ClaimedRun:
         run_id=row["run_id"],
         job_id=row["id"],
         token=row["token"],
+        name=row["name"],
         task=row["task"],
         args_json=row["args"],
         kwargs_json=row["kwargs"],

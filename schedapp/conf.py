@@ -53,6 +53,11 @@ class Settings:
     # worker holds whose last renewal is a third of the lease old: keep leases at least three
     # heartbeats long.
     LEASE_HEARTBEAT: float = 1.0
+    # Beats log "Scheduler: Sending due task <job> (<task>)" at INFO for each dispatch, as
+    # Celery beat does ("each", at most DISPATCH_LOG_BURST lines a batch, then a summary
+    # line), one summary line per batch ("batch"), or nothing ("off").
+    DISPATCH_LOG: str = "each"
+    DISPATCH_LOG_BURST: int = 100
 
 
 def _coerce(value: Any, default: Any) -> Any:

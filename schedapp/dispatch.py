@@ -33,6 +33,7 @@ from .message import (
     HEADER_SCHEDULED_FOR,
     HEADER_TOKEN,
 )
+from .validation import task_not_allowed
 
 log = logging.getLogger("schedapp.dispatch")
 
@@ -42,8 +43,11 @@ _EMBED = '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
 @dataclass
 class PublishResult:
     published: list[ClaimedRun] = field(default_factory=list)
-    failed: list[ClaimedRun] = field(default_factory=list)
+    failed: list[ClaimedRun] = field(default_factory=list)  # the broker failed: release them
     error: BaseException | None = None
+    # Runs that must not be published, with the reason (task no longer allowed, no route):
+    # their jobs are quarantined, not released, or they would come back every tick.
+    refused: list[tuple[ClaimedRun, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,10 @@ class Dispatcher:
         return Route(name, name, self.app.amqp.queues[name])
 
     def publish(self, runs: Sequence[ClaimedRun]) -> PublishResult:
-        """Publish every run; on a broker error, report the rest as failed (to be released)."""
+        """Publish every run; on a broker error, report the rest as failed (to be released).
+        A run whose task is no longer allowed, or which cannot be routed, is refused."""
         result = PublishResult()
+        runs = self._admissible(runs, result)
         if not runs:
             return result
         try:
@@ -146,6 +152,37 @@ class Dispatcher:
                 extra={"action": "publish_failed", "count": len(result.failed)},
             )
         return result
+
+    def _admissible(self, runs: Sequence[ClaimedRun], result: PublishResult) -> list[ClaimedRun]:
+        """The allowlist may have changed since a job was written; a route may not resolve
+        (a custom router raising, a queue name the broker refuses). Checked per run, so one
+        job cannot hold back the batch."""
+        ok = []
+        for run in runs:
+            problem = task_not_allowed(run.task)
+            if problem is None:
+                try:
+                    self.route(run.task, run.queue)
+                except Exception as exc:
+                    problem = f"cannot route task {run.task!r} (queue {run.queue!r}): {exc}"
+            if problem is None:
+                ok.append(run)
+            else:
+                result.refused.append((run, problem))
+        return ok
+
+    def probe(self) -> bool:
+        """Whether the broker answers: one connection attempt, no publish, no claim."""
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+                conn.default_channel  # noqa: B018 - opening a channel proves the broker answers
+            return True
+        except Exception as exc:
+            log.warning(
+                "broker still unavailable: %s", exc, extra={"action": "broker_probe_failed"}
+            )
+            return False
 
     def _publish_redis(self, producer: Producer, channel: Any, runs: Sequence[ClaimedRun]) -> None:
         """The fast path for Redis: the exact message kombu's Redis transport would store,

@@ -78,6 +78,17 @@ BEAT_TICK_SECONDS = Histogram(
     "Duration of one beat tick's work.",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
 )
+QUARANTINED = Counter(
+    "schedapp_quarantined",
+    "Jobs set aside as dead because a beat or worker could not understand them.",
+    ["where"],
+)
+BEAT_ERRORS = Counter(
+    "schedapp_beat_errors",
+    "Beat ticks that failed (database or broker unreachable, or an unexpected error); the "
+    "beat backs off and goes on.",
+    ["kind"],
+)
 BEAT_LAST_TICK = Gauge(
     "schedapp_beat_last_tick_timestamp_seconds",
     "Unix time of the last beat tick in this process.",
@@ -88,14 +99,34 @@ BEAT_LAST_TICK = Gauge(
 # --- what beats and workers call ---------------------------------------------------------
 
 
-def claimed(count: int, *, reaped: int = 0, misfires_skipped: int = 0) -> None:
-    """After ``claims.claim_due_jobs``: claims taken, leases reaped, misfires skipped."""
+def claimed(count: int, *, misfires_skipped: int = 0) -> None:
+    """After ``claims.claim_due_jobs``: claims taken, misfires skipped."""
     if count:
         CLAIMS.inc(count)
-    if reaped:
-        LEASE_EXPIRIES.inc(reaped)
     if misfires_skipped:
         MISFIRES_SKIPPED.inc(misfires_skipped)
+
+
+def reaped(expired: int, *, started: int = 0, dead: int = 0) -> None:
+    """Leases reaped: ``started`` of them had a run executing (a failed attempt), ``dead``
+    exhausted their job's retries."""
+    if expired:
+        LEASE_EXPIRIES.inc(expired)
+    if started:
+        RUNS_FINISHED.labels(status="lost").inc(started)
+    if dead:
+        DEAD_LETTERS.inc(dead)
+
+
+def quarantined(count: int, where: str) -> None:
+    """Jobs set aside as dead (``where``: beat or worker)."""
+    if count:
+        QUARANTINED.labels(where=where).inc(count)
+
+
+def beat_error(kind: str) -> None:
+    """A failed tick: ``database``, ``broker`` or ``unexpected``."""
+    BEAT_ERRORS.labels(kind=kind).inc()
 
 
 def dispatched(count: int, lags_seconds: Iterable[float] = ()) -> None:
@@ -109,11 +140,6 @@ def dispatched(count: int, lags_seconds: Iterable[float] = ()) -> None:
 def publish_failed(count: int) -> None:
     if count:
         PUBLISH_FAILURES.inc(count)
-
-
-def lease_expired(count: int = 1) -> None:
-    if count:
-        LEASE_EXPIRIES.inc(count)
 
 
 def door_skipped(reason: str) -> None:

@@ -127,8 +127,11 @@ BEGIN
         IF j.run_at IS NULL THEN
             RETURN false;
         END IF;
-    ELSIF j.cron <> p_cron OR j.timezone <> p_timezone
-          OR j."interval" IS DISTINCT FROM p_interval THEN
+    ELSIF p_interval IS NOT NULL THEN
+        IF j."interval" IS DISTINCT FROM p_interval THEN
+            RETURN false;
+        END IF;
+    ELSIF j.cron <> p_cron OR j.timezone <> p_timezone THEN
         RETURN false;
     END IF;
     UPDATE schedapp_jobrun SET status = 'succeeded', finished_at = now()

@@ -41,7 +41,8 @@ def test_functions_count_claims_dispatches_lag_failures_and_heartbeats():
         "heartbeats": value("schedapp_heartbeats_total", kind="worker"),
         "renewed": value("schedapp_leases_renewed_total"),
     }
-    metrics.claimed(10, reaped=2, misfires_skipped=1)
+    metrics.claimed(10, misfires_skipped=1)
+    metrics.reaped(2)
     metrics.dispatched(3, [0.05, 0.02, 4.0])
     metrics.publish_failed(1)
     metrics.run_finished("failed", dead=True)

@@ -22,6 +22,7 @@ def claimed(job_id: int = 7, token: int = 3, queue: str = "") -> ClaimedRun:
         run_id=11,
         job_id=job_id,
         token=token,
+        name="a job",
         task="project.tasks.record",
         args_json='[1, "two"]',
         kwargs_json='{"label": "x\\u00e9"}',

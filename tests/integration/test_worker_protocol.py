@@ -257,3 +257,25 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
     renewal = renew_leases([(job.pk, run.token)])
     assert renewal.renewed == {(job.pk, run.token)}
     assert JobRun.objects.get(pk=run.run_id).heartbeats == 1
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {"interval": 60, "timezone": "Europe/Paris"},
+        {"cron": "*/5 * * * *", "timezone": "America/New_York"},
+    ],
+)
+def test_a_recurring_success_is_one_statement(schedule):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = api.schedule("project.tasks.record", name="fast", **schedule)
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    admit_run(job.pk, run.token, "w1", "a1")
+    with CaptureQueriesContext(connection) as queries:
+        assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    assert len(queries) == 1, [q["sql"][:80] for q in queries]
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED and job.scheduled_for > run.scheduled_for

@@ -1,0 +1,162 @@
+"""Beats that never stall or die on one job, with real beat, worker, PostgreSQL and Redis
+processes: rows corrupted behind the API's back, a claim made slow by a long absence, and a
+broker that is down."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from project.models import Execution
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from tests.fleet import wait_until
+
+pytestmark = [pytest.mark.e2e]
+TASK = "project.tasks.record"
+
+
+def sql(statement: str, params: list) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def test_rows_corrupted_by_sql_are_quarantined_and_every_beat_goes_on(fleet):
+    # Given a healthy job every second, and three jobs whose rows were changed behind the
+    # API's back (a cron croniter refuses, a zone tzdata does not know, a task the allowlist
+    # now denies), all due, the first two late enough for their misfire policy to run
+    healthy = api.schedule(TASK, interval=1, name="healthy", kwargs={"label": "healthy"})
+    bad_cron = api.schedule(TASK, cron="*/5 * * * *", name="bad-cron")
+    bad_zone = api.schedule(TASK, cron="*/5 * * * *", name="bad-zone")
+    denied = api.schedule(TASK, run_at=db_now(), name="denied")
+    late = db_now() - timedelta(hours=2)
+    sql(
+        "UPDATE schedapp_job SET cron = '61 * * * *', next_run_at = %s, scheduled_for = %s "
+        "WHERE id = %s",
+        [late, late, bad_cron.pk],
+    )
+    sql(
+        "UPDATE schedapp_job SET timezone = 'Mars/Olympus_Mons', next_run_at = %s, "
+        "scheduled_for = %s WHERE id = %s",
+        [late, late, bad_zone.pk],
+    )
+    sql("UPDATE schedapp_job SET task = 'celery.backend_cleanup' WHERE id = %s", [denied.pk])
+    # When two beats and a worker run
+    beats = [fleet.beat(), fleet.beat()]
+    fleet.worker(concurrency=2)
+    for job in (bad_cron, bad_zone, denied):
+        wait_until(
+            lambda job=job: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+            timeout=30,
+            message=f"{job.name} was quarantined",
+        )
+    before = Execution.objects.filter(label="healthy").count()
+    time.sleep(4)
+    # Then both beats are alive and still dispatching the healthy job ...
+    assert all(b.alive() for b in beats)
+    assert Execution.objects.filter(label="healthy").count() >= before + 2
+    # ... and each bad job is dead with the reason, never dispatched
+    reasons = {j.name: j.last_error for j in Job.objects.filter(state=JobState.DEAD)}
+    assert "61 * * * *" in reasons["bad-cron"] and "quarantined" in reasons["bad-cron"]
+    assert "Mars/Olympus_Mons" in reasons["bad-zone"]
+    assert "is not allowed" in reasons["denied"]
+    assert not Execution.objects.filter(job_id__in=[bad_cron.pk, bad_zone.pk, denied.pk])
+    logs = "".join(b.log() for b in beats)
+    assert "quarantined (now dead)" in logs
+    assert Job.objects.get(pk=healthy.pk).state != JobState.DEAD
+
+
+def test_a_schedule_corrupted_while_its_run_executes_is_quarantined_by_the_worker(fleet):
+    job = api.schedule(TASK, cron="0 0 1 1 *", name="corrupted", kwargs={"sleep": 2})
+    api.run_now(job)
+    fleet.beat()
+    worker = fleet.worker(concurrency=1)
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=20)
+    sql("UPDATE schedapp_job SET timezone = 'Nowhere/Land' WHERE id = %s", [job.pk])
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+        timeout=20,
+        message="the job was quarantined when its run finished",
+    )
+    job.refresh_from_db()
+    assert "Nowhere/Land" in job.last_error
+    assert JobRun.objects.get(job=job).status == RunStatus.SUCCEEDED
+    assert worker.alive()
+
+
+def test_jobs_away_for_eight_days_are_caught_up_once_under_unexpired_leases(fleet):
+    # Given twelve every-minute jobs last run eight days ago (resumed after a long pause)
+    jobs = [
+        api.schedule(
+            TASK,
+            cron="* * * * *",
+            name=f"away-{i}",
+            kwargs={"label": f"away-{i}"},
+            lease_seconds=5,
+            misfire_policy="run_once",
+        )
+        for i in range(12)
+    ]
+    away = db_now().replace(second=0, microsecond=0) - timedelta(days=8)
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        scheduled_for=away, next_run_at=away
+    )
+    # When a beat claims them all at once
+    fleet.worker(concurrency=4)
+    fleet.beat()
+    wait_until(
+        lambda: Execution.objects.filter(label__startswith="away-").count() >= 12,
+        timeout=60,
+        message="each job ran its catch-up occurrence",
+    )
+    time.sleep(6)  # more than a lease: a run taken back before publishing would show now
+    # Then each ran its one catch-up occurrence once; no lease expired under a slow claim
+    assert not JobRun.objects.filter(status=RunStatus.LOST).exists()
+    first_runs = [JobRun.objects.filter(job=j).order_by("id").first() for j in jobs]
+    for job, run in zip(jobs, first_runs, strict=True):
+        assert Execution.objects.filter(job_id=job.pk, scheduled_for=run.scheduled_for).count() == 1
+        # run_once ran the latest missed occurrence; every one before it since the absence
+        # began is counted as missed, exactly (no cap on the count)
+        job.refresh_from_db()
+        assert job.missed_runs == (run.scheduled_for - away) // timedelta(minutes=1)
+        assert job.missed_runs >= 8 * 24 * 60
+
+
+def test_while_the_broker_is_down_a_beat_does_not_claim_and_release_again_and_again(
+    private_fleet, private_redis
+):
+    beat = private_fleet.beat()
+    private_redis.stop()
+    api.schedule_many(
+        {"task": TASK, "run_at": db_now(), "name": f"waiting-{i}", "kwargs": {"label": "w"}}
+        for i in range(50)
+    )
+    time.sleep(10)  # several backoff periods
+    # At most the first batch was claimed, found unpublishable and released
+    released = JobRun.objects.filter(status=RunStatus.LOST, error__startswith="not published")
+    assert released.count() <= 50
+    assert max(Job.objects.values_list("token", flat=True)) <= 2
+    assert "broker still unavailable" in beat.log()
+    # Once the broker is back, everything runs, once
+    private_redis.start()
+    private_fleet.worker(concurrency=2)
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.SUCCEEDED).count() == 50,
+        timeout=60,
+        message="the jobs ran after the outage",
+    )
+    assert Execution.objects.filter(label="w").count() == 50
+    assert beat.alive()
+
+
+def test_each_dispatch_is_logged_as_celery_beat_logs_it(fleet):
+    beat = fleet.beat()
+    fleet.worker()
+    api.schedule(TASK, run_at=db_now(), name="logged job")
+    wait_until(lambda: Job.objects.filter(state=JobState.SUCCEEDED).exists(), timeout=20)
+    assert "Scheduler: Sending due task logged job (project.tasks.record)" in beat.log()
+    assert "LeaseScheduler, sharing the due jobs with every beat on postgresql://" in beat.log()
