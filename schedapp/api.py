@@ -18,7 +18,6 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from . import policies
-from .conf import get_settings
 from .db import db_now, notify_due
 from .exceptions import JobStateError
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
@@ -27,9 +26,12 @@ from .validation import (
     JOB_FIELDS,
     SCHEDULE_FIELDS,
     celery_app,
+    job_defaults,
     name_taken,
+    source_problem,
     stored_schedule,
     validate_job,
+    with_defaults,
 )
 
 log = logging.getLogger("schedapp.api")
@@ -50,39 +52,9 @@ __all__ = [
 ]
 
 
-def _defaults() -> dict[str, Any]:
-    from django.conf import settings as django_settings
-
-    s = get_settings()
-    return {
-        "args": [],
-        "kwargs": {},
-        "run_at": None,
-        "cron": None,
-        "interval": None,
-        "timezone": django_settings.TIME_ZONE or "UTC",
-        "name": None,
-        "priority": 0,
-        "queue": "",
-        "max_retries": s.DEFAULT_MAX_RETRIES,
-        "jitter": 0,
-        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
-        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
-        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
-        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
-        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
-        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
-    }
-
-
 def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults, overridden by what the caller gave (None means "default" for options)."""
-    values = _defaults()
-    values["task"] = task
-    for key, value in given.items():
-        if value is None and key in values and key not in SCHEDULE_FIELDS:
-            continue
-        values[key] = value
+    values = with_defaults(job_defaults(), {**given, "task": task})
     if values.get("name") is None and isinstance(task, str):
         values["name"] = f"{task}-{uuid.uuid4().hex[:12]}"
     return values
@@ -149,8 +121,9 @@ def schedule(
 
 
 def _source(source: str) -> str:
-    if source not in JobSource.values:
-        raise ValidationError({"source": [f"{source!r} is not one of {JobSource.values}."]})
+    problem = source_problem(source)
+    if problem:
+        raise ValidationError({"source": [problem]})
     return source
 
 
