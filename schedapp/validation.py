@@ -83,6 +83,7 @@ _KNOWN_FIELDS = frozenset(JOB_FIELDS)
 # Types whose equal values always get the same verdict and the same message, so a verdict on
 # one value may be reused for another equal one (a custom __eq__ could lie; these cannot).
 _PLAIN_TYPES = frozenset({int, float, str, bool, type(None), timedelta})
+# A schedule field is given unless None or "", which a datetime or a number never equals.
 _NEVER_EMPTY = frozenset({datetime, timedelta, int, float})
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -243,6 +244,7 @@ class JobValidator:
         self._zones: dict[Any, tuple[str | None, str | None]] = {}
         self._crons: dict[Any, Cron | ScheduleError] = {}
         self._intervals: dict[Any, Interval | ScheduleError] = {}
+        self._run_ats: dict[datetime, Once | ScheduleError] = {}
         self._options: dict[Any, Options] = {}
 
     def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,7 +367,12 @@ class JobValidator:
             _add(errors, "timezone", problem)
         else:
             out["timezone"] = timezone
-        given = [f for f in SCHEDULE_FIELDS if _present(values.get(f))]
+        run_at, cron, interval = values.get("run_at"), values.get("cron"), values.get("interval")
+        given = [
+            field
+            for field, value in (("run_at", run_at), ("cron", cron), ("interval", interval))
+            if value is not None and (type(value) in _NEVER_EMPTY or value != "")
+        ]
         if len(given) != 1:
             message = "needs exactly one schedule: run_at (one-off), cron or interval" + (
                 f"; got {', '.join(given)}." if given else "; got none."
@@ -377,14 +384,11 @@ class JobValidator:
         kind = given[0]
         schedule: Schedule | ScheduleError
         if kind == "run_at":
-            try:
-                schedule = parse_run_at(values["run_at"])
-            except ScheduleError as exc:
-                schedule = exc
+            schedule = self._run_at(run_at)
         elif kind == "interval":
-            schedule = self._interval(values["interval"])
+            schedule = self._interval(interval)
         else:  # with an invalid zone, still check the expression itself
-            schedule = self._cron(values["cron"], timezone or "UTC")
+            schedule = self._cron(cron, timezone or "UTC")
         if isinstance(schedule, ScheduleError):
             _add(errors, schedule.field, schedule.message)
         elif isinstance(schedule, Once):
@@ -396,6 +400,20 @@ class JobValidator:
         else:
             out["cron"] = schedule.expr
             checked.schedule = schedule
+
+    def _run_at(self, value: Any) -> Once | ScheduleError:
+        # Equal aware datetimes are the same instant, hence the same Once; a naive one is
+        # never equal to an aware one, so it cannot borrow an aware one's verdict.
+        cacheable = type(value) is datetime
+        verdict = self._run_ats.get(value) if cacheable else None
+        if verdict is None:
+            try:
+                verdict = parse_run_at(value)
+            except ScheduleError as exc:
+                verdict = exc
+            if cacheable:
+                _remember(self._run_ats, value, verdict)
+        return verdict
 
     def _interval(self, value: Any) -> Interval | ScheduleError:
         cacheable = type(value) in _PLAIN_TYPES
@@ -483,6 +501,8 @@ def _check_name(name: Any, checked: Checked) -> None:
         _add(checked.errors, "name", f"must be at most {NAME_MAX} characters.")
     elif _CONTROL.search(name):
         _add(checked.errors, "name", "must not contain control characters.")
+    elif _SURROGATE.search(name):  # not storable: UTF-8 cannot encode it
+        _add(checked.errors, "name", "contains a lone surrogate, which is not valid Unicode.")
     else:
         checked.values["name"] = name
 
@@ -495,8 +515,16 @@ def _options_verdict(given: tuple[Any, ...]) -> Options:
     queue = values["queue"]
     if queue is None:
         queue = ""
-    if not isinstance(queue, str) or len(queue) > 200 or any(c.isspace() for c in queue):
-        errors.append(("queue", "must be a queue name without spaces (at most 200 characters)."))
+    if (
+        not isinstance(queue, str)
+        or len(queue) > 200
+        or any(c.isspace() for c in queue)
+        or _CONTROL.search(queue)  # NUL cannot be stored, and no broker wants the others
+        or _SURROGATE.search(queue)
+    ):
+        errors.append(
+            ("queue", "must be a queue name without spaces or control characters (at most 200).")
+        )
     else:
         out["queue"] = queue
 
@@ -552,11 +580,6 @@ def _duration(value: Any) -> timedelta | None:
         except OverflowError:
             return None
     return None
-
-
-def _present(value: Any) -> bool:
-    """Given, for a schedule field: neither None nor "" (a datetime or number never is)."""
-    return value is not None and (type(value) in _NEVER_EMPTY or value != "")
 
 
 def _json_problem(value: Any, path: str, depth: int, max_depth: int) -> str | None:
