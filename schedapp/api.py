@@ -17,7 +17,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from . import policies
+from . import bulk, policies
+from .bulk import CHUNK_SIZE
 from .db import db_now, notify_due
 from .exceptions import JobStateError
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
@@ -133,50 +134,21 @@ def _integrity_error(exc: IntegrityError, name: str) -> ValidationError:
     return ValidationError({"__all__": [f"the database refused the job: {exc}"]})
 
 
-def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000) -> list[Job]:
-    """Schedule many jobs at once: all are validated first, then inserted in bulk in one
-    transaction; one bad spec rejects the lot, with errors keyed ``"<index>.<field>"``."""
-    jobs: list[Job] = []
-    errors: dict[str, list[str]] = {}
-    names: dict[str, int] = {}
-    for index, raw in enumerate(specs):
-        spec = dict(raw)
-        task = spec.pop("task", None)
-        source = spec.pop("source", JobSource.API)
-        if isinstance(spec.get("args"), tuple):
-            spec["args"] = list(spec["args"])
-        try:
-            values = validate_job(_spec(task, spec))
-            values["source"] = _source(source)
-        except ValidationError as exc:
-            for field, messages in exc.message_dict.items():
-                errors[f"{index}.{field}"] = messages
-            continue
-        if values["name"] in names:
-            errors[f"{index}.name"] = [f"duplicates the name of spec {names[values['name']]}."]
-            continue
-        names[values["name"]] = index
-        jobs.append(Job(**values))
-    existing = set()
-    for start in range(0, len(names), 5000):
-        chunk = list(names)[start : start + 5000]
-        existing.update(Job.objects.filter(name__in=chunk).values_list("name", flat=True))
-    for name in sorted(existing):
-        errors[f"{names[name]}.name"] = [name_taken(name)]
-    if errors:
-        raise ValidationError(errors)
-    with transaction.atomic():
-        now = db_now()
-        for job in jobs:
-            _first_run(job, now)
-        try:
-            with transaction.atomic():
-                created = Job.objects.bulk_create(jobs, batch_size=batch_size)
-        except IntegrityError as exc:
-            raise ValidationError({"name": [f"a job name is already taken: {exc}"]}) from exc
-        if created:
-            notify_due(min(j.next_run_at for j in created))  # type: ignore[type-var]
-    return created
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK_SIZE) -> int:
+    """Schedule many jobs at once; returns how many were created.
+
+    ``specs`` holds ``schedule()``'s keyword arguments plus ``task`` (and ``source``), as
+    dicts: a list, or any iterable, such as a generator of millions, which is read chunk by
+    chunk and never held whole. Every spec is checked by ``schedule()``'s rules, with its
+    messages; one bad spec rejects the lot, errors keyed ``"<index>.<field>"`` (duplicate
+    names too, within the input or against existing jobs), and nothing is written. Valid
+    specs are written in one transaction (PostgreSQL: ``COPY``), beats woken once.
+
+    It returns a count, not the jobs: a million ``Job`` objects would not fit the memory
+    that streaming saves. Find jobs by the names you gave (unnamed ones are named
+    ``"<task>-<call id>-<index>"``).
+    """
+    return bulk.schedule_many(specs, chunk_size=chunk_size)
 
 
 def get(job: JobRef) -> Job:
