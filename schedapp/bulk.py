@@ -117,7 +117,7 @@ class _Ingest:
                 return
 
     def row(self, index: int, raw: Any) -> Row | None:
-        if not isinstance(raw, Mapping):
+        if type(raw) is not dict and not isinstance(raw, Mapping):
             self.fail(index, {"__all__": ["must be a mapping of job options."]})
             return None
         values = with_defaults(self.defaults, raw)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import json.encoder
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -246,6 +247,7 @@ class JobValidator:
         self._intervals: dict[Any, Interval | ScheduleError] = {}
         self._run_ats: dict[datetime, Once | ScheduleError] = {}
         self._options: dict[Any, Options] = {}
+        self._last_options: tuple[tuple[Any, ...], Options] | None = None
 
     def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Check and normalise a job's fields (see ``validate_job``)."""
@@ -306,24 +308,26 @@ class JobValidator:
         if kwargs is None:
             kwargs = {}
         depth = self.max_payload_depth
+        flat = depth >= 1  # items sit at depth 1: the flat shortcut needs that to be allowed
         ok = True
-        if not isinstance(args, list | tuple):
+        if type(args) is not list and not isinstance(args, list | tuple):
             _add(errors, "args", f"must be a list of positional arguments, got {_kind(args)}.")
             ok = False
-        elif not _flat_plain(args):
+        elif not (flat and _flat_plain(args)):
             problem = _json_problem(args, "args", 0, depth)
             if problem:
                 _add(errors, "args", problem)
                 ok = False
-        if not isinstance(kwargs, dict):
+        if type(kwargs) is not dict and not isinstance(kwargs, dict):
             _add(errors, "kwargs", f"must be a mapping of keyword arguments, got {_kind(kwargs)}.")
             ok = False
-        else:
+        elif kwargs:
             bad = [k for k in kwargs if not isinstance(k, str) or not k.isidentifier()]
             if bad:
                 _add(errors, "kwargs", f"keys must be Python identifiers; bad keys: {bad[:5]!r}.")
                 ok = False
-            elif not _flat_plain(kwargs.values()):
+            # identifiers hold no NUL and no surrogate: only the values need a look
+            elif not (flat and _flat_plain(kwargs.values())):
                 problem = _json_problem(kwargs, "kwargs", 0, depth)
                 if problem:
                     _add(errors, "kwargs", problem)
@@ -368,11 +372,13 @@ class JobValidator:
         else:
             out["timezone"] = timezone
         run_at, cron, interval = values.get("run_at"), values.get("cron"), values.get("interval")
-        given = [
-            field
-            for field, value in (("run_at", run_at), ("cron", cron), ("interval", interval))
-            if value is not None and (type(value) in _NEVER_EMPTY or value != "")
-        ]
+        given = []
+        if run_at is not None and (type(run_at) in _NEVER_EMPTY or run_at != ""):
+            given.append("run_at")
+        if cron is not None and (type(cron) in _NEVER_EMPTY or cron != ""):
+            given.append("cron")
+        if interval is not None and (type(interval) in _NEVER_EMPTY or interval != ""):
+            given.append("interval")
         if len(given) != 1:
             message = "needs exactly one schedule: run_at (one-off), cron or interval" + (
                 f"; got {', '.join(given)}." if given else "; got none."
@@ -447,18 +453,26 @@ class JobValidator:
 
     def _check_options(self, values: Mapping[str, Any], checked: Checked) -> None:
         given = tuple(map(values.get, OPTION_FIELDS))
+        last = self._last_options
+        if last is not None and all(map(operator.is_, given, last[0])):
+            options = last[1]  # the very same objects as the previous job's (the defaults)
+        else:
+            options = self._options_of(given)
+            self._last_options = (given, options)
+        checked.values.update(options.values)
+        for field, message in options.errors:
+            _add(checked.errors, field, message)
+        checked.options = options
+
+    def _options_of(self, given: tuple[Any, ...]) -> Options:
         types = tuple(map(type, given))
         if _PLAIN_TYPES.issuperset(types):
             key = (given, types)
             options = self._options.get(key)
             if options is None:
                 options = _remember(self._options, key, _options_verdict(given))
-        else:
-            options = _options_verdict(given)
-        checked.values.update(options.values)
-        for field, message in options.errors:
-            _add(checked.errors, field, message)
-        checked.options = options
+            return options
+        return _options_verdict(given)
 
 
 def validate_job(values: Mapping[str, Any], *, check_task: bool = True) -> dict[str, Any]:

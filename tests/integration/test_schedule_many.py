@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from schedapp import api, bulk
@@ -268,3 +269,29 @@ def test_the_database_clock_sets_created_at(writer):
         job = Job.objects.get()
     if writer != "orm":  # the ORM stamps created_at with this host's clock, as schedule() does
         assert job.created_at == job.updated_at == now
+
+
+@pytest.mark.parametrize(
+    ("depth", "args", "kwargs", "refused_field"),
+    [
+        (0, [1], {}, "args"),  # an item sits at depth 1
+        (0, [], {"k": 1}, "kwargs"),  # so does a key
+        (1, [1, "a"], {"k": 2}, None),
+        (1, [[1]], {}, "args"),
+        (2, [[1]], {"k": [2]}, None),
+    ],
+)
+def test_the_payload_depth_limit_holds_for_flat_payloads_too(
+    writer, depth, args, kwargs, refused_field
+):
+    # Flat payloads take a shortcut past the full JSON walk; it must not skip the depth limit
+    spec = {"task": TASK, "run_at": SOON, "args": args, "kwargs": kwargs, "name": "d"}
+    with override_settings(SCHEDAPP_MAX_PAYLOAD_DEPTH=depth):
+        if refused_field is None:
+            assert api.schedule_many([spec]) == 1
+            return
+        errors = refused([spec])
+        with pytest.raises(ValidationError) as single:
+            api.schedule(TASK, run_at=SOON, args=args, kwargs=kwargs, name="d")
+    assert errors == {f"0.{f}": m for f, m in single.value.message_dict.items()}
+    assert "nested deeper" in errors[f"0.{refused_field}"][0]
