@@ -51,6 +51,7 @@ COPY_FORMAT = "binary"  # or "text": both are measured by bench/ingest.py
 MAX_BAD_SPECS = 1_000
 _NAME_CONSTRAINT = "schedapp_job_name_unique"
 _LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still streaming
+_NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 _RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
 
 Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
@@ -389,13 +390,14 @@ class _OrmWriter(_Writer):
         chunk = list(rows)
         if not chunk:
             return
+        names = [row[1] for row in chunk]
         for _attempt in range(_RETRIES):
-            found = {
-                name: (job_id, "")
-                for name, job_id in Job.objects.filter(
-                    name__in=[row[1] for row in chunk]
-                ).values_list("name", "id")
-            }
+            found: dict[str, tuple[int, str]] = {}
+            for start in range(0, len(names), _NAMES_PER_QUERY):
+                clashes = Job.objects.filter(name__in=names[start : start + _NAMES_PER_QUERY])
+                found.update(
+                    (name, (job_id, "")) for name, job_id in clashes.values_list("name", "id")
+                )
             survivors, errors = self._sort_out(chunk, found)
             try:
                 with transaction.atomic():
