@@ -151,7 +151,7 @@ class _Ingest:
                 if len(self._firsts) > 4096:
                     self._firsts.clear()
                 first = self._firsts[schedule] = first_fire_time(schedule, self.now)
-        jitter = checked.values["jitter"]
+        jitter = checked.options.values["jitter"]  # type: ignore[union-attr]
         if jitter > 0:
             return first, first + policies.compute_jitter(jitter, self._random)
         return first, first

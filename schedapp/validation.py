@@ -81,6 +81,7 @@ OPTION_FIELDS = (
     "misfire_policy",
 )
 _KNOWN_FIELDS = frozenset(JOB_FIELDS)
+_option_values = operator.itemgetter(*OPTION_FIELDS)
 # Types whose equal values always get the same verdict and the same message, so a verdict on
 # one value may be reused for another equal one (a custom __eq__ could lie; these cannot).
 _PLAIN_TYPES = frozenset({int, float, str, bool, type(None), timedelta})
@@ -203,11 +204,12 @@ class Options:
 class Checked:
     """One job's verdict, before anything is raised.
 
-    ``values`` are the values to store (``args`` and ``kwargs`` as given: ``validate``
-    copies them), ``errors`` the problems by field (empty if none). For a valid payload,
-    ``args_json`` and ``kwargs_json`` are its JSON text (encoded once, for the size limit and
-    for bulk writes); ``schedule`` is the parsed schedule; ``options`` the shared verdict on
-    the option fields, the same object for every job with the same options.
+    ``values`` are the values to store but the options (``args`` and ``kwargs`` as given:
+    ``to_store`` adds the options and copies the payload); ``errors`` the problems by field
+    (empty if none). For a valid payload, ``args_json`` and ``kwargs_json`` are its JSON text
+    (encoded once, for the size limit and for bulk writes); ``schedule`` is the parsed
+    schedule; ``options`` the verdict on the option fields, one object shared by every job
+    with the same options.
     """
 
     values: dict[str, Any]
@@ -218,8 +220,9 @@ class Checked:
     options: Options | None = None
 
     def to_store(self) -> dict[str, Any]:
-        """The values to store, the payload copied (so the caller's lists stay theirs)."""
-        out = dict(self.values)
+        """All the values to store, the payload copied (the caller's lists stay theirs)."""
+        assert self.options is not None
+        out = {**self.values, **self.options.values}
         out["args"] = _plain(out["args"])
         out["kwargs"] = _plain(out["kwargs"])
         return out
@@ -452,14 +455,16 @@ class JobValidator:
     # --- options -----------------------------------------------------------------------------
 
     def _check_options(self, values: Mapping[str, Any], checked: Checked) -> None:
-        given = tuple(map(values.get, OPTION_FIELDS))
+        try:
+            given = _option_values(values)
+        except KeyError:  # not a full field set: a missing option is None, as .get() says
+            given = tuple(map(values.get, OPTION_FIELDS))
         last = self._last_options
         if last is not None and all(map(operator.is_, given, last[0])):
             options = last[1]  # the very same objects as the previous job's (the defaults)
         else:
             options = self._options_of(given)
             self._last_options = (given, options)
-        checked.values.update(options.values)
         for field, message in options.errors:
             _add(checked.errors, field, message)
         checked.options = options
