@@ -295,3 +295,18 @@ def test_the_payload_depth_limit_holds_for_flat_payloads_too(
             api.schedule(TASK, run_at=SOON, args=args, kwargs=kwargs, name="d")
     assert errors == {f"0.{f}": m for f, m in single.value.message_dict.items()}
     assert "nested deeper" in errors[f"0.{refused_field}"][0]
+
+
+def test_an_error_inside_the_input_propagates_and_writes_nothing(writer):
+    # Given a generator that fails in its third chunk, after two chunks were written
+    def specs():
+        for i in range(250):
+            if i == 230:
+                raise RuntimeError("the source went away")
+            yield once(i)
+
+    with pytest.raises(RuntimeError, match="went away"):
+        api.schedule_many(specs(), chunk_size=100)
+    # Then nothing is left, and the connection works
+    assert Job.objects.count() == 0
+    assert api.schedule_many([once(0)]) == 1
