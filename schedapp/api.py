@@ -18,8 +18,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from . import policies
-from .conf import get_settings
+from . import bulk, policies
+from .bulk import CHUNK_SIZE
 from .db import db_now, notify_due
 from .exceptions import JobStateError
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
@@ -28,10 +28,13 @@ from .validation import (
     JOB_FIELDS,
     SCHEDULE_FIELDS,
     celery_app,
+    job_defaults,
     name_taken,
+    source_problem,
     stored_schedule,
     task_not_allowed,
     validate_job,
+    with_defaults,
 )
 
 log = logging.getLogger("schedapp.api")
@@ -52,39 +55,9 @@ __all__ = [
 ]
 
 
-def _defaults() -> dict[str, Any]:
-    from django.conf import settings as django_settings
-
-    s = get_settings()
-    return {
-        "args": [],
-        "kwargs": {},
-        "run_at": None,
-        "cron": None,
-        "interval": None,
-        "timezone": django_settings.TIME_ZONE or "UTC",
-        "name": None,
-        "priority": 0,
-        "queue": "",
-        "max_retries": s.DEFAULT_MAX_RETRIES,
-        "jitter": 0,
-        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
-        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
-        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
-        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
-        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
-        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
-    }
-
-
 def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults, overridden by what the caller gave (None means "default" for options)."""
-    values = _defaults()
-    values["task"] = task
-    for key, value in given.items():
-        if value is None and key in values and key not in SCHEDULE_FIELDS:
-            continue
-        values[key] = value
+    values = with_defaults(job_defaults(), {**given, "task": task})
     if values.get("name") is None and isinstance(task, str):
         values["name"] = f"{task}-{uuid.uuid4().hex[:12]}"
     return values
@@ -151,8 +124,9 @@ def schedule(
 
 
 def _source(source: str) -> str:
-    if source not in JobSource.values:
-        raise ValidationError({"source": [f"{source!r} is not one of {JobSource.values}."]})
+    problem = source_problem(source)
+    if problem:
+        raise ValidationError({"source": [problem]})
     return source
 
 
@@ -162,50 +136,21 @@ def _integrity_error(exc: IntegrityError, name: str) -> ValidationError:
     return ValidationError({"__all__": [f"the database refused the job: {exc}"]})
 
 
-def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000) -> list[Job]:
-    """Schedule many jobs at once: all are validated first, then inserted in bulk in one
-    transaction; one bad spec rejects the lot, with errors keyed ``"<index>.<field>"``."""
-    jobs: list[Job] = []
-    errors: dict[str, list[str]] = {}
-    names: dict[str, int] = {}
-    for index, raw in enumerate(specs):
-        spec = dict(raw)
-        task = spec.pop("task", None)
-        source = spec.pop("source", JobSource.API)
-        if isinstance(spec.get("args"), tuple):
-            spec["args"] = list(spec["args"])
-        try:
-            values = validate_job(_spec(task, spec))
-            values["source"] = _source(source)
-        except ValidationError as exc:
-            for field, messages in exc.message_dict.items():
-                errors[f"{index}.{field}"] = messages
-            continue
-        if values["name"] in names:
-            errors[f"{index}.name"] = [f"duplicates the name of spec {names[values['name']]}."]
-            continue
-        names[values["name"]] = index
-        jobs.append(Job(**values))
-    existing = set()
-    for start in range(0, len(names), 5000):
-        chunk = list(names)[start : start + 5000]
-        existing.update(Job.objects.filter(name__in=chunk).values_list("name", flat=True))
-    for name in sorted(existing):
-        errors[f"{names[name]}.name"] = [name_taken(name)]
-    if errors:
-        raise ValidationError(errors)
-    with transaction.atomic():
-        now = db_now()
-        for job in jobs:
-            _first_run(job, now)
-        try:
-            with transaction.atomic():
-                created = Job.objects.bulk_create(jobs, batch_size=batch_size)
-        except IntegrityError as exc:
-            raise ValidationError({"name": [f"a job name is already taken: {exc}"]}) from exc
-        if created:
-            notify_due(min(j.next_run_at for j in created))  # type: ignore[type-var]
-    return created
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK_SIZE) -> int:
+    """Schedule many jobs at once; returns how many were created.
+
+    ``specs`` holds ``schedule()``'s keyword arguments plus ``task`` (and ``source``), as
+    dicts: a list, or any iterable, such as a generator of millions, which is read chunk by
+    chunk and never held whole. Every spec is checked by ``schedule()``'s rules, with its
+    messages; one bad spec rejects the lot, errors keyed ``"<index>.<field>"`` (duplicate
+    names too, within the input or against existing jobs), and nothing is written. Valid
+    specs are written in one transaction (PostgreSQL: ``COPY``), beats woken once.
+
+    It returns a count, not the jobs: a million ``Job`` objects would not fit the memory
+    that streaming saves. Find jobs by the names you gave (unnamed ones are named
+    ``"<task>-<call id>-<index>"``).
+    """
+    return bulk.schedule_many(specs, chunk_size=chunk_size)
 
 
 def get(job: JobRef) -> Job:

@@ -2,12 +2,23 @@
 
 Every error names its field and says what is wrong, and all of a job's errors are reported at
 once, as a ``django.core.exceptions.ValidationError`` keyed by field.
+
+The rules live in ``JobValidator``; ``validate_job`` runs them for one job, and bulk
+scheduling runs the same object over many jobs, where it remembers the verdict on what jobs
+share (task names, zones, cron expressions, intervals, options), so the rules cannot drift
+between the single and the bulk path.
 """
 
 from __future__ import annotations
 
+import json
+import json.encoder
 import math
-from datetime import timedelta
+import operator
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
@@ -18,7 +29,16 @@ from .conf import get_settings
 from .exceptions import ScheduleError
 from .models import MAX_PRIORITY, MIN_PRIORITY
 from .policies import MISFIRE_POLICIES
-from .schedules import Schedule, parse_cron, parse_interval, parse_run_at, parse_timezone
+from .schedules import (
+    Cron,
+    Interval,
+    Once,
+    Schedule,
+    parse_cron,
+    parse_interval,
+    parse_run_at,
+    parse_timezone,
+)
 
 MAX_INT = 2**31 - 1
 NAME_MAX = 200
@@ -47,11 +67,98 @@ JOB_FIELDS = (
     "lease_seconds",
     *POLICY_FIELDS,
 )
+# Fields whose checks depend on their own values only: judged once per distinct combination
+# when many jobs share them (they usually do: the defaults).
+OPTION_FIELDS = (
+    "queue",
+    "priority",
+    "max_retries",
+    "jitter",
+    "lease_seconds",
+    "misfire_max_catchup",
+    "retry_backoff",
+    "retry_backoff_max",
+    "misfire_grace",
+    "misfire_policy",
+)
+_KNOWN_FIELDS = frozenset(JOB_FIELDS)
+_option_values = operator.itemgetter(*OPTION_FIELDS)
+# Types whose equal values always get the same verdict and the same message, so a verdict on
+# one value may be reused for another equal one (a custom __eq__ could lie; these cannot).
+_PLAIN_TYPES = frozenset({int, float, str, bool, type(None), timedelta})
+# A schedule field is given unless None or "", which a datetime or a number never equals.
+_NEVER_EMPTY = frozenset({datetime, timedelta, int, float})
+_CONTROL = re.compile(r"[\x00-\x1f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CACHE_LIMIT = 4096
+
+
+def _json_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, ensure_ascii=False)`` for a validated payload, several times faster:
+    the C encoder built once, not per call (a validated payload has no cycles, no NaN and
+    nothing but JSON types, so no check is lost)."""
+    make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+    if make is None:  # no C accelerator: the standard encoder
+        return json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+    encode = make(None, None, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_json = _json_encoder()
 
 
 def name_taken(name: str) -> str:
     """The message for a job name already in use (the API and the admin form say the same)."""
     return f"a job named {name!r} already exists."
+
+
+def job_defaults() -> dict[str, Any]:
+    """Every optional field's value when the caller gives none (or None)."""
+    from django.conf import settings as django_settings
+
+    s = get_settings()
+    return {
+        "args": [],
+        "kwargs": {},
+        "run_at": None,
+        "cron": None,
+        "interval": None,
+        "timezone": django_settings.TIME_ZONE or "UTC",
+        "name": None,
+        "priority": 0,
+        "queue": "",
+        "max_retries": s.DEFAULT_MAX_RETRIES,
+        "jitter": 0,
+        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
+        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
+        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
+        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
+        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
+        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
+    }
+
+
+def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` overridden by what the caller gave (``task`` included); None means "the
+    default" for every field but the schedule ones (there: "not this kind of schedule")."""
+    if None not in given.values():  # the common case, merged in one step
+        return {**defaults, "task": None, **given}
+    values = dict(defaults)
+    values["task"] = None
+    for key, value in given.items():
+        if value is None and key in defaults and key not in SCHEDULE_FIELDS:
+            continue
+        values[key] = value
+    return values
+
+
+def source_problem(source: Any) -> str | None:
+    """Why ``source`` is not a job's source ("api", "admin", ...), or None."""
+    from .models import JobSource
+
+    if source not in JobSource.values:
+        return f"{source!r} is not one of {JobSource.values}."
+    return None
 
 
 def celery_app() -> Any:
@@ -99,59 +206,358 @@ def task_problem(name: str) -> str | None:
     return None
 
 
-class _Errors:
-    def __init__(self) -> None:
-        self.by_field: dict[str, list[str]] = {}
+@dataclass(frozen=True)
+class Options:
+    """The verdict on one combination of option values: what to store, and what is wrong."""
 
-    def add(self, field: str, message: str) -> None:
-        self.by_field.setdefault(field, []).append(message)
-
-    def raise_if_any(self) -> None:
-        if self.by_field:
-            raise ValidationError(self.by_field)
+    values: dict[str, Any]
+    errors: tuple[tuple[str, str], ...]
 
 
-def validate_job(values: dict[str, Any], *, check_task: bool = True) -> dict[str, Any]:
+@dataclass(slots=True)
+class Checked:
+    """One job's verdict, before anything is raised.
+
+    ``values`` are the values to store but the options (``args`` and ``kwargs`` as given:
+    ``to_store`` adds the options and copies the payload); ``errors`` the problems by field
+    (empty if none). For a valid payload, ``args_json`` and ``kwargs_json`` are its JSON text
+    (encoded once, for the size limit and for bulk writes); ``schedule`` is the parsed
+    schedule; ``options`` the verdict on the option fields, one object shared by every job
+    with the same options.
+    """
+
+    values: dict[str, Any]
+    errors: dict[str, list[str]]
+    args_json: str | None = None
+    kwargs_json: str | None = None
+    schedule: Schedule | None = None
+    options: Options | None = None
+
+    def to_store(self) -> dict[str, Any]:
+        """All the values to store, the payload copied (the caller's lists stay theirs)."""
+        assert self.options is not None
+        out = {**self.values, **self.options.values}
+        out["args"] = _plain(out["args"])
+        out["kwargs"] = _plain(out["kwargs"])
+        return out
+
+
+class JobValidator:
+    """The rules of a job's fields, in one place: ``validate_job`` runs them for one job,
+    ``schedapp.bulk`` for many.
+
+    Over many jobs it remembers its verdict per task name (allowlist and registry), per time
+    zone, per cron expression and zone, per interval and per combination of options, so a
+    million jobs cost one check of each distinct value plus the per-job fields (name,
+    payload, ``run_at``). A validator lives for one call: the next call reads settings and
+    the task registry afresh.
+    """
+
+    def __init__(self, *, check_task: bool = True) -> None:
+        settings = get_settings()
+        self.check_task = check_task
+        self.max_payload_bytes = settings.MAX_PAYLOAD_BYTES
+        self.max_payload_depth = settings.MAX_PAYLOAD_DEPTH
+        self._tasks: dict[Any, tuple[str | None, str | None]] = {}
+        self._zones: dict[Any, tuple[str | None, str | None]] = {}
+        self._crons: dict[Any, Cron | ScheduleError] = {}
+        self._intervals: dict[Any, Interval | ScheduleError] = {}
+        self._run_ats: dict[datetime, Once | ScheduleError] = {}
+        self._options: dict[Any, Options] = {}
+        self._last_options: tuple[tuple[Any, ...], Options] | None = None
+
+    def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Check and normalise a job's fields (see ``validate_job``)."""
+        checked = self.check(values)
+        if checked.errors:
+            raise ValidationError(checked.errors)
+        return checked.to_store()
+
+    def check(self, values: Mapping[str, Any]) -> Checked:
+        """Every problem of a job's fields, keyed by field, without raising."""
+        errors: dict[str, list[str]] = {}
+        if not _KNOWN_FIELDS.issuperset(values):
+            for field in sorted(values.keys() - _KNOWN_FIELDS, key=str):
+                _add(
+                    errors,
+                    field,
+                    f"unknown option {field!r}; known options: {', '.join(JOB_FIELDS)}.",
+                )
+        checked = Checked({}, errors)
+        self._check_task(values.get("task"), checked)
+        self._check_payload(values, checked)
+        self._check_schedule(values, checked)
+        _check_name(values.get("name"), checked)
+        self._check_options(values, checked)
+        return checked
+
+    # --- task --------------------------------------------------------------------------------
+
+    def _check_task(self, task: Any, checked: Checked) -> None:
+        cacheable = type(task) is str
+        verdict = self._tasks.get(task) if cacheable else None
+        if verdict is None:
+            verdict = self._task_verdict(task)
+            if cacheable:
+                _remember(self._tasks, task, verdict)
+        cleaned, problem = verdict
+        if problem:
+            _add(checked.errors, "task", problem)
+        if cleaned is not None:
+            checked.values["task"] = cleaned
+
+    def _task_verdict(self, task: Any) -> tuple[str | None, str | None]:
+        if not isinstance(task, str) or not task.strip():
+            return None, "must be the name of a registered Celery task."
+        if len(task) > 200:
+            return None, "must be at most 200 characters."
+        cleaned = task.strip()
+        return cleaned, task_problem(cleaned) if self.check_task else None
+
+    # --- args and kwargs ---------------------------------------------------------------------
+
+    def _check_payload(self, values: Mapping[str, Any], checked: Checked) -> None:
+        errors = checked.errors
+        args = values.get("args", [])
+        kwargs = values.get("kwargs", {})
+        if args is None:
+            args = []
+        if kwargs is None:
+            kwargs = {}
+        depth = self.max_payload_depth
+        flat = depth >= 1  # items sit at depth 1: the flat shortcut needs that to be allowed
+        ok = True
+        if type(args) is not list and not isinstance(args, list | tuple):
+            _add(errors, "args", f"must be a list of positional arguments, got {_kind(args)}.")
+            ok = False
+        elif not (flat and _flat_plain(args)):
+            problem = _json_problem(args, "args", 0, depth)
+            if problem:
+                _add(errors, "args", problem)
+                ok = False
+        if type(kwargs) is not dict and not isinstance(kwargs, dict):
+            _add(errors, "kwargs", f"must be a mapping of keyword arguments, got {_kind(kwargs)}.")
+            ok = False
+        elif kwargs:
+            bad = [k for k in kwargs if not isinstance(k, str) or not k.isidentifier()]
+            if bad:
+                _add(errors, "kwargs", f"keys must be Python identifiers; bad keys: {bad[:5]!r}.")
+                ok = False
+            # identifiers hold no NUL and no surrogate: only the values need a look
+            elif not (flat and _flat_plain(kwargs.values())):
+                problem = _json_problem(kwargs, "kwargs", 0, depth)
+                if problem:
+                    _add(errors, "kwargs", problem)
+                    ok = False
+        if not ok:
+            return
+        # Encoded once: the size limit measures the very text that bulk writes then store.
+        args_json = _encode_json(args) if args else "[]"
+        kwargs_json = _encode_json(kwargs) if kwargs else "{}"
+        size = 4 + (len(args_json) if args_json.isascii() else len(args_json.encode()))
+        size += len(kwargs_json) if kwargs_json.isascii() else len(kwargs_json.encode())
+        # = len(json.dumps([args, kwargs], ensure_ascii=False).encode())
+        if size > self.max_payload_bytes:
+            field = "kwargs" if len(json.dumps(kwargs).encode()) > size / 2 else "args"
+            _add(
+                errors,
+                field,
+                f"args and kwargs take {size} bytes as JSON; the limit is "
+                f"{self.max_payload_bytes} (SCHEDAPP_MAX_PAYLOAD_BYTES).",
+            )
+            return
+        checked.values["args"], checked.values["kwargs"] = args, kwargs
+        checked.args_json, checked.kwargs_json = args_json, kwargs_json
+
+    # --- schedule ----------------------------------------------------------------------------
+
+    def _check_schedule(self, values: Mapping[str, Any], checked: Checked) -> None:
+        errors, out = checked.errors, checked.values
+        zone = values.get("timezone")
+        cacheable = type(zone) is str
+        zone_verdict = self._zones.get(zone) if cacheable else None
+        if zone_verdict is None:
+            try:
+                zone_verdict = (parse_timezone(zone), None)
+            except ScheduleError as exc:
+                zone_verdict = (None, exc.message)
+            if cacheable:
+                _remember(self._zones, zone, zone_verdict)
+        timezone, problem = zone_verdict
+        if problem:
+            _add(errors, "timezone", problem)
+        else:
+            out["timezone"] = timezone
+        run_at, cron, interval = values.get("run_at"), values.get("cron"), values.get("interval")
+        given = []
+        if run_at is not None and (type(run_at) in _NEVER_EMPTY or run_at != ""):
+            given.append("run_at")
+        if cron is not None and (type(cron) in _NEVER_EMPTY or cron != ""):
+            given.append("cron")
+        if interval is not None and (type(interval) in _NEVER_EMPTY or interval != ""):
+            given.append("interval")
+        if len(given) != 1:
+            message = "needs exactly one schedule: run_at (one-off), cron or interval" + (
+                f"; got {', '.join(given)}." if given else "; got none."
+            )
+            for field in given or ["run_at", "cron", "interval"]:
+                _add(errors, field, message)
+            return
+        out.update(run_at=None, cron="", interval=None)
+        kind = given[0]
+        schedule: Schedule | ScheduleError
+        if kind == "run_at":
+            schedule = self._run_at(run_at)
+        elif kind == "interval":
+            schedule = self._interval(interval)
+        else:  # with an invalid zone, still check the expression itself
+            schedule = self._cron(cron, timezone or "UTC")
+        if isinstance(schedule, ScheduleError):
+            _add(errors, schedule.field, schedule.message)
+        elif isinstance(schedule, Once):
+            out["run_at"] = schedule.at
+            checked.schedule = schedule
+        elif isinstance(schedule, Interval):
+            out["interval"] = schedule.every
+            checked.schedule = schedule
+        else:
+            out["cron"] = schedule.expr
+            checked.schedule = schedule
+
+    def _run_at(self, value: Any) -> Once | ScheduleError:
+        # Equal aware datetimes are the same instant, hence the same Once; a naive one is
+        # never equal to an aware one, so it cannot borrow an aware one's verdict.
+        cacheable = type(value) is datetime
+        verdict = self._run_ats.get(value) if cacheable else None
+        if verdict is None:
+            try:
+                verdict = parse_run_at(value)
+            except ScheduleError as exc:
+                verdict = exc
+            if cacheable:
+                _remember(self._run_ats, value, verdict)
+        return verdict
+
+    def _interval(self, value: Any) -> Interval | ScheduleError:
+        cacheable = type(value) in _PLAIN_TYPES
+        key = (type(value), value)
+        verdict = self._intervals.get(key) if cacheable else None
+        if verdict is None:
+            try:
+                verdict = parse_interval(value)
+            except ScheduleError as exc:
+                verdict = exc
+            if cacheable:
+                _remember(self._intervals, key, verdict)
+        return verdict
+
+    def _cron(self, value: Any, timezone: str) -> Cron | ScheduleError:
+        cacheable = type(value) is str
+        key = (value, timezone)
+        verdict = self._crons.get(key) if cacheable else None
+        if verdict is None:
+            try:
+                if isinstance(value, str) and len(value) > 200:
+                    raise ScheduleError("cron", "must be at most 200 characters.")
+                verdict = parse_cron(value, timezone)
+            except ScheduleError as exc:
+                verdict = exc
+            if cacheable:
+                _remember(self._crons, key, verdict)
+        return verdict
+
+    # --- options -----------------------------------------------------------------------------
+
+    def _check_options(self, values: Mapping[str, Any], checked: Checked) -> None:
+        try:
+            given = _option_values(values)
+        except KeyError:  # not a full field set: a missing option is None, as .get() says
+            given = tuple(map(values.get, OPTION_FIELDS))
+        last = self._last_options
+        if last is not None and all(map(operator.is_, given, last[0])):
+            options = last[1]  # the very same objects as the previous job's (the defaults)
+        else:
+            options = self._options_of(given)
+            self._last_options = (given, options)
+        for field, message in options.errors:
+            _add(checked.errors, field, message)
+        checked.options = options
+
+    def _options_of(self, given: tuple[Any, ...]) -> Options:
+        types = tuple(map(type, given))
+        if _PLAIN_TYPES.issuperset(types):
+            key = (given, types)
+            options = self._options.get(key)
+            if options is None:
+                options = _remember(self._options, key, _options_verdict(given))
+            return options
+        return _options_verdict(given)
+
+
+def validate_job(values: Mapping[str, Any], *, check_task: bool = True) -> dict[str, Any]:
     """Check and normalise a job's fields; returns the values to store.
 
     ``values`` holds the job's full field set (callers merge defaults and existing values
     first). Raises ValidationError with every problem found, keyed by field.
     """
-    unknown = set(values) - set(JOB_FIELDS)
-    errors = _Errors()
-    for field in sorted(unknown):
-        errors.add(field, f"unknown option {field!r}; known options: {', '.join(JOB_FIELDS)}.")
-    out: dict[str, Any] = {}
+    return JobValidator(check_task=check_task).validate(values)
 
-    task = values.get("task")
-    if not isinstance(task, str) or not task.strip():
-        errors.add("task", "must be the name of a registered Celery task.")
-    elif len(task) > 200:
-        errors.add("task", "must be at most 200 characters.")
-    else:
-        problem = task_problem(task.strip()) if check_task else None
-        if problem:
-            errors.add("task", problem)
-        out["task"] = task.strip()
 
-    _check_payload(values, errors, out)
-    _check_schedule(values, errors, out)
+def stored_schedule(values: dict[str, Any]) -> Schedule:
+    """The schedule of validated values (as returned by ``validate_job``)."""
+    from .claims import schedule_of
 
-    name = values.get("name")
+    return schedule_of(values["run_at"], values["cron"], values["timezone"], values["interval"])
+
+
+def _add(errors: dict[str, list[str]], field: str, message: str) -> None:
+    errors.setdefault(field, []).append(message)
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Cache ``value``; a cache past its limit starts again, so a stream of distinct values
+    holds no more than a few thousand verdicts."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _check_name(name: Any, checked: Checked) -> None:
     if not isinstance(name, str) or not name.strip():
-        errors.add("name", "must be a non-empty string.")
+        _add(checked.errors, "name", "must be a non-empty string.")
     elif len(name) > NAME_MAX:
-        errors.add("name", f"must be at most {NAME_MAX} characters.")
-    elif any(ord(c) < 32 for c in name) or "\x00" in name:
-        errors.add("name", "must not contain control characters.")
+        _add(checked.errors, "name", f"must be at most {NAME_MAX} characters.")
+    elif _CONTROL.search(name):
+        _add(checked.errors, "name", "must not contain control characters.")
+    elif _SURROGATE.search(name):  # not storable: UTF-8 cannot encode it
+        _add(checked.errors, "name", "contains a lone surrogate, which is not valid Unicode.")
     else:
-        out["name"] = name
+        checked.values["name"] = name
 
-    queue = values.get("queue", "")
+
+def _options_verdict(given: tuple[Any, ...]) -> Options:
+    values = dict(zip(OPTION_FIELDS, given, strict=True))
+    out: dict[str, Any] = {}
+    errors: list[tuple[str, str]] = []
+
+    queue = values["queue"]
     if queue is None:
         queue = ""
-    if not isinstance(queue, str) or len(queue) > 200 or any(c.isspace() for c in queue):
-        errors.add("queue", "must be a queue name without spaces (at most 200 characters).")
+    if (
+        not isinstance(queue, str)
+        or len(queue) > 200
+        or any(c.isspace() for c in queue)
+        or _CONTROL.search(queue)  # NUL cannot be stored, and no broker wants the others
+        or _SURROGATE.search(queue)
+    ):
+        errors.append(
+            ("queue", "must be a queue name without spaces or control characters (at most 200).")
+        )
     else:
         out["queue"] = queue
 
@@ -162,28 +568,23 @@ def validate_job(values: dict[str, Any], *, check_task: bool = True) -> dict[str
         ("lease_seconds", 1, 7 * 86400),
         ("misfire_max_catchup", 1, 100_000),
     ):
-        value = values.get(field)
+        value = values[field]
         if isinstance(value, bool) or not isinstance(value, int):
-            errors.add(field, f"must be a whole number, got {type(value).__name__}.")
+            errors.append((field, f"must be a whole number, got {_kind(value)}."))
         elif not low <= value <= high:
             qualifier = "negative" if value < 0 and low >= 0 else "out of range"
-            errors.add(field, f"{value} is {qualifier}; expected {low} to {high}.")
+            errors.append((field, f"{value} is {qualifier}; expected {low} to {high}."))
         else:
             out[field] = value
 
-    for field, minimum in (
-        ("retry_backoff", timedelta(0)),
-        ("retry_backoff_max", timedelta(0)),
-        ("misfire_grace", timedelta(0)),
-    ):
-        value = values.get(field)
-        duration = _duration(value)
+    for field in ("retry_backoff", "retry_backoff_max", "misfire_grace"):
+        duration = _duration(values[field])
         if duration is None:
-            errors.add(field, "must be a duration (timedelta or seconds).")
-        elif duration < minimum:
-            errors.add(field, "must not be negative.")
+            errors.append((field, "must be a duration (timedelta or seconds)."))
+        elif duration < timedelta(0):
+            errors.append((field, "must not be negative."))
         elif duration > timedelta(days=365):
-            errors.add(field, "must be at most a year.")
+            errors.append((field, "must be at most a year."))
         else:
             out[field] = duration
     if (
@@ -191,16 +592,16 @@ def validate_job(values: dict[str, Any], *, check_task: bool = True) -> dict[str
         and "retry_backoff_max" in out
         and out["retry_backoff_max"] < out["retry_backoff"]
     ):
-        errors.add("retry_backoff_max", "must not be shorter than retry_backoff.")
+        errors.append(("retry_backoff_max", "must not be shorter than retry_backoff."))
 
-    policy = values.get("misfire_policy")
+    policy = values["misfire_policy"]
     if policy not in MISFIRE_POLICIES:
-        errors.add("misfire_policy", f"{policy!r} is not one of {', '.join(MISFIRE_POLICIES)}.")
+        errors.append(
+            ("misfire_policy", f"{policy!r} is not one of {', '.join(MISFIRE_POLICIES)}.")
+        )
     else:
         out["misfire_policy"] = policy
-
-    errors.raise_if_any()
-    return out
+    return Options(out, tuple(errors))
 
 
 def _duration(value: Any) -> timedelta | None:
@@ -214,107 +615,29 @@ def _duration(value: Any) -> timedelta | None:
     return None
 
 
-def _check_schedule(values: dict[str, Any], errors: _Errors, out: dict[str, Any]) -> None:
-    try:
-        timezone: str | None = parse_timezone(values.get("timezone"))
-        out["timezone"] = timezone
-    except ScheduleError as exc:
-        errors.add(exc.field, exc.message)
-        timezone = None
-    given = [f for f in SCHEDULE_FIELDS if values.get(f) not in (None, "")]
-    if len(given) != 1:
-        message = "needs exactly one schedule: run_at (one-off), cron or interval" + (
-            f"; got {', '.join(given)}." if given else "; got none."
-        )
-        for field in given or ["run_at", "cron", "interval"]:
-            errors.add(field, message)
-        return
-    out.update(run_at=None, cron="", interval=None)
-    try:
-        if given == ["run_at"]:
-            out["run_at"] = parse_run_at(values["run_at"]).at
-        elif given == ["interval"]:
-            out["interval"] = parse_interval(values["interval"]).every
-        else:  # with an invalid zone, still check the expression itself
-            if isinstance(values["cron"], str) and len(values["cron"]) > 200:
-                raise ScheduleError("cron", "must be at most 200 characters.")
-            out["cron"] = parse_cron(values["cron"], timezone or "UTC").expr
-    except ScheduleError as exc:
-        errors.add(exc.field, exc.message)
-
-
-def stored_schedule(values: dict[str, Any]) -> Schedule:
-    """The schedule of validated values (as returned by ``validate_job``)."""
-    from .claims import schedule_of
-
-    return schedule_of(values["run_at"], values["cron"], values["timezone"], values["interval"])
-
-
-def _check_payload(values: dict[str, Any], errors: _Errors, out: dict[str, Any]) -> None:
-    settings = get_settings()
-    args = values.get("args", [])
-    kwargs = values.get("kwargs", {})
-    if args is None:
-        args = []
-    if kwargs is None:
-        kwargs = {}
-    ok = True
-    if not isinstance(args, list | tuple):
-        errors.add("args", f"must be a list of positional arguments, got {type(args).__name__}.")
-        ok = False
-    else:
-        problem = _json_problem(list(args), "args", 0, settings.MAX_PAYLOAD_DEPTH)
-        if problem:
-            errors.add("args", problem)
-            ok = False
-    if not isinstance(kwargs, dict):
-        errors.add(
-            "kwargs", f"must be a mapping of keyword arguments, got {type(kwargs).__name__}."
-        )
-        ok = False
-    else:
-        bad = [k for k in kwargs if not isinstance(k, str) or not k.isidentifier()]
-        if bad:
-            errors.add("kwargs", f"keys must be Python identifiers; bad keys: {bad[:5]!r}.")
-            ok = False
-        else:
-            problem = _json_problem(kwargs, "kwargs", 0, settings.MAX_PAYLOAD_DEPTH)
-            if problem:
-                errors.add("kwargs", problem)
-                ok = False
-    if not ok:
-        return
-    import json
-
-    size = len(json.dumps([list(args), kwargs], ensure_ascii=False).encode())
-    if size > settings.MAX_PAYLOAD_BYTES:
-        field = "kwargs" if len(json.dumps(kwargs).encode()) > size / 2 else "args"
-        errors.add(
-            field,
-            f"args and kwargs take {size} bytes as JSON; the limit is "
-            f"{settings.MAX_PAYLOAD_BYTES} (SCHEDAPP_MAX_PAYLOAD_BYTES).",
-        )
-        return
-    out["args"] = _plain(list(args))
-    out["kwargs"] = _plain(kwargs)
-
-
 def _json_problem(value: Any, path: str, depth: int, max_depth: int) -> str | None:
-    """Why ``value`` is not plain JSON (None if it is); paths name the offending element."""
+    """Why ``value`` is not plain JSON (None if it is); paths name the offending element.
+
+    Containers vet their plain scalar items inline (the common case, and the per-job cost
+    of bulk scheduling); anything else goes through the full rules below, which alone
+    write the messages."""
     if depth > max_depth:
         return f"{path} is nested deeper than {max_depth} levels."
     if value is None or isinstance(value, bool | str):
         if isinstance(value, str) and "\x00" in value:
             return f"{path} contains a NUL character, which PostgreSQL's JSON cannot store."
-        if isinstance(value, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        if isinstance(value, str) and _SURROGATE.search(value):
             return f"{path} contains a lone surrogate, which is not valid Unicode."
         return None
     if isinstance(value, int):
         return None if abs(value) < 2**63 else f"{path} is an integer too large for JSON."
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value}, which JSON cannot carry."
+    inline = depth < max_depth  # items sit one level deeper: vet them inline only if allowed
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
+            if inline and _plain_scalar(item):
+                continue
             problem = _json_problem(item, f"{path}[{i}]", depth + 1, max_depth)
             if problem:
                 return problem
@@ -323,13 +646,47 @@ def _json_problem(value: Any, path: str, depth: int, max_depth: int) -> str | No
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"{path} has a non-string key {key!r}; JSON object keys are strings."
+            if inline and _plain_scalar(key) and _plain_scalar(item):
+                continue
             problem = _json_problem(key, f"{path} key", depth + 1, max_depth) or _json_problem(
                 item, f"{path}[{key!r}]", depth + 1, max_depth
             )
             if problem:
                 return problem
         return None
-    return f"{path} is a {type(value).__name__}, which is not JSON-serialisable."
+    return f"{path} is a {_kind(value)}, which is not JSON-serialisable."
+
+
+def _flat_plain(items: Iterable[Any]) -> bool:
+    """True if every item is a JSON scalar the full rules accept: the common flat payload,
+    vetted in one loop (False only means "ask ``_json_problem``")."""
+    for item in items:
+        kind = type(item)
+        if kind is int:
+            if -(2**63) < item < 2**63:
+                continue
+        elif kind is str:
+            if "\x00" not in item and (item.isascii() or not _SURROGATE.search(item)):
+                continue
+        elif kind is float:
+            if math.isfinite(item):
+                continue
+        elif item is None or kind is bool:
+            continue
+        return False
+    return True
+
+
+def _plain_scalar(value: Any) -> bool:
+    """A JSON scalar the full rules would accept (a shortcut: False sends it through them)."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value and not _SURROGATE.search(value)
+    if kind is int:
+        return -(2**63) < value < 2**63
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or kind is bool
 
 
 def _plain(value: Any) -> Any:

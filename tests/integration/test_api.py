@@ -112,14 +112,14 @@ def test_schedule_many_is_all_or_nothing_with_indexed_errors():
     assert "3.cron" in info.value.message_dict
     assert Job.objects.count() == 0
     specs[3].pop("cron")
-    assert len(api.schedule_many(specs)) == 5
+    assert api.schedule_many(specs) == 5
 
 
 def test_schedule_many_inserts_thousands_in_bulk(django_assert_max_num_queries):
     specs = ({"task": TASK, "interval": 60, "kwargs": {"i": i}} for i in range(3000))
     with django_assert_max_num_queries(12):
-        jobs = api.schedule_many(specs)
-    assert len(jobs) == 3000 and Job.objects.count() == 3000
+        created = api.schedule_many(specs)
+    assert created == 3000 and Job.objects.count() == 3000
 
 
 def test_first_run_times():

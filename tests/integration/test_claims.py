@@ -25,10 +25,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def due_jobs(n: int, **options) -> list[Job]:
     when = db_now() - timedelta(seconds=1)
-    return api.schedule_many(
-        {"task": "project.tasks.record", "run_at": when, "name": f"job-{i}", **options}
-        for i in range(n)
+    names = [f"job-{i}" for i in range(n)]
+    created = api.schedule_many(
+        {"task": "project.tasks.record", "run_at": when, "name": name, **options}
+        for name in names
     )
+    assert created == n
+    return list(Job.objects.filter(name__in=names).order_by("id"))  # ids follow input order
 
 
 def start_run(job_id: int, token: int, worker: str = "w1") -> DoorVerdict:

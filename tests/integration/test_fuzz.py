@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from django.core.exceptions import ValidationError
-from hypothesis import HealthCheck, given, settings
+from django.db import transaction
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from schedapp import api
@@ -238,3 +239,96 @@ def test_unicode_names_round_trip():
     name = "nightly 🌙 rapport — Überweisung 夜"
     job = api.schedule("project.tasks.record", cron="0 0 * * *", name=name)
     assert Job.objects.get(pk=job.pk).name == name
+
+
+# --- bulk and single scheduling agree ----------------------------------------------------------
+
+durations = st.one_of(numbers, st.timedeltas(max_value=timedelta(days=400)))
+aware = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+# Each optional field is plausible about half the time and hostile otherwise, so that both
+# accepted and refused specs come up often, and refusals of one field or of several.
+SPEC_FIELDS = {
+    "cron": st.one_of(st.sampled_from(["*/5 * * * *", "0 9 * * 1-5", "@daily"]), crons),
+    "run_at": st.one_of(aware, moments),
+    "interval": st.one_of(st.integers(1, 86400), durations),
+    "timezone": st.one_of(st.sampled_from(["UTC", "Europe/Paris", "Asia/Kolkata"]), zones),
+    "args": st.one_of(st.lists(st.integers(), max_size=3), json_like),
+    "kwargs": st.one_of(st.dictionaries(st.sampled_from(["a", "b"]), st.text()), json_like),
+    "name": st.one_of(st.none(), st.text(max_size=250)),
+    "priority": st.one_of(st.integers(-5, 5), numbers),
+    "queue": st.one_of(st.sampled_from(["", "fast"]), st.text(max_size=8)),
+    "max_retries": st.one_of(st.integers(0, 5), numbers),
+    "jitter": st.one_of(st.integers(0, 30), numbers),
+    "lease_seconds": st.one_of(st.integers(1, 600), numbers),
+    "retry_backoff": st.one_of(st.integers(0, 60), durations),
+    "retry_backoff_max": st.one_of(st.integers(60, 3600), durations),
+    "misfire_policy": st.one_of(st.sampled_from(["run_once", "skip", "run_all"]), st.text()),
+    "misfire_grace": durations,
+    "misfire_max_catchup": st.one_of(st.integers(1, 100), numbers),
+    "surprise": numbers,
+}
+# A valid spec (half the time: the task may be bad), with up to three fields replaced or added.
+bases = st.tuples(
+    st.one_of(
+        st.just("project.tasks.record"), st.sampled_from(["project.tasks.nope", "celery.x", ""])
+    ),
+    st.one_of(
+        st.fixed_dictionaries({"cron": st.sampled_from(["*/5 * * * *", "0 9 * * 1-5"])}),
+        st.fixed_dictionaries({"run_at": aware}),
+        st.fixed_dictionaries({"interval": st.integers(1, 86400)}),
+    ),
+).map(lambda base: {"task": base[0], **base[1]})
+changes = st.lists(st.sampled_from(sorted(SPEC_FIELDS)), max_size=3, unique=True).flatmap(
+    lambda keys: st.fixed_dictionaries({key: SPEC_FIELDS[key] for key in keys})
+)
+specs = st.builds(lambda base, change: {**base, **change}, bases, changes)
+# Fields that differ between two jobs made from one spec, by design.
+UNSHARED = {"id", "created_at", "updated_at"}
+
+
+def outcome(call):
+    """("refused", errors by field) or ("accepted", the stored row)."""
+    try:
+        with transaction.atomic():
+            call()
+    except ValidationError as exc:
+        return "refused", exc.message_dict
+    return "accepted", Job.objects.values().get()
+
+
+@FUZZ
+@given(spec=specs)
+def test_schedule_many_accepts_and_refuses_exactly_what_schedule_does(spec):
+    # Given one spec, tried through schedule() and through schedule_many() in one transaction
+    # (so that both read the same database clock), each rolled back after
+    def single():
+        options = dict(spec)
+        api.schedule(options.pop("task"), **options)
+
+    with transaction.atomic():
+        one = outcome(single)
+        transaction.set_rollback(True)
+    with transaction.atomic():
+        many = outcome(lambda: api.schedule_many([spec]))
+        transaction.set_rollback(True)
+
+    # Then both refuse with the same messages (bulk keys them by index) ...
+    event(one[0])
+    assert one[0] == many[0], (one, many)
+    if one[0] == "refused":
+        assert many[1] == {f"0.{field}": messages for field, messages in one[1].items()}
+        return
+    # ... or both store the same job
+    ignore = set(UNSHARED)
+    if not spec.get("name"):
+        ignore.add("name")  # generated
+    if one[1]["jitter"]:
+        ignore.add("next_run_at")  # random within the jitter, checked below
+        for row in (one[1], many[1]):
+            spread = row["next_run_at"] - row["scheduled_for"]
+            assert timedelta(0) <= spread <= timedelta(seconds=row["jitter"])
+    assert {k: v for k, v in one[1].items() if k not in ignore} == {
+        k: v for k, v in many[1].items() if k not in ignore
+    }

@@ -1,0 +1,427 @@
+"""Bulk scheduling: a stream of job specs, validated by the API's own rules, written at the
+database's speed (``api.schedule_many`` is the public entry point).
+
+Specs are read chunk by chunk and never all held: memory is bounded by the chunk size, not by
+the number of jobs. Each spec goes through the same ``JobValidator`` as ``api.schedule``,
+which remembers what specs share (tasks, zones, crons, intervals, options); the first fire
+time is computed from one reading of the database clock, once per distinct schedule.
+
+Writes happen in one transaction. On PostgreSQL each chunk is streamed with ``COPY ... FROM
+STDIN`` straight into ``schedapp_job`` while the next specs are validated, inside a savepoint:
+the unique index on ``name`` finds duplicate names, within the input and against existing
+jobs, at no extra cost. Only when it refuses a chunk is that chunk rolled back and looked at
+(one query for its names); a clash with a job of the same call is traced back to its spec by
+the rows' ``xmin`` (each chunk's savepoint has its own transaction id) and id order. Other
+databases get ``bulk_create`` per chunk, after a query for the chunk's names.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+
+from . import policies
+from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
+from .db import db_now, is_postgresql, notify_due
+from .models import Job, JobSource
+from .schedules import Once, Schedule, first_fire_time
+from .validation import (
+    Checked,
+    JobValidator,
+    job_defaults,
+    name_taken,
+    source_problem,
+    with_defaults,
+)
+
+CHUNK_SIZE = 10_000
+COPY_FORMAT = "binary"  # or "text": both are measured by bench/ingest.py
+# Specs reported as bad before the call stops reading: one bad spec already rejects the lot,
+# and a million errors would not fit the memory bound either.
+MAX_BAD_SPECS = 1_000
+_NAME_CONSTRAINT = "schedapp_job_name_unique"
+_LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still streaming
+_NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
+_RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
+
+Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
+
+
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK_SIZE) -> int:
+    """Validate and write ``specs``; returns how many jobs were created (see the API)."""
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be at least 1.")
+    with transaction.atomic():
+        now = db_now()
+        writer: _Writer
+        if is_postgresql():
+            rows = ENCODERS[COPY_FORMAT](now)
+            ingest = _Ingest(now, rows)
+            writer = _CopyWriter(ingest, rows)
+        else:
+            ingest = _Ingest(now, _Instances())
+            writer = _OrmWriter(ingest)
+        pending = iter(specs)
+        start = 0
+        while not ingest.stopped:
+            writer.write_chunk(start, ingest.rows(pending, start, chunk_size))
+            if ingest.consumed < chunk_size:
+                break
+            start += ingest.consumed
+        if ingest.errors:
+            raise ValidationError(ingest.report())
+        if ingest.written:
+            notify_due(ingest.earliest)
+    return ingest.written
+
+
+class _Ingest:
+    """Turns specs into rows: defaults, validation, first fire time; collects the errors."""
+
+    def __init__(self, now: datetime, encoder: CopyRows | _Instances) -> None:
+        self.now = now
+        self.encoder = encoder
+        self.validator = JobValidator()
+        self.defaults = job_defaults()
+        # Unnamed jobs get "<task>-<call>-<index>": unique within the call by construction
+        # (random 48-bit suffixes would collide somewhere in ten million with odds ~1 in 6).
+        self.call = uuid.uuid4().hex[:12]
+        self.errors: dict[str, list[str]] = {}
+        self.bad = 0
+        self.stopped = False
+        self.consumed = 0
+        self.written = 0
+        self.earliest: datetime | None = None
+        self._sources: dict[str, tuple[str, str | None]] = {}
+        self._firsts: dict[Schedule, datetime] = {}
+        self._random = random.random
+
+    def rows(self, specs: Iterator[Any], start: int, limit: int) -> Iterator[Row]:
+        """The rows of the next ``limit`` specs (``consumed`` says how many were read)."""
+        self.consumed = 0
+        for index, raw in enumerate(itertools.islice(specs, limit), start):
+            self.consumed += 1
+            row = self.row(index, raw)
+            if row is not None:
+                yield row
+            elif self.stopped:
+                return
+
+    def row(self, index: int, raw: Any) -> Row | None:
+        if type(raw) is not dict and not isinstance(raw, Mapping):
+            self.fail(index, {"__all__": ["must be a mapping of job options."]})
+            return None
+        values = with_defaults(self.defaults, raw)
+        source = values.pop("source", "api")
+        task = values["task"]
+        if values["name"] is None and isinstance(task, str):
+            values["name"] = f"{task}-{self.call}-{index}"
+        checked = self.validator.check(values)
+        if checked.errors:
+            self.fail(index, checked.errors)
+            return None
+        source, problem = self._source(source)
+        if problem:
+            self.fail(index, {"source": [problem]})
+            return None
+        first, due = self._first_run(checked)
+        if self.earliest is None or due < self.earliest:
+            self.earliest = due
+        return index, checked.values["name"], self.encoder.encode(checked, source, first, due)
+
+    def _first_run(self, checked: Checked) -> tuple[datetime, datetime]:
+        """(occurrence, due time): as ``api.schedule`` computes them, from the same ``now``."""
+        schedule = checked.schedule
+        assert schedule is not None
+        if isinstance(schedule, Once):
+            first = schedule.at
+        else:
+            first = self._firsts.get(schedule)  # type: ignore[assignment]
+            if first is None:
+                if len(self._firsts) > 4096:
+                    self._firsts.clear()
+                first = self._firsts[schedule] = first_fire_time(schedule, self.now)
+        jitter = checked.options.values["jitter"]  # type: ignore[union-attr]
+        if jitter > 0:
+            return first, first + policies.compute_jitter(jitter, self._random)
+        return first, first
+
+    def _source(self, source: Any) -> tuple[str, str | None]:
+        """(the value to store, why it may not be stored): the API's rule, as text."""
+        cacheable = isinstance(source, str)  # JobSource members are strs too
+        verdict = self._sources.get(source) if cacheable else None
+        if verdict is None:
+            problem = source_problem(source)
+            verdict = ("", problem) if problem else (JobSource(source).value, None)
+            if cacheable:
+                self._sources[source] = verdict
+        return verdict
+
+    def fail(self, index: int, errors: Mapping[str, list[str]]) -> None:
+        for field, messages in errors.items():
+            self.errors[f"{index}.{field}"] = list(messages)
+        self.bad += 1
+        if self.bad >= MAX_BAD_SPECS:
+            self.stopped = True
+
+    def report(self) -> dict[str, list[str]]:
+        if self.stopped:
+            return {
+                **self.errors,
+                "__all__": [f"stopped after {MAX_BAD_SPECS} bad specs; the rest were not read."],
+            }
+        return self.errors
+
+
+# --- what a row is made of: COPY rows (copyrows.py), or Job instances for bulk_create ----------
+
+
+class _Instances:
+    """Unsaved ``Job`` instances, for ``bulk_create``."""
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Job:
+        return Job(**checked.to_store(), source=source, scheduled_for=first, next_run_at=due)
+
+
+# --- writers: rows -> table, chunk by chunk; duplicate names traced to their specs ------------
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Where one written chunk's jobs are: enough to map a job back to its spec index
+    without holding the chunk's ids or names."""
+
+    first: int  # index of the chunk's first spec
+    skipped: tuple[int, ...]  # indexes in the chunk's range that were not written (bad specs)
+    count: int  # jobs written
+    last_id: int
+    xid: str  # PostgreSQL: the transaction id of the chunk's savepoint ("" elsewhere)
+    first_id: int = 0  # other databases: the first id
+    ids: tuple[int, ...] = ()  # other databases, only if the ids are not contiguous
+
+    def index_at(self, position: int) -> int:
+        """The spec index of the chunk's ``position``-th written job."""
+        index = self.first + position
+        for skipped in self.skipped:
+            if skipped <= index:
+                index += 1
+        return index
+
+
+class _Writer:
+    def __init__(self, ingest: _Ingest) -> None:
+        self.ingest = ingest
+        self.chunks: list[_Chunk] = []  # one small record per chunk written
+
+    def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
+        raise NotImplementedError
+
+    def _owner(self, job_id: int, xid: str) -> int | None:
+        """The spec index of a job this call wrote, or None for a job that existed before."""
+        raise NotImplementedError
+
+    def _sort_out(
+        self, rows: list[Row], found: Mapping[str, tuple[int, str]]
+    ) -> tuple[list[Row], dict[int, str]]:
+        """Rows whose names clash nowhere, and the errors of the others, by spec index.
+
+        The first spec with a name keeps it; a later one is told which spec has it (also if
+        that one was written in an earlier chunk); a name held by an older job is taken."""
+        survivors: list[Row] = []
+        errors: dict[int, str] = {}
+        seen: dict[str, int] = {}
+        for row in rows:
+            index, name = row[0], row[1]
+            earlier = seen.get(name)
+            if earlier is not None:
+                errors[index] = f"duplicates the name of spec {earlier}."
+                continue
+            seen[name] = index
+            holder = found.get(name)
+            if holder is None:
+                survivors.append(row)
+                continue
+            owner = self._owner(*holder)
+            errors[index] = (
+                name_taken(name) if owner is None else f"duplicates the name of spec {owner}."
+            )
+        return survivors, errors
+
+    def _chunk(
+        self,
+        first: int,
+        rows: list[Row],
+        last_id: int,
+        xid: str,
+        first_id: int = 0,
+        ids: tuple[int, ...] = (),
+    ) -> None:
+        """Remember where a written chunk's jobs are (its specs are all read by now)."""
+        end = first + self.ingest.consumed
+        skipped: tuple[int, ...] = ()
+        if len(rows) < end - first:
+            written = {row[0] for row in rows}
+            skipped = tuple(i for i in range(first, end) if i not in written)
+        self.chunks.append(_Chunk(first, skipped, len(rows), last_id, xid, first_id, ids))
+        self.ingest.written += len(rows)
+
+    def _report(self, errors: Mapping[int, str]) -> None:
+        for index, message in errors.items():
+            self.ingest.fail(index, {"name": [message]})
+
+
+class _CopyWriter(_Writer):
+    """PostgreSQL: ``COPY`` each chunk into the table, in a savepoint."""
+
+    def __init__(self, ingest: _Ingest, rows: CopyRows) -> None:
+        super().__init__(ingest)
+        quote = connection.ops.quote_name
+        table = Job._meta.db_table
+        columns = ", ".join(quote(c) for c in COPY_COLUMNS)
+        self.rows = rows
+        self.sql = f"COPY {quote(table)} ({columns}) FROM STDIN (FORMAT {rows.format})"
+        self.by_xid: dict[str, _Chunk] = {}
+        # The last id this session drew is a chunk's last job: COPY draws ids in row order.
+        self.last_row = (
+            f"SELECT id, xmin::text FROM {quote(table)} "
+            f"WHERE id = (SELECT currval(pg_get_serial_sequence('{table}', 'id')))"
+        )
+        self.table = quote(table)
+
+    def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
+        head = next(rows, None)
+        if head is None:
+            return  # nothing valid to write: no savepoint, no COPY
+        rows = itertools.chain((head,), rows)
+        kept: list[Row] = []
+        try:
+            self._copy(rows, kept)
+        except _NameClash:
+            kept.extend(rows)  # what the COPY had not taken yet
+            self._write_checked(first, kept)
+            return
+        if kept:
+            self._record(first, kept)
+
+    def _copy(self, rows: Iterable[Row], kept: list[Row]) -> None:
+        """COPY ``rows`` (appending each to ``kept``) in a savepoint; _NameClash if the unique
+        index refused one, with the savepoint rolled back."""
+        savepoint = transaction.savepoint()
+        try:
+            with connection.cursor() as cursor, cursor.cursor.copy(self.sql) as copy:
+                join = self.rows.join
+                lines: list[Any] = [self.rows.header]
+                for row in rows:
+                    kept.append(row)
+                    lines.append(row[2])
+                    if len(lines) >= _LINES_PER_WRITE:
+                        copy.write(join(lines))
+                        lines.clear()
+                lines.append(self.rows.trailer)
+                copy.write(join(lines))
+        except psycopg.errors.UniqueViolation as exc:
+            transaction.savepoint_rollback(savepoint)
+            if exc.diag.constraint_name == _NAME_CONSTRAINT:
+                raise _NameClash from exc
+            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
+        except psycopg.errors.IntegrityError as exc:
+            transaction.savepoint_rollback(savepoint)
+            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
+        transaction.savepoint_commit(savepoint)
+
+    def _record(self, first: int, rows: list[Row]) -> None:
+        """Note the chunk's last id and its savepoint's transaction id (its rows' ``xmin``)."""
+        with connection.cursor() as cursor:
+            cursor.execute(self.last_row)
+            last_id, xid = cursor.fetchone()
+        self._chunk(first, rows, last_id, xid)
+        self.by_xid[xid] = self.chunks[-1]
+
+    def _write_checked(self, first: int, rows: list[Row]) -> None:
+        """A chunk the unique index refused: find its clashes, write the rest (so that later
+        chunks still see these names), report the clashes."""
+        for _attempt in range(_RETRIES):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT name, id, xmin::text FROM {self.table} WHERE name = ANY(%s)",
+                    [[row[1] for row in rows]],
+                )
+                found = {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
+            survivors, errors = self._sort_out(rows, found)
+            kept: list[Row] = []
+            try:
+                if survivors:
+                    self._copy(survivors, kept)
+            except _NameClash:  # another writer committed one of these names meanwhile
+                continue
+            self._report(errors)
+            if kept:
+                self._record(first, kept)
+            return
+        raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
+
+    def _owner(self, job_id: int, xid: str) -> int | None:
+        chunk = self.by_xid.get(xid)
+        if chunk is None:
+            return None  # written by another, committed transaction: an existing job
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM {self.table} WHERE id BETWEEN %s AND %s AND xmin::text = %s",
+                [job_id, chunk.last_id, xid],
+            )
+            (from_here_on,) = cursor.fetchone()
+        return chunk.index_at(chunk.count - from_here_on)
+
+
+class _OrmWriter(_Writer):
+    """Other databases (SQLite in the demo): ``bulk_create`` per chunk, names looked up first."""
+
+    def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
+        chunk = list(rows)
+        if not chunk:
+            return
+        names = [row[1] for row in chunk]
+        for _attempt in range(_RETRIES):
+            found: dict[str, tuple[int, str]] = {}
+            for start in range(0, len(names), _NAMES_PER_QUERY):
+                clashes = Job.objects.filter(name__in=names[start : start + _NAMES_PER_QUERY])
+                found.update(
+                    (name, (job_id, "")) for name, job_id in clashes.values_list("name", "id")
+                )
+            survivors, errors = self._sort_out(chunk, found)
+            try:
+                with transaction.atomic():
+                    created = Job.objects.bulk_create([row[2] for row in survivors])
+            except IntegrityError:
+                continue
+            self._report(errors)
+            if created:
+                ids = sorted(job.pk for job in created)
+                contiguous = ids[-1] - ids[0] + 1 == len(ids)  # always on SQLite: one writer
+                self._chunk(first, survivors, ids[-1], "", ids[0], () if contiguous else tuple(ids))
+            return
+        raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
+
+    def _owner(self, job_id: int, xid: str) -> int | None:
+        for chunk in self.chunks:
+            if chunk.first_id <= job_id <= chunk.last_id:
+                if not chunk.ids:
+                    return chunk.index_at(job_id - chunk.first_id)
+                position = bisect.bisect_left(chunk.ids, job_id)
+                if position < len(chunk.ids) and chunk.ids[position] == job_id:
+                    return chunk.index_at(position)
+        return None
+
+
+class _NameClash(Exception):
+    """The unique index on job names refused a chunk."""

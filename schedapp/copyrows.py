@@ -1,0 +1,286 @@
+"""Validated jobs as rows of PostgreSQL's ``COPY ... FROM STDIN``, in text or binary format.
+
+Bulk scheduling writes every column of a new job itself (``COPY`` applies no Django
+defaults). What jobs share (task, zone, schedule, options, source, fire times, the constant
+columns) is encoded once and reused, so a row costs little more than its name and payload.
+Values are encoded as the ORM would send them: the payload is the JSON text validation
+measured; a timedelta keeps its days as days (as psycopg sends it), a time is UTC.
+
+Binary is the default (``bulk.COPY_FORMAT``): PostgreSQL parses it for less work per row than
+text, which is where most of a bulk load's time goes (``bench/README.md``).
+"""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .schedules import Once
+from .validation import Checked, Options
+
+# Every column a new job has, in the order the encoders write them.
+COPY_COLUMNS = (
+    "name",
+    "task",
+    "args",
+    "kwargs",
+    "run_at",
+    "cron",
+    "timezone",
+    "interval",
+    "queue",
+    "priority",
+    "max_retries",
+    "jitter",
+    "lease_seconds",
+    "misfire_max_catchup",
+    "retry_backoff",
+    "retry_backoff_max",
+    "misfire_grace",
+    "misfire_policy",
+    "source",
+    "next_run_at",
+    "scheduled_for",
+    "state",
+    "retry_count",
+    "missed_runs",
+    "claimed_by",
+    "lease_expires_at",
+    "token",
+    "last_run_at",
+    "last_status",
+    "last_error",
+    "created_at",
+    "updated_at",
+)
+_MEMO_LIMIT = 4096
+
+
+class _Memo(dict[Any, Any]):
+    """A memo that starts again when full: a stream of distinct values holds few of them."""
+
+    def put(self, key: Any, value: Any) -> Any:
+        if len(self) >= _MEMO_LIMIT:
+            self.clear()
+        self[key] = value
+        return value
+
+
+class CopyRows:
+    """How one validated job becomes one row (subclasses: the text and binary formats)."""
+
+    format = ""
+    header: Any = b""  # before the first row of each COPY
+    trailer: Any = b""  # after the last
+
+    def __init__(self, now: datetime) -> None:
+        self._tasks = _Memo()
+        self._zones = _Memo()
+        self._times = _Memo()
+        self._schedules = _Memo()
+        self._options = _Memo()
+
+    def join(self, rows: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Any:
+        """The row of a valid job, first due at ``due`` for its occurrence ``first``."""
+        raise NotImplementedError
+
+    def _options_of(self, options: Options | None) -> Any:
+        # Validation hands out one Options object per distinct combination: keyed by its
+        # identity (held here too, so the id cannot be reused while it is a key).
+        assert options is not None
+        entry = self._options.get(id(options))
+        if entry is None or entry[0] is not options:
+            entry = self._options.put(id(options), (options, self._encode_options(options)))
+        return entry[1]
+
+    def _encode_options(self, options: Options) -> Any:
+        raise NotImplementedError
+
+
+# --- text ------------------------------------------------------------------------------------
+
+_NULL = "\\N"
+
+
+def _text(value: str) -> str:
+    """A string as a field of COPY's text format: names, queues, cron and zone names hold no
+    control characters (validated) and JSON escapes its own, so only backslashes remain."""
+    return value.replace("\\", "\\\\") if "\\" in value else value
+
+
+def _interval_text(value: timedelta) -> str:
+    return str(value).replace(",", "")  # psycopg's text form: "1 day 0:00:03"
+
+
+class TextRows(CopyRows):
+    format = "text"
+    header = trailer = ""
+
+    def __init__(self, now: datetime) -> None:
+        super().__init__(now)
+        stamp = now.isoformat()
+        self.tail = f"\tscheduled\t0\t0\t\t{_NULL}\t0\t{_NULL}\t\t\t{stamp}\t{stamp}\n"
+
+    def join(self, rows: list[Any]) -> str:
+        return "".join(rows)
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> str:
+        values = checked.values
+        task = self._tasks.get(values["task"]) or self._tasks.put(
+            values["task"], _text(values["task"])
+        )
+        args, kwargs = checked.args_json or "", checked.kwargs_json or ""
+        if "\\" in args:
+            args = _text(args)
+        if "\\" in kwargs:
+            kwargs = _text(kwargs)
+        first_text = self._times.get(first) or self._times.put(first, first.isoformat())
+        due_text = first_text if due is first else due.isoformat()
+        zone = values["timezone"]
+        if isinstance(checked.schedule, Once):
+            zone_text = self._zones.get(zone) or self._zones.put(zone, _text(zone))
+            when = f"{first_text}\t\t{zone_text}\t{_NULL}\t"
+        else:  # keyed by zone too: an interval does not carry the job's zone
+            key = (checked.schedule, zone)
+            when = self._schedules.get(key) or self._schedules.put(key, self._recurring(values))
+        return (
+            f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
+            f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
+        )
+
+    @staticmethod
+    def _recurring(values: dict[str, Any]) -> str:
+        zone = _text(values["timezone"])
+        if values["cron"]:
+            return f"{_NULL}\t{_text(values['cron'])}\t{zone}\t{_NULL}\t"
+        return f"{_NULL}\t\t{zone}\t{_interval_text(values['interval'])}\t"
+
+    def _encode_options(self, options: Options) -> str:
+        v = options.values
+        return (
+            f"{_text(v['queue'])}\t{v['priority']}\t{v['max_retries']}\t{v['jitter']}\t"
+            f"{v['lease_seconds']}\t{v['misfire_max_catchup']}\t"
+            f"{_interval_text(v['retry_backoff'])}\t{_interval_text(v['retry_backoff_max'])}\t"
+            f"{_interval_text(v['misfire_grace'])}\t{v['misfire_policy']}\t"
+        )
+
+
+# --- binary: per field a 4-byte length (-1: NULL) and the value in PostgreSQL's send format --
+
+_I16 = struct.Struct(">h").pack
+_I32 = struct.Struct(">i").pack
+_LEN_I64 = struct.Struct(">iq").pack  # length 8, then the value
+_NULL_B = _I32(-1)
+_EMPTY_B = _I32(0)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_JSONB_VERSION = b"\x01"
+
+
+def _b_text(value: str) -> bytes:
+    data = value.encode()
+    return _I32(len(data)) + data
+
+
+def _b_int4(value: int) -> bytes:
+    return _I32(4) + _I32(value)
+
+
+def _b_time(value: datetime) -> bytes:
+    return _LEN_I64(8, (value - _PG_EPOCH) // _MICROSECOND)
+
+
+def _b_interval(value: timedelta) -> bytes:
+    # microseconds, days, months: days stay days, as psycopg's binary dumper sends them
+    micros = value.seconds * 1_000_000 + value.microseconds
+    return _I32(16) + struct.pack(">qii", micros, value.days, 0)
+
+
+class BinaryRows(CopyRows):
+    format = "binary"
+    header = b"PGCOPY\n\xff\r\n\x00" + _I32(0) + _I32(0)  # signature, flags, no extension
+    trailer = _I16(-1)
+
+    def __init__(self, now: datetime) -> None:
+        super().__init__(now)
+        stamp = _b_time(now)
+        self.head = _I16(len(COPY_COLUMNS))
+        zero8 = _LEN_I64(8, 0)
+        # state, retry_count, missed_runs, claimed_by, lease_expires_at, token, last_run_at,
+        # last_status, last_error, created_at, updated_at
+        tail = (_b_text("scheduled"), _b_int4(0), zero8, _EMPTY_B, _NULL_B, zero8, _NULL_B)
+        self.tail = b"".join((*tail, _EMPTY_B, _EMPTY_B, stamp, stamp))
+        self._sources = _Memo()
+
+    def join(self, rows: list[Any]) -> bytes:
+        return b"".join(rows)
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> bytes:
+        values = checked.values
+        task = self._tasks.get(values["task"]) or self._tasks.put(
+            values["task"], _b_text(values["task"])
+        )
+        name = values["name"].encode()
+        args = (checked.args_json or "").encode()
+        kwargs = (checked.kwargs_json or "").encode()
+        first_b = self._times.get(first) or self._times.put(first, _b_time(first))
+        due_b = first_b if due is first else _b_time(due)
+        zone = values["timezone"]
+        if isinstance(checked.schedule, Once):
+            zone_b = self._zones.get(zone) or self._zones.put(zone, _b_text(zone))
+            when = b"".join((first_b, _EMPTY_B, zone_b, _NULL_B))
+        else:  # keyed by zone too: an interval does not carry the job's zone
+            key = (checked.schedule, zone)
+            when = self._schedules.get(key) or self._schedules.put(key, self._recurring(values))
+        source_b = self._sources.get(source) or self._sources.put(source, _b_text(source))
+        return b"".join(
+            (
+                self.head,
+                _I32(len(name)),
+                name,
+                task,
+                _I32(len(args) + 1),
+                _JSONB_VERSION,
+                args,
+                _I32(len(kwargs) + 1),
+                _JSONB_VERSION,
+                kwargs,
+                when,
+                self._options_of(checked.options),
+                source_b,
+                due_b,
+                first_b,
+                self.tail,
+            )
+        )
+
+    @staticmethod
+    def _recurring(values: dict[str, Any]) -> bytes:
+        zone = _b_text(values["timezone"])
+        if values["cron"]:
+            return _NULL_B + _b_text(values["cron"]) + zone + _NULL_B
+        return _NULL_B + _EMPTY_B + zone + _b_interval(values["interval"])
+
+    def _encode_options(self, options: Options) -> bytes:
+        v = options.values
+        return b"".join(
+            (
+                _b_text(v["queue"]),
+                _b_int4(v["priority"]),
+                _b_int4(v["max_retries"]),
+                _b_int4(v["jitter"]),
+                _b_int4(v["lease_seconds"]),
+                _b_int4(v["misfire_max_catchup"]),
+                _b_interval(v["retry_backoff"]),
+                _b_interval(v["retry_backoff_max"]),
+                _b_interval(v["misfire_grace"]),
+                _b_text(v["misfire_policy"]),
+            )
+        )
+
+
+ENCODERS: dict[str, type[CopyRows]] = {"text": TextRows, "binary": BinaryRows}

@@ -1,0 +1,312 @@
+"""Bulk scheduling against real PostgreSQL: the API's rules and messages, all or nothing,
+duplicate names traced to their specs, streaming in chunks, first fire times as schedule()'s.
+
+Most tests run through each writer: COPY in binary (the default) and in text format, and the
+``bulk_create`` path that other databases take (forced here on PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from schedapp import api, bulk
+from schedapp.db import db_now
+from schedapp.models import Job
+
+pytestmark = pytest.mark.django_db
+
+TASK = "project.tasks.record"
+SOON = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["copy-binary", "copy-text", "orm"])
+def writer(request, monkeypatch) -> str:
+    if request.param == "orm":
+        monkeypatch.setattr(bulk, "is_postgresql", lambda: False)
+    else:
+        monkeypatch.setattr(bulk, "COPY_FORMAT", request.param.removeprefix("copy-"))
+    return request.param
+
+
+def once(i: int, **options) -> dict:
+    return {"task": TASK, "run_at": SOON, "name": f"job-{i}", "args": [i], **options}
+
+
+def refused(specs, **kwargs) -> dict[str, list[str]]:
+    before = Job.objects.count()
+    with pytest.raises(ValidationError) as info:
+        api.schedule_many(specs, **kwargs)
+    assert Job.objects.count() == before, "nothing may be written when a spec is refused"
+    return info.value.message_dict
+
+
+def test_one_bad_spec_in_a_late_chunk_rejects_the_lot(writer):
+    # Given 1,000 specs streamed in chunks of 100, one of them bad in the eighth chunk
+    def specs():
+        for i in range(1000):
+            yield once(i, cron="* * * * *") if i == 750 else once(i)
+
+    # When they are scheduled, then nothing is written and the error names spec and field
+    errors = refused(specs(), chunk_size=100)
+    assert errors == {
+        "750.cron": [
+            "needs exactly one schedule: run_at (one-off), cron or interval; got run_at, cron."
+        ],
+        "750.run_at": [
+            "needs exactly one schedule: run_at (one-off), cron or interval; got run_at, cron."
+        ],
+    }
+
+
+def test_every_bad_spec_is_reported_with_schedules_own_messages(writer):
+    specs = [
+        once(0),
+        once(1, max_retries=-1, queue="has space"),
+        {"task": "project.tasks.nope", "interval": 0.5, "name": "x"},
+        once(3, kwargs={"not an identifier": 1}),
+        "not a mapping",
+        once(5, source="elsewhere"),
+    ]
+    errors = refused(specs)
+    for index in (1, 2, 3):
+        spec = dict(specs[index])
+        with pytest.raises(ValidationError) as single:
+            api.schedule(spec.pop("task"), **spec)
+        expected = {f"{index}.{f}": m for f, m in single.value.message_dict.items()}
+        assert {k: v for k, v in errors.items() if k.startswith(f"{index}.")} == expected
+    assert errors["4.__all__"] == ["must be a mapping of job options."]
+    assert "is not one of" in errors["5.source"][0]
+    assert not any(key.startswith("0.") for key in errors)
+
+
+def test_duplicate_names_within_a_chunk_and_across_chunks_name_the_first_spec(writer):
+    # Given chunks of 10: spec 2 invalid (so chunk 0 skips it), "dup" at 5, 8 and 25
+    specs = [once(i) for i in range(30)]
+    specs[2]["cron"] = "bad"
+    for i in (5, 8, 25):
+        specs[i]["name"] = "dup"
+    errors = refused(specs, chunk_size=10)
+    assert errors["8.name"] == ["duplicates the name of spec 5."]
+    assert errors["25.name"] == ["duplicates the name of spec 5."]  # traced through chunk 0
+    assert "2.cron" in errors and "5.name" not in errors
+    assert set(errors) == {"2.cron", "2.run_at", "8.name", "25.name"}
+
+
+def test_a_duplicate_of_a_spec_in_a_chunk_that_already_had_clashes(writer):
+    # Given a name taken before the call, and chunks of 10 where chunk 1 has that name at 12
+    # (so it is checked, then written without spec 12) and chunk 2 repeats spec 17's name
+    api.schedule(TASK, run_at=SOON, name="taken")
+    specs = [once(i) for i in range(30)]
+    specs[12]["name"] = "taken"
+    specs[17]["name"] = specs[27]["name"] = "twice"
+    errors = refused(specs, chunk_size=10)
+    assert errors == {
+        "12.name": ["a job named 'taken' already exists."],
+        "27.name": ["duplicates the name of spec 17."],
+    }
+
+
+def test_names_taken_by_existing_jobs_are_reported_per_spec(writer):
+    api.schedule(TASK, run_at=SOON, name="job-3")
+    api.schedule(TASK, run_at=SOON, name="job-40")
+    errors = refused([once(i) for i in range(50)], chunk_size=20)
+    assert errors == {
+        "3.name": ["a job named 'job-3' already exists."],
+        "40.name": ["a job named 'job-40' already exists."],
+    }
+    assert Job.objects.count() == 2
+
+
+def test_a_stream_of_fifty_thousand_specs_is_written_in_chunks_without_holding_them(
+    writer, monkeypatch
+):
+    # Given a generator of 50,000 specs, each a dict that counts how many of its kind live
+    alive = {"now": 0, "most": 0}
+
+    class Spec(dict):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            alive["now"] += 1
+            alive["most"] = max(alive["most"], alive["now"])
+
+        def __del__(self):
+            alive["now"] -= 1
+
+    chunks = []
+    writer_class = bulk._OrmWriter if writer == "orm" else bulk._CopyWriter
+    original = writer_class.write_chunk
+
+    def counting(self, first, rows):
+        chunks.append(first)
+        return original(self, first, rows)
+
+    monkeypatch.setattr(writer_class, "write_chunk", counting)
+    n = 50_000 if writer != "orm" else 5_000
+    specs = (Spec(task=TASK, run_at=SOON, args=[i], name=f"s-{i}") for i in range(n))
+
+    # When they are scheduled in five chunks (of 10,000; of 1,000 through the ORM)
+    created = api.schedule_many(specs, chunk_size=n // 5)
+
+    # Then every job is there, the specs came in five chunks, and none was held for long
+    assert created == n == Job.objects.count()
+    assert chunks[:5] == [0, n // 5, 2 * n // 5, 3 * n // 5, 4 * n // 5]
+    assert alive["most"] <= 2
+    sample = Job.objects.get(name=f"s-{n - 1}")
+    assert (sample.args, sample.run_at, sample.next_run_at) == ([n - 1], SOON, SOON)
+
+
+def test_first_fire_times_are_those_schedule_computes(writer):
+    paris = ZoneInfo("Europe/Paris")
+    kinds = [
+        {"cron": "0 9 * * 1-5", "timezone": "Europe/Paris"},
+        {"cron": "*/10 * * * * *"},
+        {"cron": "30 2 * * *", "timezone": "America/New_York"},
+        {"interval": 300},
+        {"interval": timedelta(days=1)},
+        {"run_at": datetime(2020, 1, 1, tzinfo=paris)},  # in the past: due now
+        {"run_at": datetime(2031, 6, 1, 12, tzinfo=paris)},
+    ]
+    # In one transaction, both read the same database clock
+    with transaction.atomic():
+        singles = [api.schedule(TASK, name=f"single-{i}", **kind) for i, kind in enumerate(kinds)]
+        api.schedule_many({"task": TASK, "name": f"bulk-{i}", **k} for i, k in enumerate(kinds))
+        for i, single in enumerate(singles):
+            many = Job.objects.get(name=f"bulk-{i}")
+            assert (many.scheduled_for, many.next_run_at) == (
+                single.scheduled_for,
+                single.next_run_at,
+            ), kinds[i]
+            assert (many.cron, many.timezone, many.interval, many.run_at) == (
+                single.cron,
+                single.timezone,
+                single.interval,
+                single.run_at,
+            )
+
+
+def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
+    # Backslashes, quotes, non-ASCII and nested JSON: what COPY's formats must escape or not
+    awkward = {
+        "args": ["a\\b", 'quote " and \\" ', "tab\tnew\nline", "日本", "🌙", 1.5, -(2**62), None],
+        "kwargs": {"nested": {"list": [True, False, {"deep": "\\\\"}]}, "empty": {}, "e": "é"},
+        "queue": "q\\1",
+        "priority": -7,
+        "max_retries": 9,
+        "retry_backoff": timedelta(days=1, seconds=3),
+        "retry_backoff_max": timedelta(days=2),
+        "misfire_grace": 0.25,
+        "timezone": "America/Argentina/Buenos_Aires",
+    }
+    with transaction.atomic():
+        single = api.schedule(TASK, run_at=SOON, name="single \\ 'x' 夜", **awkward)
+        api.schedule_many([{"task": TASK, "run_at": SOON, "name": "bulk \\ 'x' 夜", **awkward}])
+    single_row = Job.objects.values().get(pk=single.pk)
+    bulk_row = Job.objects.values().get(name="bulk \\ 'x' 夜")
+    ignore = {"id", "name", "created_at", "updated_at"}
+    assert {k: v for k, v in bulk_row.items() if k not in ignore} == {
+        k: v for k, v in single_row.items() if k not in ignore
+    }
+    assert bulk_row["args"][0] == "a\\b" and bulk_row["queue"] == "q\\1"
+
+
+def test_unnamed_jobs_get_names_unique_within_the_call(writer):
+    api.schedule_many([{"task": TASK, "interval": 60} for _ in range(3)])
+    names = sorted(Job.objects.values_list("name", flat=True))
+    assert len(set(names)) == 3 and all(n.startswith(f"{TASK}-") for n in names)
+    assert sorted(name.rsplit("-", 1)[1] for name in names) == ["0", "1", "2"]
+
+
+def test_beats_are_woken_once_for_the_earliest_job(writer):
+    early = db_now() - timedelta(hours=1)  # in the past: the earliest due time of them all
+    specs = [
+        once(0),
+        {"task": TASK, "interval": 60, "name": "every"},
+        once(1, run_at=early),
+        {"task": TASK, "cron": "* * * * *", "name": "cron"},
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        api.schedule_many(specs)
+    notifies = [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]]
+    assert len(notifies) == 1
+    assert f"{early.timestamp():.6f}" in notifies[0]
+
+
+def test_nothing_to_schedule_writes_and_wakes_nothing(writer):
+    with CaptureQueriesContext(connection) as queries:
+        assert api.schedule_many([]) == 0
+    assert not any("pg_notify" in q["sql"] for q in queries.captured_queries)
+
+
+def test_a_flood_of_bad_specs_stops_reading_after_a_thousand(writer):
+    read = []
+
+    def specs():
+        for i in range(5000):
+            read.append(i)
+            yield once(i, max_retries=-1)
+
+    errors = refused(specs())
+    assert len(read) == bulk.MAX_BAD_SPECS
+    assert errors["__all__"] == ["stopped after 1000 bad specs; the rest were not read."]
+    assert "999.max_retries" in errors and "1000.max_retries" not in errors
+
+
+def test_chunk_size_must_be_positive():
+    with pytest.raises(ValueError):
+        api.schedule_many([once(0)], chunk_size=0)
+
+
+def test_the_database_clock_sets_created_at(writer):
+    with transaction.atomic():
+        now = db_now()
+        api.schedule_many([once(0)])
+        job = Job.objects.get()
+    if writer != "orm":  # the ORM stamps created_at with this host's clock, as schedule() does
+        assert job.created_at == job.updated_at == now
+
+
+@pytest.mark.parametrize(
+    ("depth", "args", "kwargs", "refused_field"),
+    [
+        (0, [1], {}, "args"),  # an item sits at depth 1
+        (0, [], {"k": 1}, "kwargs"),  # so does a key
+        (1, [1, "a"], {"k": 2}, None),
+        (1, [[1]], {}, "args"),
+        (2, [[1]], {"k": [2]}, None),
+    ],
+)
+def test_the_payload_depth_limit_holds_for_flat_payloads_too(
+    writer, depth, args, kwargs, refused_field
+):
+    # Flat payloads take a shortcut past the full JSON walk; it must not skip the depth limit
+    spec = {"task": TASK, "run_at": SOON, "args": args, "kwargs": kwargs, "name": "d"}
+    with override_settings(SCHEDAPP_MAX_PAYLOAD_DEPTH=depth):
+        if refused_field is None:
+            assert api.schedule_many([spec]) == 1
+            return
+        errors = refused([spec])
+        with pytest.raises(ValidationError) as single:
+            api.schedule(TASK, run_at=SOON, args=args, kwargs=kwargs, name="d")
+    assert errors == {f"0.{f}": m for f, m in single.value.message_dict.items()}
+    assert "nested deeper" in errors[f"0.{refused_field}"][0]
+
+
+def test_an_error_inside_the_input_propagates_and_writes_nothing(writer):
+    # Given a generator that fails in its third chunk, after two chunks were written
+    def specs():
+        for i in range(250):
+            if i == 230:
+                raise RuntimeError("the source went away")
+            yield once(i)
+
+    with pytest.raises(RuntimeError, match="went away"):
+        api.schedule_many(specs(), chunk_size=100)
+    # Then nothing is left, and the connection works
+    assert Job.objects.count() == 0
+    assert api.schedule_many([once(0)]) == 1
