@@ -190,6 +190,10 @@ def _b_int4(value: int) -> bytes:
     return _I32(4) + _I32(value)
 
 
+def _b_int2(value: int) -> bytes:
+    return _I32(2) + struct.pack(">h", value)
+
+
 def _b_time(value: datetime) -> bytes:
     return _LEN_I64(8, (value - _PG_EPOCH) // _MICROSECOND)
 
@@ -270,7 +274,7 @@ class BinaryRows(CopyRows):
         return b"".join(
             (
                 _b_text(v["queue"]),
-                _b_int4(v["priority"]),
+                _b_int2(v["priority"]),  # smallint: the bounded claim priority
                 _b_int4(v["max_retries"]),
                 _b_int4(v["jitter"]),
                 _b_int4(v["lease_seconds"]),

@@ -196,7 +196,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "args": ["a\\b", 'quote " and \\" ', "tab\tnew\nline", "日本", "🌙", 1.5, -(2**62), None],
         "kwargs": {"nested": {"list": [True, False, {"deep": "\\\\"}]}, "empty": {}, "e": "é"},
         "queue": "q\\1",
-        "priority": -7,
+        "priority": 9,
         "max_retries": 9,
         "retry_backoff": timedelta(days=1, seconds=3),
         "retry_backoff_max": timedelta(days=2),
