@@ -49,6 +49,13 @@ ALIASES = {
 # A cron expression must fire at least once in this many years (Feb 29 needs four, or eight
 # across 2100); one that never does, such as "0 0 30 2 *", is rejected.
 MAX_YEARS_BETWEEN_FIRES = 8
+# How far one search for the next fire looks. Longer than the rule above: when both day fields
+# are restricted and one holds "#" or "W", croniter searches each side of the OR alone and
+# gives up on the whole expression when one side has no match within this many years
+# ("0 12 L * 1#2,1#4": a last day that is a 2nd or 4th Monday comes every 6 to 11 years), so a
+# short horizon would end such a job although its other side fires every month. Fifty years
+# is croniter's default and covers the longest such gap (40 years, Feb 29 on a weekday).
+SEARCH_YEARS = 50
 _FIELD_CHARS = re.compile(r"^[0-9A-Za-z*/,\-#?L]+$")
 # croniter reads an equal range ("1-1", "jan-jan/2") as the whole field; cron means the one value.
 _EQUAL_RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)(?:/[0-9]+)?$")
@@ -168,7 +175,7 @@ def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
     hour = parts[2] if has_seconds else parts[1]
     cron = Cron(text, timezone, has_seconds, hour in ("*", "*/1"), day_or)
     try:
-        _naive_iter(cron, datetime(2001, 1, 1)).__next__()
+        _naive_iter(cron, datetime(2001, 1, 1), MAX_YEARS_BETWEEN_FIRES).__next__()
     except (
         CroniterBadDateError,
         CroniterBadCronError,
@@ -350,12 +357,12 @@ def recent_fire_times(
 # --- cron over wall-clock time ---------------------------------------------------------------
 
 
-def _naive_iter(cron: Cron, start: datetime) -> Iterator[datetime]:
+def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Iterator[datetime]:
     it = croniter(
         cron.expr,
         start,
         second_at_beginning=cron.has_seconds,
-        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
+        max_years_between_matches=years,
         day_or=cron.day_or,
     )
     while True:
