@@ -38,6 +38,10 @@ _EPSILON = timedelta(microseconds=1)
 _LOOKBACK = 2 * DAY
 _FIVE_WEEKS = sum(1 << (7 * week) for week in range(5))  # a week's bits, copied five times
 _MAX_MASKS = 50_000  # months of day bitmasks kept per cron
+# Counting is clamped to years 3..9999, so that the look-back and a zone's offsets (up to a
+# day either way) stay within what datetime represents.
+_FIRST = date(3, 1, 1).toordinal() * DAY
+_LAST = date(9999, 12, 30).toordinal() * DAY
 
 
 # --- integer seconds ------------------------------------------------------------------------
@@ -247,7 +251,7 @@ def cron_sets(expr: str, has_seconds: bool, day_or: bool) -> CronSets:
     return CronSets(expr, has_seconds, day_or)
 
 
-def _values(field: list, full: range) -> tuple[int, ...]:
+def _values(field: list[int | str], full: range) -> tuple[int, ...]:
     return tuple(full) if field[0] == "*" else tuple(sorted(int(v) for v in field))
 
 
@@ -287,7 +291,7 @@ def _changes_in_year(zone: str, year: int) -> tuple[tuple[int, int, int], ...]:
     """(instant, offset before, offset after) of each offset change in a UTC calendar year."""
     tz = ZoneInfo(zone)
     start = date(year, 1, 1).toordinal() * DAY
-    stop = date(year + 1, 1, 1).toordinal() * DAY - 1
+    stop = min((date(year, 12, 31).toordinal() + 1) * DAY - 1, _LAST + DAY)
     found = []
     x, offset = start - 1, offset_at(tz, start - 1)
     while x < stop:
@@ -371,6 +375,7 @@ def count_fires(sets: CronSets, zone: str, wildcard_hour: bool, lo: int, hi: int
     wall time after the gap matches too: the same instant). A wildcard-hour cron needs nothing
     more: skipped wall times have no instant, repeated ones have two.
     """
+    lo, hi = max(lo, _FIRST), min(hi, _LAST)
     if hi < lo:
         return 0
     pieces = offset_pieces(zone, lo, hi)
@@ -407,7 +412,7 @@ def last_fires(
     times, plus those of one DST change when ``until`` is just after it; never the gap.
     """
     tz = ZoneInfo(zone)
-    lo, hi = utc_seconds(since, up=True), utc_seconds(until)
+    lo, hi = max(utc_seconds(since, up=True), _FIRST), min(utc_seconds(until), _LAST)
     if hi < lo or count <= 0:
         return []
     local = instant_at(hi).astimezone(tz)

@@ -6,7 +6,10 @@ argument, so hypothesis can test it in milliseconds.
 Cron semantics (documented in the README):
 
 * 5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field
-  (``*/10 * * * * *`` = every ten seconds), or an alias (``@hourly``, ``@daily`` ...).
+  (``*/10 * * * * *`` = every ten seconds), or an alias (``@hourly``, ``@daily`` ...); weekday
+  and month names in full or in three letters, any case.
+* When both day fields are restricted, a day matching either fires (croniter's OR,
+  ``day_or=True``) or only one matching both (Celery's crontab, ``day_or=False``).
 * Cron follows wall-clock time in the job's IANA time zone; we walk naive wall-clock times with
   croniter (which never sees a time zone, so none of its DST bugs apply) and resolve each wall
   time to instants ourselves:
@@ -18,7 +21,10 @@ Cron semantics (documented in the README):
     gap do not exist and are skipped, and wall times in the repeated hour fire in both offsets.
 
 * Intervals are absolute durations, independent of time zones.
+* Solar schedules are Celery's astronomical events (``solar.py``), in whole UTC seconds.
 * The next occurrence is computed from the previous *occurrence*, never from "now": no drift.
+* Counting occurrences and listing the last ones never step through every occurrence
+  (``cronmath.py``): the beat does both inside its claim transaction.
 """
 
 from __future__ import annotations

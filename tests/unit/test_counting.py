@@ -465,3 +465,11 @@ def test_property_count_splits_additively(spec, zone, data):
     assert whole == count_fire_times(cron, start, cut) + count_fire_times(cron, cut + SECOND, end)
     nxt = next_fire_time(cron, end)
     assert nxt is None or count_fire_times(cron, start, nxt) == whole + 1
+
+
+def test_given_the_ends_of_datetime_when_counting_then_years_3_to_9999_are_counted():
+    cron = parse_cron("0 0 1 1 *", "Europe/Paris")
+    first, last = datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
+    assert count_fire_times(cron, first, at("0010-01-01T00:00+00:00")) == 7  # years 3 to 9
+    assert count_fire_times(cron, at("9990-01-01T00:00+00:00"), last) == 9  # 9991 to 9999
+    assert recent_fire_times(cron, last, first, 1) == [at("9999-01-01T00:00+01:00")]
