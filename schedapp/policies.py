@@ -17,9 +17,6 @@ RUN_ONCE = "run_once"
 SKIP = "skip"
 RUN_ALL = "run_all"
 MISFIRE_POLICIES = (RUN_ONCE, SKIP, RUN_ALL)
-# Missed occurrences are counted up to this many per misfire, so an outage of an every-second
-# job costs bounded work inside the claim transaction.
-MISSED_COUNT_CAP = 10_000
 
 Rng = Callable[[], float]
 
@@ -47,7 +44,7 @@ class Catchup:
 
     run_for: datetime | None  # the occurrence to run now, or None to run nothing now
     next_due: datetime | None  # with run_for None: the occurrence to wait for instead
-    missed: int  # occurrences that will never run (counted up to MISSED_COUNT_CAP)
+    missed: int  # occurrences that will never run (an exact count)
 
 
 def plan_misfire(
@@ -60,10 +57,14 @@ def plan_misfire(
       occurrence after it (in the future). The older missed ones count as missed.
     * ``run_all``: run every missed occurrence, oldest first, but at most ``max_catchup`` of
       them: the most recent ones. Older ones beyond that bound count as missed.
+
+    It runs inside the beat's claim transaction, so its cost must not grow with the outage:
+    the missed count is arithmetic (``count_fire_times``) and only the occurrences it keeps are
+    listed (``recent_fire_times``, at most ``max_catchup`` of them).
     """
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
-    total = count_fire_times(schedule, due, now, MISSED_COUNT_CAP)
+    total = count_fire_times(schedule, due, now)
     if policy == SKIP:
         # Continue from the latest missed occurrence, not from now, so an interval keeps its
         # phase: next_fire_time(interval, now) would be now + every, which is no occurrence.

@@ -6,7 +6,10 @@ argument, so hypothesis can test it in milliseconds.
 Cron semantics (documented in the README):
 
 * 5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field
-  (``*/10 * * * * *`` = every ten seconds), or an alias (``@hourly``, ``@daily`` ...).
+  (``*/10 * * * * *`` = every ten seconds), or an alias (``@hourly``, ``@daily`` ...); weekday
+  and month names in full or in three letters, any case.
+* When both day fields are restricted, a day matching either fires (croniter's OR,
+  ``day_or=True``) or only one matching both (Celery's crontab, ``day_or=False``).
 * Cron follows wall-clock time in the job's IANA time zone; we walk naive wall-clock times with
   croniter (which never sees a time zone, so none of its DST bugs apply) and resolve each wall
   time to instants ourselves:
@@ -18,11 +21,15 @@ Cron semantics (documented in the README):
     gap do not exist and are skipped, and wall times in the repeated hour fire in both offsets.
 
 * Intervals are absolute durations, independent of time zones.
+* Solar schedules are Celery's astronomical events (``solar.py``), in whole UTC seconds.
 * The next occurrence is computed from the previous *occurrence*, never from "now": no drift.
+* Counting occurrences and listing the last ones never step through every occurrence
+  (``cronmath.py``): the beat does both inside its claim transaction.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +39,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
+from . import cronmath, solar
+from .cronmath import instants as _instants
 from .exceptions import ScheduleError
 
 ALIASES = {
@@ -46,18 +55,39 @@ ALIASES = {
 # A cron expression must fire at least once in this many years (Feb 29 needs four, or eight
 # across 2100); one that never does, such as "0 0 30 2 *", is rejected.
 MAX_YEARS_BETWEEN_FIRES = 8
+# How far one search for the next fire looks. Longer than the rule above: when both day fields
+# are restricted and one holds "#" or "W", croniter searches each side of the OR alone and
+# gives up on the whole expression when one side has no match within this many years
+# ("0 12 L * 1#2,1#4": a last day that is a 2nd or 4th Monday comes every 6 to 11 years), so a
+# short horizon would end such a job although its other side fires every month. Fifty years
+# is croniter's default and covers the longest such gap (40 years, Feb 29 on a weekday).
+SEARCH_YEARS = 50
 _FIELD_CHARS = re.compile(r"^[0-9A-Za-z*/,\-#?L]+$")
 # croniter reads an equal range ("1-1", "jan-jan/2") as the whole field; cron means the one value.
 _EQUAL_RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)(?:/[0-9]+)?$")
 _EPSILON = timedelta(microseconds=1)
+# Celery's crontab takes full names; croniter only the three-letter forms.
+_FULL_NAMES = {
+    name.lower(): name[:3].lower()
+    for name in (
+        "Sunday Monday Tuesday Wednesday Thursday Friday Saturday "
+        "January February March April May June July August September October November December"
+    ).split()
+}
+_FULL_NAME = re.compile(rf"\b(?:{'|'.join(_FULL_NAMES)})\b", re.IGNORECASE)
+# croniter's "R" field picks a random value each time an expression is read: no fixed schedule.
+_RANDOM_FIELD = re.compile(r"^[Rr](/[0-9]+)?$")
 
 
 @dataclass(frozen=True)
 class Cron:
-    expr: str  # normalised: single spaces, aliases expanded
+    expr: str  # normalised: single spaces, aliases expanded, full names shortened
     timezone: str
     has_seconds: bool
     hour_is_wildcard: bool
+    # Both day fields restricted: True fires on either (croniter, Vixie cron), False only on
+    # days matching both (Celery's crontab: day_of_week=0, day_of_month="1-7" = first Sunday).
+    day_or: bool = True
 
     @property
     def tz(self) -> ZoneInfo:
@@ -74,7 +104,16 @@ class Once:
     at: datetime
 
 
-Schedule = Cron | Interval | Once
+@dataclass(frozen=True)
+class Solar:
+    """Celery's ``solar(event, lat, lon)``: an astronomical event at a place (needs ephem)."""
+
+    event: str
+    latitude: float
+    longitude: float
+
+
+Schedule = Cron | Interval | Once | Solar
 
 
 @lru_cache(maxsize=1024)
@@ -101,15 +140,19 @@ def _zone_names() -> frozenset[str]:
     return frozenset(available_timezones()) | {"UTC"}
 
 
-def parse_cron(expr: object, timezone: str, field: str = "cron") -> Cron:
-    """Validate a cron expression; it must be well formed and fire at least once."""
+def parse_cron(expr: object, timezone: str, field: str = "cron", *, day_or: bool = True) -> Cron:
+    """Validate a cron expression; it must be well formed and fire at least once.
+
+    ``day_or=False`` gives Celery's crontab semantics: when both day fields are restricted a
+    day must match both. Full weekday and month names (any case) are accepted, as Celery does.
+    """
     if not isinstance(expr, str) or not expr.strip():  # before the cache: a list is unhashable
         raise ScheduleError(field, "must be a cron expression such as '*/5 * * * *'.")
-    return _parse_cron(expr, timezone, field)
+    return _parse_cron(expr, timezone, field, bool(day_or))
 
 
 @lru_cache(maxsize=4096)
-def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
+def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
     text = " ".join(expr.split())
     text = ALIASES.get(text.lower(), text)
     if text.startswith("@"):
@@ -123,6 +166,9 @@ def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
         )
     if not all(_FIELD_CHARS.match(p) for p in parts):
         raise ScheduleError(field, f"{expr!r} contains characters cron does not allow.")
+    if any(_RANDOM_FIELD.match(p) for p in parts):
+        raise ScheduleError(field, f"{expr!r}: a random field ('R') is not a schedule.")
+    parts = [_FULL_NAME.sub(lambda m: _FULL_NAMES[m[0].lower()], p) for p in parts]
     parts = [",".join(_single_value(item) for item in p.split(",")) for p in parts]
     text = " ".join(parts)
     has_seconds = len(parts) == 6
@@ -133,9 +179,9 @@ def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
     if not ok:
         raise ScheduleError(field, f"{expr!r} is not a valid cron expression.")
     hour = parts[2] if has_seconds else parts[1]
-    cron = Cron(text, timezone, has_seconds, hour in ("*", "*/1"))
+    cron = Cron(text, timezone, has_seconds, hour in ("*", "*/1"), day_or)
     try:
-        _naive_iter(cron, datetime(2001, 1, 1)).__next__()
+        _naive_iter(cron, datetime(2001, 1, 1), MAX_YEARS_BETWEEN_FIRES).__next__()
     except (
         CroniterBadDateError,
         CroniterBadCronError,
@@ -147,6 +193,7 @@ def _parse_cron(expr: str, timezone: str, field: str) -> Cron:
         TypeError,
     ) as exc:
         raise ScheduleError(field, f"{expr!r} never fires (no matching date).") from exc
+    cronmath.cron_sets(text, has_seconds, day_or)  # read once here; counting reuses it
     return cron
 
 
@@ -188,6 +235,41 @@ def parse_run_at(value: object, field: str = "run_at") -> Once:
     return Once(value.astimezone(UTC))
 
 
+def parse_solar(event: object, latitude: object, longitude: object) -> Solar:
+    """Validate Celery's ``solar`` arguments; the event must happen at that place.
+
+    Errors name the field: ``event``, ``latitude``, ``longitude``, or ``solar`` when the
+    optional ``ephem`` package is missing.
+    """
+    if not isinstance(event, str) or event.strip() not in solar.EVENTS:
+        raise ScheduleError(
+            "event", f"unknown solar event {event!r}; use one of {', '.join(solar.EVENTS)}."
+        )
+    lat = _degrees(latitude, "latitude", 90)
+    lon = _degrees(longitude, "longitude", 180)
+    try:
+        solar.load_ephem()
+    except solar.EphemMissing as exc:
+        raise ScheduleError(
+            "solar", "solar schedules need the ephem package: pip install 'schedapp[solar]'."
+        ) from exc
+    schedule = Solar(event.strip(), lat, lon)
+    if not solar.ever_happens(schedule.event, lat, lon):
+        raise ScheduleError(
+            "latitude", f"the sun never reaches {schedule.event} at latitude {lat}: it never fires."
+        )
+    return schedule
+
+
+def _degrees(value: object, field: str, limit: int) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScheduleError(field, f"must be a number of degrees, not {value!r}.")
+    degrees = float(value)
+    if not math.isfinite(degrees) or not -limit <= degrees <= limit:
+        raise ScheduleError(field, f"must be between -{limit} and {limit} degrees, not {value!r}.")
+    return degrees
+
+
 def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
     """The first occurrence strictly after ``after`` (aware, UTC), or None if there is none."""
     after = after.astimezone(UTC)  # arithmetic on a zone's datetime is wall-clock arithmetic
@@ -195,6 +277,8 @@ def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
         return schedule.at if schedule.at > after else None
     if isinstance(schedule, Interval):
         return (after + schedule.every).astimezone(UTC)
+    if isinstance(schedule, Solar):
+        return solar.next_event(schedule.event, schedule.latitude, schedule.longitude, after)
     return _next_cron(schedule, after)
 
 
@@ -222,14 +306,26 @@ def fire_times(
         current = nxt
 
 
-def count_fire_times(schedule: Schedule, start: datetime, end: datetime, cap: int) -> int:
-    """Occurrences in [start, end], counted up to ``cap`` (the count is min(true count, cap))."""
+def count_fire_times(schedule: Schedule, start: datetime, end: datetime) -> int:
+    """The exact number of occurrences in [start, end] (both ends included).
+
+    Never one step per occurrence, since the beat calls it inside its claim transaction for
+    however long a job was away: intervals by division, cron by arithmetic over wall-clock days
+    (``cronmath.count_fires``: a step per month and per DST change of the range, plus a scan of
+    each year of the zone the first time it is used), solar events one per day at most.
+    """
     start, end = start.astimezone(UTC), end.astimezone(UTC)
     if end < start:
         return 0
+    if isinstance(schedule, Once):
+        return int(start <= schedule.at <= end)
     if isinstance(schedule, Interval):  # occurrences are start + k*every when start is one
-        return min(cap, 1 + int((end - start) / schedule.every))
-    return sum(1 for _ in fire_times(schedule, start - _EPSILON, end, limit=cap))
+        return 1 + int((end - start) / schedule.every)
+    if isinstance(schedule, Solar):  # a few events a day: enumerating costs a step per day
+        return sum(1 for _ in fire_times(schedule, start - _EPSILON, end))
+    sets = cronmath.cron_sets(schedule.expr, schedule.has_seconds, schedule.day_or)
+    lo, hi = cronmath.utc_seconds(start, up=True), cronmath.utc_seconds(end)
+    return cronmath.count_fires(sets, schedule.timezone, schedule.hour_is_wildcard, lo, hi)
 
 
 def recent_fire_times(
@@ -237,34 +333,43 @@ def recent_fire_times(
 ) -> list[datetime]:
     """The last ``count`` occurrences in [since, until], oldest first.
 
-    Searched backwards by doubling a window, so a long outage of a frequent schedule costs
-    about 2*count steps, not one step per missed occurrence.
+    Its cost follows ``count``, not how long ago ``since`` is: intervals by arithmetic, cron by
+    walking matching wall times backwards from ``until`` (``cronmath.last_fires``), solar by
+    enumerating a window of about ``count`` days before ``until``, doubled until it holds them.
     """
     until, since = until.astimezone(UTC), since.astimezone(UTC)
     if until < since or count <= 0:
         return []
+    if isinstance(schedule, Once):
+        return [schedule.at] if since <= schedule.at <= until else []
     if isinstance(schedule, Interval):
         n = int((until - since) / schedule.every)
         first = max(0, n - count + 1)
         return [since + k * schedule.every for k in range(first, n + 1)]
-    window = timedelta(seconds=1)
-    while True:
-        lo = max(since - _EPSILON, until - window)
-        times = list(fire_times(schedule, lo, until, limit=1_000_000))
-        if len(times) >= count or lo <= since - _EPSILON:
-            return times[-count:]
-        window *= 2
+    if isinstance(schedule, Solar):
+        window = timedelta(days=count + 1)
+        while True:
+            lo = max(since - _EPSILON, until - window)
+            times = list(fire_times(schedule, lo, until))
+            if len(times) >= count or lo <= since - _EPSILON:
+                return times[-count:]
+            window *= 2
+    sets = cronmath.cron_sets(schedule.expr, schedule.has_seconds, schedule.day_or)
+    return cronmath.last_fires(
+        sets, schedule.timezone, schedule.hour_is_wildcard, since, until, count
+    )
 
 
 # --- cron over wall-clock time ---------------------------------------------------------------
 
 
-def _naive_iter(cron: Cron, start: datetime) -> Iterator[datetime]:
+def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Iterator[datetime]:
     it = croniter(
         cron.expr,
         start,
         second_at_beginning=cron.has_seconds,
-        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
+        max_years_between_matches=years,
+        day_or=cron.day_or,
     )
     while True:
         yield it.get_next(datetime)
@@ -299,40 +404,13 @@ def _next_cron(cron: Cron, after: datetime) -> datetime | None:
     return best
 
 
-def _instants(naive: datetime, tz: ZoneInfo, wildcard_hour: bool) -> list[datetime]:
-    """The UTC instants at which a wall-clock time fires, by the rules in the module doc."""
-    found: list[datetime] = []
-    for fold in (0, 1):
-        instant = naive.replace(tzinfo=tz, fold=fold).astimezone(UTC)
-        if instant.astimezone(tz).replace(tzinfo=None) == naive and instant not in found:
-            found.append(instant)
-    found.sort()
-    if len(found) == 2 and not wildcard_hour:
-        return found[:1]  # repeated hour: a fixed-time job runs once
-    if not found and not wildcard_hour:
-        return [_end_of_gap(naive, tz)]  # skipped hour: a fixed-time job runs after the gap
-    return found
-
-
-def _end_of_gap(naive: datetime, tz: ZoneInfo) -> datetime:
-    """The instant the clocks jumped over ``naive``: the first valid instant after it."""
-    lo = naive.replace(tzinfo=tz, fold=1).astimezone(UTC)  # read with the later offset
-    hi = naive.replace(tzinfo=tz, fold=0).astimezone(UTC)  # read with the earlier offset
-    lo, hi = min(lo, hi), max(lo, hi)
-    before = lo.astimezone(tz).utcoffset()
-    while hi - lo > _EPSILON:  # bisect for the first instant with the new offset
-        mid = lo + (hi - lo) / 2
-        if mid.astimezone(tz).utcoffset() == before:
-            lo = mid
-        else:
-            hi = mid
-    return hi.replace(microsecond=0) if hi.microsecond else hi
-
-
 def describe(schedule: Schedule) -> str:
     """A short plain description, used in logs; the admin uses cron-descriptor."""
     if isinstance(schedule, Once):
         return f"once at {schedule.at.isoformat()}"
     if isinstance(schedule, Interval):
         return f"every {schedule.every}"
-    return f"cron {schedule.expr!r} ({schedule.timezone})"
+    if isinstance(schedule, Solar):
+        return f"solar {schedule.event} at ({schedule.latitude}, {schedule.longitude})"
+    days = "" if schedule.day_or else ", days must match both day fields"
+    return f"cron {schedule.expr!r} ({schedule.timezone}{days})"

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from schedapp.policies import (
     MISFIRE_POLICIES,
-    MISSED_COUNT_CAP,
     RUN_ALL,
     RUN_ONCE,
     SKIP,
@@ -304,24 +303,49 @@ def test_given_due_still_in_the_future_when_planning_misfire_then_nothing_is_mis
     assert plan == Catchup(utc("10:05:00"), None, 0)
 
 
+# 00:00:00 .. 12:00:00 every second, both ends included: 43,201 occurrences were missed.
+@pytest.mark.parametrize(
+    "schedule",
+    [Interval(SECOND), parse_cron("* * * * * *", "UTC"), parse_cron("* * * * * *", "Europe/Paris")],
+    ids=["interval", "cron-utc", "cron-paris"],
+)
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
-        (SKIP, Catchup(None, utc("12:00:01"), MISSED_COUNT_CAP)),
-        (RUN_ONCE, Catchup(utc("12:00:00"), None, MISSED_COUNT_CAP - 1)),
-        (RUN_ALL, Catchup(utc("11:59:58"), None, MISSED_COUNT_CAP - 3)),
+        (SKIP, Catchup(None, utc("12:00:01"), 43_201)),
+        (RUN_ONCE, Catchup(utc("12:00:00"), None, 43_200)),
+        (RUN_ALL, Catchup(utc("11:59:58"), None, 43_198)),
     ],
 )
-def test_given_a_long_outage_of_an_every_second_job_then_missed_count_is_capped(policy, expected):
-    # 43,201 occurrences were missed; the count stops at the cap so the work stays bounded.
-    plan = plan_misfire(Interval(SECOND), utc("00:00:00"), utc("12:00:00"), policy, 3)
+def test_given_a_long_outage_of_an_every_second_job_then_missed_count_is_exact(
+    schedule, policy, expected
+):
+    plan = plan_misfire(schedule, utc("00:00:00"), utc("12:00:00"), policy, 3)
     assert plan == expected
 
 
-def test_given_a_long_outage_of_an_every_second_cron_then_missed_count_is_capped():
-    cron = parse_cron("* * * * * *", "UTC")
-    plan = plan_misfire(cron, utc("00:00:00"), utc("12:00:00"), RUN_ONCE, 1)
-    assert plan == Catchup(utc("12:00:00"), None, MISSED_COUNT_CAP - 1)
+@pytest.mark.parametrize(
+    ("expr", "zone", "late", "occurrences", "latest"),
+    [
+        # Ten years of minutes (2016-11-30 .. 2026-11-30 holds two leap days): in Paris the hour
+        # lost each spring is given back each autumn, so the count is the same as in UTC.
+        ("* * * * *", "UTC", 3652 * DAY, 3652 * 1440, "2026-11-30T12:00+00:00"),
+        ("* * * * *", "Europe/Paris", 3652 * DAY, 3652 * 1440, "2026-11-30T12:00+00:00"),
+        # Eight days of seconds, both ends included.
+        ("* * * * * *", "UTC", 8 * DAY, 8 * 86400 + 1, "2026-11-30T12:00:30+00:00"),
+        # Weekdays at 09:00 in New York: 52 weeks from Monday 2025-12-01 to Friday 2026-11-27
+        # (now is 07:00 there on Monday 2026-11-30).
+        ("0 9 * * 1-5", "America/New_York", 364 * DAY, 52 * 5, "2026-11-27T09:00-05:00"),
+    ],
+)
+def test_given_a_very_long_outage_when_planning_run_once_then_every_missed_one_is_counted(
+    expr, zone, late, occurrences, latest
+):
+    now = at("2026-11-30T12:00:30+00:00")
+    cron = parse_cron(expr, zone)
+    due = next_fire_time(cron, now - late - SECOND)
+    plan = plan_misfire(cron, due, now, RUN_ONCE, 1)
+    assert plan == Catchup(at(latest), None, occurrences - 1)  # all but the one that runs
 
 
 # Each schedule with about how often it fires, to scale the outage.
