@@ -15,14 +15,10 @@ the earlier of the two last ones are compared.
 
 Every instant in one list and not the other must be explained by one of the documented
 differences below (``DOCUMENTED``: a name, a one-line reason, an example that a test replays).
-Anything else fails the test. Two known defects are marked ``xfail(strict=True)`` instead, so
-that the test shows them now and fails (XPASS) once they are fixed:
-
-* a crontab restricting both ``day_of_month`` and ``day_of_week``: Celery requires both (AND);
-  schedapp's cron (croniter) accepts either (OR). A ``day_or=False`` option of
-  ``schedules.parse_cron`` is under way; the importer must then pass it for Celery crontabs.
-* a full weekday name (``day_of_week="monday"``): Celery reads the first three letters;
-  schedapp refuses the cron.
+Anything else fails the test. One known defect is marked ``xfail(strict=True)`` instead, so
+that the test shows it now and fails (XPASS) once it is fixed: a crontab restricting both
+``day_of_month`` and ``day_of_week``, where Celery requires both (AND) and an imported job's
+cron accepts either (OR) until the importer asks for ``day_or=False``.
 
 One more documented difference cannot show in a run from a fresh start, so it has a test of its
 own: a restarted beat starts its interval countdowns again (``test_a_beat_restart...``).
@@ -42,7 +38,6 @@ import pytest
 from celery.schedules import crontab, schedule
 
 from schedapp import importer
-from schedapp.exceptions import ScheduleError
 from schedapp.schedules import Cron, Interval, Schedule, fire_times, parse_cron, parse_interval
 from tests.celery_sim import beat_entry, celery_send_times
 from tests.data.celery_beat_entries import ENTRIES
@@ -309,24 +304,11 @@ def restricts_both_days(entry: dict[str, Any]) -> bool:
     )
 
 
-def names_weekdays_in_full(entry: dict[str, Any]) -> bool:
-    tab = entry["schedule"]
-    if not isinstance(tab, crontab) or not isinstance(tab._orig_day_of_week, str):
-        return False
-    return any(len(word) > 3 for word in re.findall(r"[A-Za-z]+", tab._orig_day_of_week))
-
-
 AND_SEMANTICS = pytest.mark.xfail(
     strict=True,
     raises=UndocumentedDifferenceError,
     reason="AND semantics pending: Celery requires both day_of_month and day_of_week, "
     "schedapp's cron ORs them (parse_cron(day_or=False) under way, importer to pass it)",
-)
-WEEKDAY_NAMES = pytest.mark.xfail(
-    strict=True,
-    raises=ScheduleError,
-    reason="full weekday names pending: Celery reads day_of_week='monday' by its first three "
-    "letters, schedapp refuses the cron",
 )
 
 
@@ -336,8 +318,6 @@ def _cases() -> list[Any]:
         marks = []
         if restricts_both_days(entry):
             marks.append(AND_SEMANTICS)
-        if names_weekdays_in_full(entry):
-            marks.append(WEEKDAY_NAMES)
         project = entry["source"].split(":")[0]
         cases.append(pytest.param(index, id=f"{index:02d}-{project}-{entry['name']}", marks=marks))
     return cases
@@ -361,9 +341,7 @@ def test_schedapp_fires_when_celery_beat_sends(index: int) -> None:
 def test_every_documented_difference_shows_in_the_collection() -> None:
     """A documented difference nothing exhibits any more is stale: remove it."""
     seen: set[str] = set()
-    for index, entry in enumerate(ENTRIES):
-        if names_weekdays_in_full(entry):
-            continue  # not mapped yet (xfail above)
+    for index in range(len(ENTRIES)):
         for scenario in SCENARIOS:
             seen |= unexplained(compare(index, scenario))[2]
     assert seen == {d.name for d in DOCUMENTED}
