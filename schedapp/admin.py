@@ -45,7 +45,14 @@ _EDITABLE = (
     (
         "Schedule",
         {
-            "fields": ("cron", "interval", "run_at", "timezone", "fire_preview"),
+            "fields": (
+                "cron",
+                "interval",
+                "interval_anchor",
+                "run_at",
+                "timezone",
+                "fire_preview",
+            ),
             "description": "Give exactly one of cron, interval or run_at.",
         },
     ),

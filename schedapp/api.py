@@ -65,6 +65,8 @@ def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
 
 def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> None:
     first = first_fire_time(stored_schedule(job.__dict__), now)
+    if job.interval is not None and job.interval_anchor is None:
+        job.interval_anchor = first  # the phase every later occurrence keeps
     job.scheduled_for = first
     job.next_run_at = first + policies.compute_jitter(job.jitter, rng)
 
@@ -172,12 +174,13 @@ def update(job: JobRef, **changes: Any) -> Job:
         current = _locked(job)
         values = {f: getattr(current, f) for f in JOB_FIELDS}
         if any(f in changes for f in SCHEDULE_FIELDS):
-            values.update(run_at=None, cron=None, interval=None)
+            # a new schedule replaces the old, phase included (unless one is given)
+            values.update(run_at=None, cron=None, interval=None, interval_anchor=None)
         values.update(changes)
         cleaned = validate_job(values, check_task="task" in changes)
         for field, value in cleaned.items():
             setattr(current, field, value)
-        rescheduled = any(f in changes for f in (*SCHEDULE_FIELDS, "timezone"))
+        rescheduled = any(f in changes for f in (*SCHEDULE_FIELDS, "timezone", "interval_anchor"))
         if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
             # A run in flight finishes under the old schedule; its completion sees that the
             # job's occurrence is no longer the one it ran, and keeps this one.
@@ -245,8 +248,8 @@ def resume(job: JobRef) -> Job:
 
 
 def run_now(job: JobRef) -> Job:
-    """Run the job at the next tick, as an extra occurrence "now". A recurring job then
-    continues from its next occurrence after now."""
+    """Run the job at the next tick, as an extra occurrence "now". A recurring job's schedule
+    is left alone: a cron's next occurrence after now, an interval's next on its phase."""
     with transaction.atomic():
         current = _locked(job)
         if current.state not in (JobState.SCHEDULED, JobState.SUCCEEDED, JobState.DEAD):

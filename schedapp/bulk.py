@@ -190,7 +190,10 @@ class _Instances:
     """Unsaved ``Job`` instances, for ``bulk_create``."""
 
     def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Job:
-        return Job(**checked.to_store(), source=source, scheduled_for=first, next_run_at=due)
+        job = Job(**checked.to_store(), source=source, scheduled_for=first, next_run_at=due)
+        if job.interval is not None and job.interval_anchor is None:
+            job.interval_anchor = first  # as schedule() does: the phase is the first occurrence
+        return job
 
 
 # --- writers: rows -> table, chunk by chunk; duplicate names traced to their specs ------------

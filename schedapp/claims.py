@@ -25,7 +25,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from . import policies
-from .db import db_now, is_postgresql, notify_due
+from .db import call_function, db_now, is_postgresql, notify_due
 from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
 from .models import (
     ACTIVE_RUN_STATUSES,
@@ -35,8 +35,9 @@ from .models import (
     JobRun,
     JobState,
     RunStatus,
+    schedule_of,
 )
-from .schedules import Interval, Once, Schedule, next_fire_time, parse_cron
+from .schedules import Interval, Schedule, next_fire_time, parse_cron
 
 log = logging.getLogger("schedapp.claims")
 
@@ -108,20 +109,8 @@ class ClaimResult:
         return self.reap.expired
 
 
-def schedule_of(
-    run_at: datetime | None, cron: str, timezone: str, interval: timedelta | None
-) -> Schedule:
-    """A stored job's schedule (already validated when it was written)."""
-    if run_at is not None:
-        return Once(run_at.astimezone(UTC))
-    if cron:
-        return parse_cron(cron, timezone)  # cached
-    assert interval is not None
-    return Interval(interval)
-
-
 def job_schedule(job: Job) -> Schedule:
-    return schedule_of(job.run_at, job.cron, job.timezone, job.interval)
+    return job.schedule
 
 
 # --- claim -----------------------------------------------------------------------------------
@@ -158,7 +147,7 @@ claimed AS (
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
-              j.cron, j.timezone, j.interval, j.misfire_policy,
+              j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
               j.misfire_max_catchup, j.priority,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               (j.run_at IS NULL AND j.retry_count = 0
@@ -271,6 +260,7 @@ _CLAIM_FIELDS = (
     "cron",
     "timezone",
     "interval",
+    "interval_anchor",
     "misfire_policy",
     "misfire_max_catchup",
     "misfire_grace",
@@ -338,7 +328,7 @@ def _apply_misfires(
     to_run: list[dict] = []
     for row in rows:
         try:
-            schedule = schedule_of(None, row["cron"], row["timezone"], row["interval"])
+            schedule = schedule_of(row)
             plan = policies.plan_misfire(
                 schedule,
                 row["scheduled_for"],
@@ -438,7 +428,7 @@ def _schedule_ref(row: dict) -> ScheduleRef | None:
     if row["cron"]:
         return ScheduleRef(cron=row["cron"], timezone=row["timezone"])
     if row["interval"] is not None:
-        return ScheduleRef(interval=row["interval"])
+        return ScheduleRef(interval=row["interval"], anchor=row["interval_anchor"])
     return None
 
 
@@ -609,11 +599,10 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
     On PostgreSQL this is the function ``schedapp_admit_run`` (migration 0003).
     """
     if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT schedapp_admit_run(%s, %s, %s, %s)", [job_id, token, worker, admission]
-            )
-            return DoorVerdict(cursor.fetchone()[0])
+        ((verdict,),) = call_function(
+            "SELECT schedapp_admit_run(%s, %s, %s, %s)", [job_id, token, worker, admission]
+        )
+        return DoorVerdict(verdict)
     return _admit_portable(job_id, token, worker, admission)
 
 
@@ -689,12 +678,10 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     if not held:
         return Renewal()
     if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)",
-                [[j for j, _ in held], [t for _, t in held]],
-            )
-            rows = cursor.fetchall()
+        rows = call_function(
+            "SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)",
+            [[j for j, _ in held], [t for _, t in held]],
+        )
     else:
         rows = _renew_portable(held)
     result = Renewal()
@@ -808,7 +795,7 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
     if ref is not None:
         try:
             if ref.interval is not None:
-                schedule: Schedule = Interval(ref.interval)
+                schedule: Schedule = Interval(ref.interval, ref.anchor)
             else:
                 schedule = parse_cron(ref.cron, ref.timezone)
             nxt = next_fire_time(schedule, headers.scheduled_for)
@@ -816,21 +803,21 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
             return False
         if nxt is None:
             return False
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s)",
-            [
-                job_id,
-                token,
-                headers.scheduled_for,
-                nxt,
-                ref is None,
-                ref.cron if ref else "",
-                ref.timezone if ref else "",
-                ref.interval if ref else None,
-            ],
-        )
-        return bool(cursor.fetchone()[0])
+    ((applied,),) = call_function(
+        "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        [
+            job_id,
+            token,
+            headers.scheduled_for,
+            nxt,
+            ref is None,
+            ref.cron if ref else "",
+            ref.timezone if ref else "",
+            ref.interval if ref else None,
+            ref.anchor if ref else None,
+        ],
+    )
+    return bool(applied)
 
 
 def _complete(

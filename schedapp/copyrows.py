@@ -29,6 +29,7 @@ COPY_COLUMNS = (
     "cron",
     "timezone",
     "interval",
+    "interval_anchor",
     "queue",
     "priority",
     "max_retries",
@@ -143,21 +144,24 @@ class TextRows(CopyRows):
         zone = values["timezone"]
         if isinstance(checked.schedule, Once):
             zone_text = self._zones.get(zone) or self._zones.put(zone, _text(zone))
-            when = f"{first_text}\t\t{zone_text}\t{_NULL}\t"
+            when = f"{first_text}\t\t{zone_text}\t{_NULL}\t{_NULL}\t"
         else:  # keyed by zone too: an interval does not carry the job's zone
             key = (checked.schedule, zone)
-            when = self._schedules.get(key) or self._schedules.put(key, self._recurring(values))
+            when = self._schedules.get(key) or self._schedules.put(
+                key, self._recurring(values, first)
+            )
         return (
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
         )
 
     @staticmethod
-    def _recurring(values: dict[str, Any]) -> str:
+    def _recurring(values: dict[str, Any], first: datetime) -> str:
         zone = _text(values["timezone"])
         if values["cron"]:
-            return f"{_NULL}\t{_text(values['cron'])}\t{zone}\t{_NULL}\t"
-        return f"{_NULL}\t\t{zone}\t{_interval_text(values['interval'])}\t"
+            return f"{_NULL}\t{_text(values['cron'])}\t{zone}\t{_NULL}\t{_NULL}\t"
+        anchor = (values.get("interval_anchor") or first).isoformat()  # default: its first
+        return f"{_NULL}\t\t{zone}\t{_interval_text(values['interval'])}\t{anchor}\t"
 
     def _encode_options(self, options: Options) -> str:
         v = options.values
@@ -236,10 +240,12 @@ class BinaryRows(CopyRows):
         zone = values["timezone"]
         if isinstance(checked.schedule, Once):
             zone_b = self._zones.get(zone) or self._zones.put(zone, _b_text(zone))
-            when = b"".join((first_b, _EMPTY_B, zone_b, _NULL_B))
+            when = b"".join((first_b, _EMPTY_B, zone_b, _NULL_B, _NULL_B))
         else:  # keyed by zone too: an interval does not carry the job's zone
             key = (checked.schedule, zone)
-            when = self._schedules.get(key) or self._schedules.put(key, self._recurring(values))
+            when = self._schedules.get(key) or self._schedules.put(
+                key, self._recurring(values, first)
+            )
         source_b = self._sources.get(source) or self._sources.put(source, _b_text(source))
         return b"".join(
             (
@@ -263,11 +269,12 @@ class BinaryRows(CopyRows):
         )
 
     @staticmethod
-    def _recurring(values: dict[str, Any]) -> bytes:
+    def _recurring(values: dict[str, Any], first: datetime) -> bytes:
         zone = _b_text(values["timezone"])
         if values["cron"]:
-            return _NULL_B + _b_text(values["cron"]) + zone + _NULL_B
-        return _NULL_B + _EMPTY_B + zone + _b_interval(values["interval"])
+            return _NULL_B + _b_text(values["cron"]) + zone + _NULL_B + _NULL_B
+        anchor = _b_time(values.get("interval_anchor") or first)  # default: its first
+        return _NULL_B + _EMPTY_B + zone + _b_interval(values["interval"]) + anchor
 
     def _encode_options(self, options: Options) -> bytes:
         v = options.values

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
+    import psycopg
+except ImportError:  # pragma: no cover - exercised by the packaging check
+    psycopg = None  # type: ignore[assignment]
 
 log = logging.getLogger("schedapp.db")
 T = TypeVar("T")
@@ -34,6 +40,25 @@ def db_now() -> datetime:
         else:  # SQLite: one machine, so its clock is the only clock there is
             return datetime.now(UTC)
     return value.astimezone(UTC)
+
+
+def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run one of schedapp's hot statements (a PL/pgSQL function call) on Django's connection,
+    through a plain psycopg cursor kept per connection: the worker makes two such calls per
+    execution, and Django's cursor wrapper would cost more than the call itself. Errors are
+    Django's, as from any other query (``with_retries`` reconnects on them)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.wrap_database_errors:
+        cursor = _hot_cursors.get(raw)
+        if cursor is None or cursor.closed:
+            cursor = _hot_cursors[raw] = psycopg.Cursor(raw)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+# One plain cursor per psycopg connection (weak keys: a closed connection takes its cursor).
+_hot_cursors: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
 
 
 def reset_connection() -> None:

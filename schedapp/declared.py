@@ -104,7 +104,7 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
     values = {f: model_default(f) for f in JOB_FIELDS}
-    values.update(run_at=None, cron="", interval=None, name=name)
+    values.update(run_at=None, cron="", interval=None, interval_anchor=None, name=name)
     unknown = sorted(set(spec) - set(JOB_FIELDS))
     if unknown:
         raise ValidationError({f"{name}.{key}": [f"unknown option {key!r}."] for key in unknown})

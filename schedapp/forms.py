@@ -31,6 +31,7 @@ FORM_FIELDS = [
     "kwargs",
     "cron",
     "interval",
+    "interval_anchor",
     "run_at",
     "timezone",
     "priority",
@@ -58,6 +59,8 @@ class JobForm(forms.ModelForm):
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
             "run_at": "One-off: wall-clock time in the job's time zone.",
+            "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
+            "occurrences are aligned to; empty: its first occurrence.",
             "args": 'A JSON list, e.g. [1, "two"].',
             "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',
             "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
@@ -74,9 +77,11 @@ class JobForm(forms.ModelForm):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
         instance = self.instance
-        if instance.pk and instance.run_at is not None and "run_at" in self.fields:
-            local = instance.run_at.astimezone(safe_zone(instance.timezone))
-            self.initial["run_at"] = local.replace(tzinfo=None)
+        for name in ("run_at", "interval_anchor"):  # shown in the job's own zone
+            value = getattr(instance, name)
+            if instance.pk and value is not None and name in self.fields:
+                local = value.astimezone(safe_zone(instance.timezone))
+                self.initial[name] = local.replace(tzinfo=None)
 
     @property
     def adding(self) -> bool:
@@ -133,9 +138,12 @@ class JobForm(forms.ModelForm):
         for name in ("cron", "queue"):
             if values.get(name) is None:
                 values[name] = ""
-        run_at = values.get("run_at")
-        if isinstance(run_at, datetime) and "timezone" not in self.errors:
-            values["run_at"] = in_zone(run_at, values.get("timezone") or "UTC")
+        for name in ("run_at", "interval_anchor"):
+            value = values.get(name)
+            if isinstance(value, datetime) and "timezone" not in self.errors:
+                values[name] = in_zone(value, values.get("timezone") or "UTC")
+        if not values.get("interval"):
+            values["interval_anchor"] = None  # a phase belongs to an interval only
         return values
 
     def _attach(self, exc: ValidationError) -> None:

@@ -325,7 +325,7 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
             report.skipped.append(item.name)
             return
         merged = {f: getattr(existing, f) for f in JOB_FIELDS}
-        merged.update(run_at=None, cron="", interval=None, task=item.task)
+        merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
         merged.update(item.spec)
         cleaned = validate_job(merged)
         changes = {f: v for f, v in cleaned.items() if getattr(existing, f) != v}

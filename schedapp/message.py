@@ -68,10 +68,12 @@ class ScheduleRef:
     cron: str = ""
     timezone: str = "UTC"
     interval: timedelta | None = None
+    anchor: datetime | None = None  # an interval's phase
 
     def encode(self) -> str:
         if self.interval is not None:
-            return json.dumps({"interval": self.interval.total_seconds()})
+            anchor = self.anchor.isoformat() if self.anchor else None
+            return json.dumps({"interval": self.interval.total_seconds(), "anchor": anchor})
         return json.dumps({"cron": self.cron, "tz": self.timezone})
 
     @classmethod
@@ -81,7 +83,11 @@ class ScheduleRef:
         try:
             data = json.loads(text)
             if "interval" in data:
-                return cls(interval=timedelta(seconds=float(data["interval"])))
+                anchor = data.get("anchor")
+                return cls(
+                    interval=timedelta(seconds=float(data["interval"])),
+                    anchor=datetime.fromisoformat(anchor) if anchor else None,
+                )
             return cls(cron=str(data["cron"]), timezone=str(data["tz"]))
         except (ValueError, TypeError, KeyError):
             return None

@@ -8,7 +8,9 @@ may have expired.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import UTC, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -17,6 +19,7 @@ from django.db.models import Q
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
 from .policies import MISFIRE_POLICIES
+from .schedules import Interval, Once, Schedule, parse_cron
 
 
 def _default_timezone() -> str:
@@ -100,6 +103,12 @@ class Job(models.Model):
     )
     timezone = models.CharField(max_length=64, default=_default_timezone)
     interval = models.DurationField(null=True, blank=True, help_text="Recurring: every ...")
+    interval_anchor = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="An interval's occurrences fall at this instant plus whole intervals "
+        "(default: its first occurrence), so extra runs never shift them.",
+    )
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.SCHEDULED)
     priority = models.SmallIntegerField(
@@ -204,6 +213,11 @@ class Job(models.Model):
         return self.name
 
     @property
+    def schedule(self) -> Schedule:
+        """The job's schedule, as stored (validated when it was written)."""
+        return schedule_of(self.__dict__)
+
+    @property
     def schedule_kind(self) -> str:
         if self.run_at is not None:
             return "once"
@@ -212,6 +226,19 @@ class Job(models.Model):
     @property
     def is_recurring(self) -> bool:
         return self.run_at is None
+
+
+def schedule_of(fields: Mapping[str, Any]) -> Schedule:
+    """The schedule of a job's stored fields (a model's ``__dict__``, a row read as a dict)."""
+    run_at = fields.get("run_at")
+    if run_at is not None:
+        return Once(run_at.astimezone(UTC))
+    if fields.get("cron"):
+        return parse_cron(fields["cron"], fields["timezone"])  # cached
+    interval = fields.get("interval")
+    if interval is None:
+        raise ValueError("a job needs one schedule: run_at, cron or interval")
+    return Interval(interval, fields.get("interval_anchor"))
 
 
 class RunStatus(models.TextChoices):
@@ -334,5 +361,6 @@ __all__ = [
     "RunStatus",
     "idempotency_key",
     "parse_task_id",
+    "schedule_of",
     "task_id_for",
 ]

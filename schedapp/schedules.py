@@ -97,6 +97,9 @@ class Cron:
 @dataclass(frozen=True)
 class Interval:
     every: timedelta
+    # Any one occurrence: occurrences fall at anchor + k * every, so an extra run (run now) or
+    # a retry never moves them. Without one, the next occurrence is counted from the previous.
+    anchor: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,10 @@ def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
     if isinstance(schedule, Once):
         return schedule.at if schedule.at > after else None
     if isinstance(schedule, Interval):
-        return (after + schedule.every).astimezone(UTC)
+        if schedule.anchor is None:
+            return (after + schedule.every).astimezone(UTC)
+        steps = (after - schedule.anchor) // schedule.every + 1
+        return (schedule.anchor + steps * schedule.every).astimezone(UTC)
     if isinstance(schedule, Solar):
         return solar.next_event(schedule.event, schedule.latitude, schedule.longitude, after)
     return _next_cron(schedule, after)
@@ -319,8 +325,11 @@ def count_fire_times(schedule: Schedule, start: datetime, end: datetime) -> int:
         return 0
     if isinstance(schedule, Once):
         return int(start <= schedule.at <= end)
-    if isinstance(schedule, Interval):  # occurrences are start + k*every when start is one
-        return 1 + int((end - start) / schedule.every)
+    if isinstance(schedule, Interval):
+        if schedule.anchor is None:  # occurrences are start + k*every when start is one
+            return 1 + int((end - start) / schedule.every)
+        first = schedule.anchor + -((schedule.anchor - start) // schedule.every) * schedule.every
+        return 0 if first > end else 1 + (end - first) // schedule.every
     if isinstance(schedule, Solar):  # a few events a day: enumerating costs a step per day
         return sum(1 for _ in fire_times(schedule, start - _EPSILON, end))
     sets = cronmath.cron_sets(schedule.expr, schedule.has_seconds, schedule.day_or)
@@ -343,9 +352,15 @@ def recent_fire_times(
     if isinstance(schedule, Once):
         return [schedule.at] if since <= schedule.at <= until else []
     if isinstance(schedule, Interval):
-        n = int((until - since) / schedule.every)
-        first = max(0, n - count + 1)
-        return [since + k * schedule.every for k in range(first, n + 1)]
+        every, base = schedule.every, schedule.anchor
+        if base is None:  # ``since`` is an occurrence
+            base = since
+        last = base + ((until - base) // every) * every  # the latest occurrence <= until
+        times = []
+        while len(times) < count and last >= since:
+            times.append(last.astimezone(UTC))
+            last -= every
+        return times[::-1]
     if isinstance(schedule, Solar):
         window = timedelta(days=count + 1)
         while True:

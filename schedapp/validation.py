@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
-from .models import MAX_PRIORITY, MIN_PRIORITY
+from .models import MAX_PRIORITY, MIN_PRIORITY, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -58,6 +58,7 @@ JOB_FIELDS = (
     "run_at",
     "cron",
     "interval",
+    "interval_anchor",
     "timezone",
     "name",
     "priority",
@@ -403,8 +404,12 @@ class JobValidator:
             for field in given or ["run_at", "cron", "interval"]:
                 _add(errors, field, message)
             return
-        out.update(run_at=None, cron="", interval=None)
+        out.update(run_at=None, cron="", interval=None, interval_anchor=None)
         kind = given[0]
+        anchor = values.get("interval_anchor")
+        if anchor is not None and kind != "interval":
+            _add(errors, "interval_anchor", "only an interval schedule has an anchor.")
+            anchor = None
         schedule: Schedule | ScheduleError
         if kind == "run_at":
             schedule = self._run_at(run_at)
@@ -419,6 +424,14 @@ class JobValidator:
             checked.schedule = schedule
         elif isinstance(schedule, Interval):
             out["interval"] = schedule.every
+            if anchor is not None:
+                try:
+                    at = parse_run_at(anchor, field="interval_anchor").at
+                except ScheduleError as exc:
+                    _add(errors, exc.field, exc.message)
+                else:
+                    out["interval_anchor"] = at
+                    schedule = Interval(schedule.every, at)
             checked.schedule = schedule
         else:
             out["cron"] = schedule.expr
@@ -503,11 +516,9 @@ def validate_job(values: Mapping[str, Any], *, check_task: bool = True) -> dict[
     return JobValidator(check_task=check_task).validate(values)
 
 
-def stored_schedule(values: dict[str, Any]) -> Schedule:
+def stored_schedule(values: Mapping[str, Any]) -> Schedule:
     """The schedule of validated values (as returned by ``validate_job``)."""
-    from .claims import schedule_of
-
-    return schedule_of(values["run_at"], values["cron"], values["timezone"], values["interval"])
+    return schedule_of(values)
 
 
 def _add(errors: dict[str, list[str]], field: str, message: str) -> None:

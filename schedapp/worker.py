@@ -15,7 +15,10 @@ Where each runs, in a prefork worker:
   process lives and reaches the database. A hung task is bounded by Celery's time limits.
 * ``task_success`` / ``task_failure`` / ``task_retry`` (pool process; ``task_failure`` also in
   the main process for lost pool processes and hard time limits): the completion, fenced by
-  token and idempotent.
+  token and idempotent. In a prefork pool process it is written by a thread of that process
+  (``CompletionWriter``), so the result goes back to Celery at once and the main process
+  fetches the next message while the completion commits; the process's next task waits
+  for it first, so at most one completion per process is ever outstanding.
 * ``task_unknown`` (main process): a message for a task this worker does not have fails its
   run ("not registered on worker ..."), which then follows the job's retry policy.
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -91,6 +96,7 @@ class WorkerHooks:
         self.hostname: str | None = None
         self.started_at: datetime | None = None
         self._node_recorded = 0.0
+        self.writer: CompletionWriter | None = None  # in prefork pool processes only
 
     def connect(self) -> None:
         """Connect the receivers (idempotent: dispatch_uid)."""
@@ -101,6 +107,8 @@ class WorkerHooks:
             (signals.task_retry, self.on_task_retry, "retry"),
             (signals.task_revoked, self.on_task_revoked, "revoked"),
             (signals.task_unknown, self.on_task_unknown, "unknown"),
+            (signals.task_prerun, self.on_task_prerun, "prerun"),
+            (signals.worker_process_init, self.on_process_init, "process_init"),
             (signals.worker_ready, self.on_worker_ready, "ready"),
             (signals.worker_process_shutdown, self.on_process_shutdown, "process_shutdown"),
             (signals.worker_shutdown, self.on_worker_shutdown, "shutdown"),
@@ -227,7 +235,18 @@ class WorkerHooks:
             },
         )
 
+    def on_process_init(self, **_: Any) -> None:
+        """A prefork pool process starts: completions go through a writer thread."""
+        self.writer = CompletionWriter()
+
+    def on_task_prerun(self, **_: Any) -> None:
+        if self.writer is not None:
+            self.writer.wait()  # the previous task's completion is recorded first
+
     def on_process_shutdown(self, pid: int | None = None, **_: Any) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
         metrics.process_exited(pid or os.getpid())
 
     def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
@@ -313,6 +332,12 @@ class WorkerHooks:
         claim = parse_task_id(task_id)
         if claim is None:
             return
+        if self.writer is not None:
+            self.writer.submit(lambda: self._record(claim, outcome, kwargs))
+        else:
+            self._record(claim, outcome, kwargs)
+
+    def _record(self, claim: tuple[int, int], outcome: str, kwargs: dict[str, Any]) -> None:
         job_id, token = claim
         try:
             # Long enough to ride out a database restart; after that the lease expires and the
@@ -342,6 +367,55 @@ class WorkerHooks:
             metrics.run_finished(
                 outcome, stale=result.completion is Completion.STALE, dead=result.dead
             )
+
+
+class CompletionWriter:
+    """A thread of a prefork pool process that records the completions of its tasks.
+
+    The task's process hands its result back to Celery without waiting for the database, so
+    the completion's commit overlaps with the main process acknowledging the message and
+    admitting the next one. ``wait`` (before the process's next task, and when it exits)
+    keeps at most one completion outstanding: a process killed later cannot take an earlier
+    task's completion with it.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._done = threading.Condition()
+        self._thread = threading.Thread(
+            target=self._run, name="schedapp-completions", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, record: Callable[[], None]) -> None:
+        with self._done:
+            self._pending += 1
+        self._queue.put(record)
+
+    def wait(self) -> None:
+        with self._done:
+            while self._pending:
+                self._done.wait()
+
+    def close(self) -> None:
+        self.wait()
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while (record := self._queue.get()) is not None:
+                try:
+                    record()
+                except Exception:  # _record logs its own failures; never lose the thread
+                    log.exception("completion writer failed", extra={"action": "writer_error"})
+                finally:
+                    with self._done:
+                        self._pending -= 1
+                        self._done.notify_all()
+        finally:
+            reset_connection()  # this thread's own connection
 
 
 class LeaseHeartbeat(bootsteps.StartStopStep):

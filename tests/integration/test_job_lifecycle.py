@@ -118,6 +118,32 @@ def test_a_failure_of_a_run_from_before_an_edit_counts_and_follows_the_new_sched
     assert (job.retry_count, job.scheduled_for) == (1, edited.scheduled_for)
 
 
+def test_run_now_on_an_interval_job_adds_one_run_and_leaves_the_schedule_alone():
+    job = api.schedule(TASK, interval=600, name="i")
+    regular = job.scheduled_for  # the next regular occurrence, ten minutes away
+    api.run_now(job)
+    run = claim_one()
+    admit_run(job.pk, run.token, "w1", "a1")
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    job.refresh_from_db()
+    assert job.scheduled_for == regular
+    # and the occurrence after that keeps the phase too
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    again = claim_one()
+    assert again.scheduled_for == regular
+    admit_run(job.pk, again.token, "w1", "a2")
+    complete_run(job.pk, again.token, claims.SUCCEEDED)
+    job.refresh_from_db()
+    assert job.scheduled_for == regular + timedelta(seconds=600)
+
+
+def headers_of(run: claims.ClaimedRun):
+    from schedapp.dispatch import message_headers
+    from schedapp.message import RunHeaders
+
+    return RunHeaders.read(message_headers(run, "test"))
+
+
 def test_a_duplicate_is_created_paused():
     job = api.schedule(TASK, interval=60, name="d")
     copy = api.duplicate(job)

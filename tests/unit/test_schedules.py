@@ -1406,3 +1406,51 @@ def test_property_parse_cron_on_any_non_string_raises_schedule_error(value):
     with pytest.raises(ScheduleError) as excinfo:
         parse_cron(value, "UTC")
     assert excinfo.value.field == "cron"
+
+
+# --- intervals with a phase ------------------------------------------------------------------
+
+ANCHORS = st.datetimes(
+    min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1), timezones=st.just(UTC)
+)
+EVERY = st.integers(min_value=1, max_value=7 * 86400).map(lambda s: timedelta(seconds=s))
+
+
+def grid(anchor: datetime, every: timedelta, lo: datetime, hi: datetime) -> list[datetime]:
+    """The occurrences anchor + k*every in [lo, hi], by stepping (the oracle)."""
+    t = anchor
+    while t > lo:
+        t -= every
+    out = []
+    while t <= hi:
+        if t >= lo:
+            out.append(t)
+        t += every
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANCHORS, EVERY, ANCHORS, st.integers(min_value=0, max_value=40))
+def test_property_an_anchored_interval_keeps_its_phase(anchor, every, after, span):
+    schedule = Interval(every, anchor)
+    nxt = next_fire_time(schedule, after)
+    assert nxt > after and nxt - after <= every
+    assert (nxt - anchor) % every == timedelta(0)
+    end = after + span * every / 3
+    expected = grid(anchor, every, after, end)
+    assert count_fire_times(schedule, after, end) == len(expected)
+    assert recent_fire_times(schedule, end, after, 5) == expected[-5:]
+    assert list(fire_times(schedule, after - timedelta(microseconds=1), end)) == expected
+
+
+def test_an_extra_run_does_not_move_an_anchored_interval():
+    anchor = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    every = Interval(timedelta(minutes=10), anchor)
+    # run now at 12:03 (an extra occurrence): the next regular one is still 12:10
+    assert next_fire_time(every, datetime(2026, 1, 1, 12, 3, tzinfo=UTC)) == anchor + timedelta(
+        minutes=10
+    )
+    # without a phase, the next is counted from the run that happened
+    assert next_fire_time(
+        Interval(timedelta(minutes=10)), datetime(2026, 1, 1, 12, 3, tzinfo=UTC)
+    ) == (datetime(2026, 1, 1, 12, 13, tzinfo=UTC))

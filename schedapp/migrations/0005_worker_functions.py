@@ -1,4 +1,5 @@
-"""The worker's hot writes as PL/pgSQL functions (PostgreSQL only).
+"""The worker's hot writes as PL/pgSQL functions (PostgreSQL only); kept the last migration,
+so that they see every column.
 
 A worker writes twice per execution: the door and the completion. As plain statements each
 was planned anew on every call (Django turns prepared statements off for the sake of
@@ -109,13 +110,15 @@ $$;
 SUCCEED_RUN = r"""
 CREATE OR REPLACE FUNCTION schedapp_succeed_run(
     p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
-    p_once boolean, p_cron text, p_timezone text, p_interval interval
+    p_once boolean, p_cron text, p_timezone text, p_interval interval,
+    p_anchor timestamptz
 ) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     j record;
     next_run timestamptz;
 BEGIN
-    SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", jitter INTO j
+    SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", interval_anchor,
+           jitter INTO j
     FROM schedapp_job WHERE id = p_job FOR UPDATE;
     -- Anything but the common case (the run still running under the current token, the
     -- schedule the claim saw) goes to the general path, which tells them apart.
@@ -128,7 +131,8 @@ BEGIN
             RETURN false;
         END IF;
     ELSIF p_interval IS NOT NULL THEN
-        IF j."interval" IS DISTINCT FROM p_interval THEN
+        IF j."interval" IS DISTINCT FROM p_interval
+           OR j.interval_anchor IS DISTINCT FROM p_anchor THEN
             RETURN false;
         END IF;
     ELSIF j.cron <> p_cron OR j.timezone <> p_timezone THEN
@@ -161,7 +165,7 @@ DROP = (
     "DROP FUNCTION IF EXISTS schedapp_admit_run(bigint, bigint, text, text)",
     "DROP FUNCTION IF EXISTS schedapp_renew_leases(bigint[], bigint[])",
     "DROP FUNCTION IF EXISTS schedapp_succeed_run(bigint, bigint, timestamptz, timestamptz, "
-    "boolean, text, text, interval)",
+    "boolean, text, text, interval, timestamptz)",
 )
 
 
@@ -178,6 +182,6 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0002_run_admission")]
+    dependencies = [("schedapp", "0004_interval_anchor")]
 
     operations = [migrations.RunPython(create, drop, elidable=False)]

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('schedapp', '0003_worker_functions'),
+        ('schedapp', '0002_run_admission'),
     ]
 
     operations = [
