@@ -123,6 +123,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # Broadcast (control) messages too, not in a `control/` folder of the working directory.
+        "control_folder": str(_queue_dir / "control"),
     }
 else:
     # A message not acknowledged within this time is redelivered by Redis; schedapp's fencing

@@ -87,6 +87,10 @@ class Command(BaseCommand):
             f"broker {settings.CELERY_BROKER_URL.split('@')[-1]}"
         )
         self.stdout.write(f"database and broker: {where}")
+        # `timeout`, systemd, docker stop and Kubernetes stop with SIGTERM (and a closed
+        # terminal with SIGHUP): stop the children then too, exactly as on Ctrl-C.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
         procs = self._start(port)
         try:
             self._schedule_samples()
@@ -211,3 +215,7 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.stdout.write("stopped.")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
