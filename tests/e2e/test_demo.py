@@ -52,7 +52,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path):
         assert len(children) >= 4  # two beats, a worker (and its pool), the web server
         demo.send_signal(signal.SIGTERM)
         demo.wait(timeout=60)
-        gone, alive = psutil.wait_procs(children, timeout=20)
+        _gone, alive = psutil.wait_procs(children, timeout=20)
         assert not alive, [p.cmdline() for p in alive]
         assert "stopped." in out.read_text()
     finally:
