@@ -118,6 +118,8 @@ def drain(n: int, logs: Path, name: str, profile: bool) -> dict[str, Any]:
     spies: list[subprocess.Popen] = []
     try:
         started = _wait_first_consumed(r, n, worker)
+        worker.mark_cpu()
+        pg_before = _backend_cpu()
         if profile:
             spies = _start_spies(worker, logs / name)
         while r.llen(QUEUE) or r.hlen("unacked"):
@@ -127,7 +129,8 @@ def drain(n: int, logs: Path, name: str, profile: bool) -> dict[str, Any]:
                 raise RuntimeError(f"the worker died:\n{worker.log()[-3000:]}")
             time.sleep(0.005)
         elapsed = time.monotonic() - started
-        cpu = worker.cpu_seconds()
+        cpu = worker.cpu_seconds() - worker.cpu_mark
+        pg_after = _backend_cpu()
     finally:
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
@@ -136,8 +139,27 @@ def drain(n: int, logs: Path, name: str, profile: bool) -> dict[str, Any]:
             spy.wait(timeout=30)
     common.settle_stats()
     commits = common.xact_commits(DB) - commits_before
+    pg_cpu = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
     return {"seconds": elapsed, "per_s": n / elapsed, "worker_cpu_s": cpu,
-            "commits": commits}
+            "worker_cpu_ms_per_execution": 1000 * cpu / n, "pg_cpu_s": pg_cpu,
+            "pg_cpu_ms_per_execution": 1000 * pg_cpu / n, "commits": commits}
+
+
+def _backend_cpu() -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend serving the bench database (the worker's
+    connections), read from /proc: a cost per execution that load elsewhere does not skew."""
+    with common.admin() as conn:
+        pids = [row[0] for row in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [DB]).fetchall()]
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
 
 
 def _wait_first_consumed(r: redis.Redis, n: int, worker: common.Proc) -> float:
@@ -161,7 +183,7 @@ def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
     for pid in pids:
         out = Path(f"{prefix}-{'main' if pid == main.pid else pid}.txt")
         spies.append(subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--rate", "500", "--idle", "--format", "raw",
+            [spy, "record", "--pid", str(pid), "--rate", "500", "--format", "raw",
              "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
@@ -183,7 +205,8 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False) -> dict[str, Any]
         reset()
         stage_plain(n)
         plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
-        print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s", flush=True)
+        print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, worker CPU "
+              f"{plain[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution", flush=True)
         reset()
         stage_schedapp(n, logs)
         ours.append(drain(n, logs, f"schedapp{i}", profile and i == 0))
@@ -192,7 +215,9 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False) -> dict[str, Any]
         ours[-1]["commits_per_execution"] = ours[-1]["commits"] / n
         if statuses.get("succeeded") != n:
             raise RuntimeError(f"not every run succeeded: {statuses}")
-        print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
+        print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, worker CPU "
+              f"{ours[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution, PostgreSQL CPU "
+              f"{ours[-1]['pg_cpu_ms_per_execution']:.2f} ms/execution, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
     ratios = [o["per_s"] / p["per_s"] for o, p in zip(ours, plain, strict=True)]
     result = {

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import reduce
 from operator import or_
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F, Q
@@ -788,8 +789,20 @@ def complete_run(
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
-    """The common success in one call of ``schedapp_succeed_run`` (migration 0003): the next
+    """The common success in one call of ``schedapp_succeed_run`` (migration 0005): the next
     occurrence computed here from the schedule the claim saw. False: take the general path."""
+    args = _success_args(job_id, token, headers)
+    if args is None:
+        return False
+    ((applied,),) = call_function(
+        "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)", args
+    )
+    return bool(applied)
+
+
+def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
+    """The arguments of ``schedapp_succeed_run``; None if the schedule cannot be computed here
+    (the general path then quarantines the job, with the reason)."""
     ref = headers.schedule
     nxt = None
     if ref is not None:
@@ -799,25 +812,56 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
             else:
                 schedule = parse_cron(ref.cron, ref.timezone)
             nxt = next_fire_time(schedule, headers.scheduled_for)
-        except Exception:  # the general path quarantines the job, with the reason
-            return False
+        except Exception:
+            return None
         if nxt is None:
-            return False
-    ((applied,),) = call_function(
-        "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        [
+            return None
+    return [
+        job_id,
+        token,
+        headers.scheduled_for,
+        nxt,
+        ref is None,
+        ref.cron if ref else "",
+        ref.timezone if ref else "",
+        ref.interval if ref else None,
+        ref.anchor if ref else None,
+    ]
+
+
+def complete_successes(
+    items: Sequence[tuple[int, int, RunHeaders]], rng: policies.Rng = random.random
+) -> list[CompletionResult]:
+    """Several successes at once (a pool process's, gathered while its previous write was
+    under way): the common case of all of them in one round trip and one commit
+    (``schedapp_succeed_runs``); any other case each on the general path."""
+    applied: set[int] = set()
+    if is_postgresql():
+        batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
+        batch = [(i, a) for i, a in batch if a is not None]
+        if batch:
+            columns = [list(col) for col in zip(*(a for _, a in batch), strict=True)]
+            rows = call_function(
+                "SELECT idx, applied FROM schedapp_succeed_runs("
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                columns,
+            )
+            applied = {batch[idx - 1][0] for idx, ok in rows if ok}
+    return [
+        CompletionResult(Completion.APPLIED)
+        if i in applied
+        else _complete(
             job_id,
             token,
-            headers.scheduled_for,
-            nxt,
-            ref is None,
-            ref.cron if ref else "",
-            ref.timezone if ref else "",
-            ref.interval if ref else None,
-            ref.anchor if ref else None,
-        ],
-    )
-    return bool(applied)
+            SUCCEEDED,
+            error="",
+            traceback="",
+            retry_delay=None,
+            allow_unstarted=False,
+            rng=rng,
+        )
+        for i, (job_id, token, _h) in enumerate(items)
+    ]
 
 
 def _complete(

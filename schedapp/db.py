@@ -10,10 +10,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+)
 
 try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
     import psycopg
@@ -28,7 +36,15 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
 def is_postgresql() -> bool:
-    return connection.vendor == "postgresql"
+    return _vendor() == "postgresql"
+
+
+@lru_cache(maxsize=1)
+def _vendor() -> str:
+    """The default database's vendor, read once: it is fixed for the process, and every
+    access to ``django.db.connection`` goes through a thread-local proxy (the worker's hot
+    path asks several times per execution)."""
+    return connection.vendor
 
 
 def db_now() -> datetime:
@@ -47,9 +63,10 @@ def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     through a plain psycopg cursor kept per connection: the worker makes two such calls per
     execution, and Django's cursor wrapper would cost more than the call itself. Errors are
     Django's, as from any other query (``with_retries`` reconnects on them)."""
-    connection.ensure_connection()
-    raw = connection.connection
-    with connection.wrap_database_errors:
+    db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, then plain attributes
+    db.ensure_connection()
+    raw = db.connection
+    with db.wrap_database_errors:
         cursor = _hot_cursors.get(raw)
         if cursor is None or cursor.closed:
             cursor = _hot_cursors[raw] = psycopg.Cursor(raw)

@@ -17,8 +17,8 @@ Where each runs, in a prefork worker:
   the main process for lost pool processes and hard time limits): the completion, fenced by
   token and idempotent. In a prefork pool process it is written by a thread of that process
   (``CompletionWriter``), so the result goes back to Celery at once and the main process
-  fetches the next message while the completion commits; the process's next task waits
-  for it first, so at most one completion per process is ever outstanding.
+  fetches the next message while the completion commits; completions that queue up meanwhile
+  are written together (one statement, one commit for the common successes).
 * ``task_unknown`` (main process): a message for a task this worker does not have fails its
   run ("not registered on worker ..."), which then follows the job's retry policy.
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
@@ -53,6 +53,7 @@ from .claims import (
     DoorVerdict,
     admit_run,
     complete_run,
+    complete_successes,
     record_cancelled,
     renew_leases,
 )
@@ -237,11 +238,11 @@ class WorkerHooks:
 
     def on_process_init(self, **_: Any) -> None:
         """A prefork pool process starts: completions go through a writer thread."""
-        self.writer = CompletionWriter()
+        self.writer = CompletionWriter(self._record_many)
 
     def on_task_prerun(self, **_: Any) -> None:
         if self.writer is not None:
-            self.writer.wait()  # the previous task's completion is recorded first
+            self.writer.wait(below=CompletionWriter.MAX_PENDING)  # back-pressure only
 
     def on_process_shutdown(self, pid: int | None = None, **_: Any) -> None:
         if self.writer is not None:
@@ -333,8 +334,37 @@ class WorkerHooks:
         if claim is None:
             return
         if self.writer is not None:
-            self.writer.submit(lambda: self._record(claim, outcome, kwargs))
+            self.writer.submit((claim, outcome, kwargs))
         else:
+            self._record(claim, outcome, kwargs)
+
+    def _record_many(self, items: list[tuple[tuple[int, int], str, dict[str, Any]]]) -> None:
+        """The writer's batch: successes that carry their headers in one round trip, the rest
+        one by one."""
+        batch = [
+            (claim, kwargs["headers"])
+            for claim, outcome, kwargs in items
+            if outcome == SUCCEEDED and kwargs.get("headers") is not None
+        ]
+        others = [i for i in items if not (i[1] == SUCCEEDED and i[2].get("headers"))]
+        if batch:
+            try:
+                results = with_retries(
+                    lambda: complete_successes([(j, t, h) for (j, t), h in batch]),
+                    what="completions",
+                    attempts=10,
+                )
+            except Exception as exc:  # never break the worker; the leases will expire
+                log.exception(
+                    "could not record %d completion(s): %s",
+                    len(batch),
+                    exc,
+                    extra={"action": "completion_failed"},
+                )
+            else:
+                for result in results:
+                    self._observe(result, SUCCEEDED)
+        for claim, outcome, kwargs in others:
             self._record(claim, outcome, kwargs)
 
     def _record(self, claim: tuple[int, int], outcome: str, kwargs: dict[str, Any]) -> None:
@@ -374,13 +404,18 @@ class CompletionWriter:
 
     The task's process hands its result back to Celery without waiting for the database, so
     the completion's commit overlaps with the main process acknowledging the message and
-    admitting the next one. ``wait`` (before the process's next task, and when it exits)
-    keeps at most one completion outstanding: a process killed later cannot take an earlier
-    task's completion with it.
+    admitting the next one; completions that pile up meanwhile are written together, the
+    common successes in one statement and one commit. At most ``MAX_PENDING`` wait (the next
+    task waits beyond that), and the process flushes them before it exits: a pool process
+    killed outright takes at most one round trip's worth of completions with it, whose leases
+    then expire like those of any killed worker.
     """
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+    MAX_PENDING = 64
+
+    def __init__(self, write: Callable[[list[Any]], None]) -> None:
+        self._write = write
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._done = threading.Condition()
         self._thread = threading.Thread(
@@ -388,14 +423,15 @@ class CompletionWriter:
         )
         self._thread.start()
 
-    def submit(self, record: Callable[[], None]) -> None:
+    def submit(self, item: Any) -> None:
         with self._done:
             self._pending += 1
-        self._queue.put(record)
+        self._queue.put(item)
 
-    def wait(self) -> None:
+    def wait(self, below: int = 1) -> None:
+        """Until fewer than ``below`` completions are pending."""
         with self._done:
-            while self._pending:
+            while self._pending >= below:
                 self._done.wait()
 
     def close(self) -> None:
@@ -405,14 +441,24 @@ class CompletionWriter:
 
     def _run(self) -> None:
         try:
-            while (record := self._queue.get()) is not None:
+            while (item := self._queue.get()) is not None:
+                items = [item]
+                while True:  # everything that queued up meanwhile goes in the same write
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self._queue.put(None)
+                        break
+                    items.append(more)
                 try:
-                    record()
-                except Exception:  # _record logs its own failures; never lose the thread
+                    self._write(items)
+                except Exception:  # the writer logs its own failures; never lose the thread
                     log.exception("completion writer failed", extra={"action": "writer_error"})
                 finally:
                     with self._done:
-                        self._pending -= 1
+                        self._pending -= len(items)
                         self._done.notify_all()
         finally:
             reset_connection()  # this thread's own connection

@@ -82,6 +82,8 @@ RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
     renewed bigint[];
 BEGIN
+    -- Rows locked in id order (as batched completions lock them): no deadlock between them.
+    PERFORM 1 FROM schedapp_job j WHERE j.id = ANY (p_jobs) ORDER BY j.id FOR UPDATE;
     WITH done AS (
         UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
         FROM unnest(p_jobs, p_tokens) AS h (id, token)
@@ -160,12 +162,38 @@ END
 $$;
 """
 
-FUNCTIONS = (ADMIT_RUN, RENEW_LEASES, SUCCEED_RUN)
+SUCCEED_RUNS = r"""
+CREATE OR REPLACE FUNCTION schedapp_succeed_runs(
+    p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamptz[], p_next timestamptz[],
+    p_once boolean[], p_cron text[], p_timezone text[], p_interval interval[],
+    p_anchor timestamptz[]
+) RETURNS TABLE (idx int, applied boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    i int;
+BEGIN
+    -- Several successes (of one pool process, gathered while the previous commit was under
+    -- way) in one transaction: one round trip and one commit for all of them. Job rows are
+    -- locked in id order, as renewals lock them, so two such transactions cannot deadlock.
+    FOR i IN SELECT s.i FROM generate_subscripts(p_jobs, 1) AS s (i) ORDER BY p_jobs[s.i] LOOP
+        idx := i;
+        applied := schedapp_succeed_run(
+            p_jobs[i], p_tokens[i], p_scheduled_for[i], p_next[i], p_once[i], p_cron[i],
+            p_timezone[i], p_interval[i], p_anchor[i]
+        );
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+"""
+
+FUNCTIONS = (ADMIT_RUN, RENEW_LEASES, SUCCEED_RUN, SUCCEED_RUNS)
 DROP = (
     "DROP FUNCTION IF EXISTS schedapp_admit_run(bigint, bigint, text, text)",
     "DROP FUNCTION IF EXISTS schedapp_renew_leases(bigint[], bigint[])",
     "DROP FUNCTION IF EXISTS schedapp_succeed_run(bigint, bigint, timestamptz, timestamptz, "
     "boolean, text, text, interval, timestamptz)",
+    "DROP FUNCTION IF EXISTS schedapp_succeed_runs(bigint[], bigint[], timestamptz[], "
+    "timestamptz[], boolean[], text[], text[], interval[], timestamptz[])",
 )
 
 

@@ -103,3 +103,23 @@ def test_a_failure_whose_reply_was_lost_spends_one_retry(pg_proxy):
     job = Job.objects.get(pk=run.job_id)
     # one failed attempt: retried, not dead
     assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
+
+
+def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_proxy):
+    runs = []
+    for i in range(3):
+        job = api.schedule("project.tasks.record", name=f"b{i}", interval=60)
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    runs = claim_due_jobs("beat-1", 10).runs
+    for run in runs:
+        claims.admit_run(run.job_id, run.token, "w1", f"a{run.token}")
+    hooks = WorkerHooks()
+    pg_proxy.cut_after(b"FROM schedapp_succeed_runs(")
+    items = [((r.job_id, r.token), claims.SUCCEEDED, {"headers": headers_of(r)}) for r in runs]
+    with django_through(pg_proxy):
+        hooks._record_many(items)  # what a pool process's completion writer does
+    assert pg_proxy.stats()["cuts"] == 1
+    for run in runs:
+        job = Job.objects.get(pk=run.job_id)
+        assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+        assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SUCCEEDED

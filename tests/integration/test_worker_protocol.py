@@ -291,3 +291,29 @@ def test_a_recurring_success_is_one_statement(schedule, monkeypatch):
     assert len(queries) + len(calls) == 1, ([q["sql"][:80] for q in queries], calls)
     job.refresh_from_db()
     assert job.state == JobState.SCHEDULED and job.scheduled_for > run.scheduled_for
+
+
+def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
+    # Given three runs in flight: a one-off, an interval job and a run whose job moved on
+    runs = []
+    for i, schedule in enumerate(({"run_at": db_now()}, {"interval": 60}, {"run_at": db_now()})):
+        job = api.schedule("project.tasks.record", name=f"batch-{i}", **schedule)
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    runs = sorted(claim_due_jobs("beat-1", 10).runs, key=lambda r: r.name)
+    for run in runs:
+        admit_run(run.job_id, run.token, "w1", f"a{run.token}")
+    api.cancel(runs[2].job_id)  # its completion will be stale
+    items = [(r.job_id, r.token, headers_of(r)) for r in runs]
+    # When they are recorded together, twice (the first write's reply was lost)
+    first = claims.complete_successes(items)
+    second = claims.complete_successes(items)
+    # Then the common ones went through in one statement, the stale one was told apart
+    assert [r.completion for r in first] == [
+        Completion.APPLIED,
+        Completion.APPLIED,
+        Completion.STALE,
+    ]
+    assert {r.completion for r in second} == {Completion.ALREADY_RECORDED}
+    once, every = (Job.objects.get(pk=r.job_id) for r in runs[:2])
+    assert once.state == JobState.SUCCEEDED
+    assert every.scheduled_for == runs[1].scheduled_for + timedelta(seconds=60)
