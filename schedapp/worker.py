@@ -196,6 +196,11 @@ class WorkerHooks:
                 extra={"action": "lease_lost", "job": job_id, "token": token},
             )
 
+    def holds_anything(self) -> bool:
+        self._due_for_renewal()  # forgets what Celery is done with
+        with self._lock:
+            return bool(self.held)
+
     def _due_for_renewal(self) -> list[tuple[int, int]]:
         live = set(worker_state.requests)  # reserved, active and scheduled task ids
         now = time.monotonic()
@@ -476,6 +481,7 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
+        self._draining = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
@@ -486,6 +492,7 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
             extra={"action": "lease_heartbeat_start"},
         )
         self._stop.clear()
+        self._draining.clear()
         self._thread = threading.Thread(
             target=self._run,
             args=(parent.hostname, period),
@@ -498,17 +505,25 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
         try:
             while not self._stop.wait(period):
                 lease_heartbeat.send(sender=hostname)
+                if self._draining.is_set() and not hooks.holds_anything():
+                    break
         finally:
             reset_connection()  # this thread's own connection
 
     def stop(self, parent: Any) -> None:
+        """A warm shutdown: the pool still finishes the tasks it has, so their leases are
+        renewed until none is held (the thread ends then, or with the process)."""
+        self._draining.set()
+
+    def terminate(self, parent: Any) -> None:
+        """A cold shutdown kills the tasks: nothing is left to renew."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
 
     def shutdown(self, parent: Any) -> None:
-        self.stop(parent)
+        self._draining.set()
 
 
 hooks = WorkerHooks()
