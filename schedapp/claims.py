@@ -597,7 +597,7 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
-    On PostgreSQL this is the function ``schedapp_admit_run`` (migration 0003).
+    On PostgreSQL this is the function ``schedapp_admit_run`` (migration 0006).
     """
     if is_postgresql():
         ((verdict,),) = call_function(
@@ -674,7 +674,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     A lease that can no longer be renewed is *lost* only if its run did not simply finish:
     a run whose completion committed a moment ago (the worker's main process has not seen it
     yet) is reported as finished, not as an alarm. On PostgreSQL this is the function
-    ``schedapp_renew_leases`` (migration 0003).
+    ``schedapp_renew_leases`` (migration 0006).
     """
     if not held:
         return Renewal()
@@ -789,7 +789,7 @@ def complete_run(
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
-    """The common success in one call of ``schedapp_succeed_run`` (migration 0005): the next
+    """The common success in one call of ``schedapp_succeed_run`` (migration 0006): the next
     occurrence computed here from the schedule the claim saw. False: take the general path."""
     args = _success_args(job_id, token, headers)
     if args is None:

@@ -292,12 +292,10 @@ class JobRun(models.Model):
         indexes = [
             models.Index(fields=["task_id"], name="schedapp_run_task_id"),
             models.Index(fields=["job", "-id"], name="schedapp_run_job_recent"),
-            models.Index(fields=["finished_at"], name="schedapp_run_finished"),
-            models.Index(
-                fields=["status"],
-                name="schedapp_run_active",
-                condition=Q(status__in=["dispatched", "running"]),
-            ),
+            # Pruning walks this. Nothing indexes a column that admission or completion
+            # writes (status, started_at, finished_at...): those updates stay heap-only, in
+            # the room the table's fillfactor leaves (migration 0005).
+            models.Index(fields=["dispatched_at"], name="schedapp_run_dispatched"),
         ]
 
     def __str__(self) -> str:

@@ -65,13 +65,18 @@ def prune_runs(
         raise ValueError("older_than must be positive")
     started = time.monotonic()
     cutoff = db_now() - older_than
-    old = JobRun.objects.filter(finished_at__lt=cutoff).exclude(status__in=ACTIVE_RUN_STATUSES)
+    # A run finished before the cutoff was dispatched before it too: the condition on
+    # dispatched_at (indexed, and never rewritten) finds them; finished_at (not indexed, so
+    # that a completion stays a heap-only update) confirms each.
+    old = JobRun.objects.filter(dispatched_at__lt=cutoff, finished_at__lt=cutoff).exclude(
+        status__in=ACTIVE_RUN_STATUSES
+    )
     if dry_run:
         return PruneResult(old.count(), 0, cutoff.isoformat(), time.monotonic() - started)
     deleted = batches = 0
     while max_batches is None or batches < max_batches:
         with transaction.atomic():
-            ids = list(old.order_by("finished_at").values_list("id", flat=True)[:batch_size])
+            ids = list(old.order_by("dispatched_at").values_list("id", flat=True)[:batch_size])
             if not ids:
                 break
             # The conditions again with the ids: a run that changed meanwhile is left alone.

@@ -210,6 +210,6 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0004_interval_anchor")]
+    dependencies = [("schedapp", "0005_run_indexes")]
 
     operations = [migrations.RunPython(create, drop, elidable=False)]
