@@ -593,7 +593,8 @@ _DOOR_EXPLANATIONS = {
 
 def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
-    extending the lease; otherwise say why not (and close the run if it never will start).
+    extending the lease unless five sixths of it are left (the job row is then not written);
+    otherwise say why not (and close the run if it never will start).
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
@@ -640,9 +641,9 @@ def _admit_portable(job_id: int, token: int, worker: str, admission: str) -> Doo
             runs.update(
                 status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
             )
-            Job.objects.filter(id=job_id).update(
-                lease_expires_at=now + timedelta(seconds=job["lease_seconds"])
-            )
+            lease = timedelta(seconds=job["lease_seconds"])
+            if job["lease_expires_at"] < now + lease * 5 / 6:  # as schedapp_admit_run decides
+                Job.objects.filter(id=job_id).update(lease_expires_at=now + lease)
         elif run["status"] == RunStatus.DISPATCHED:
             runs.update(
                 status=RunStatus.SKIPPED,

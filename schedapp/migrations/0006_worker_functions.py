@@ -22,7 +22,12 @@ DECLARE
 BEGIN
     -- The job row first, whatever its token: waiting here for a reaper, a cancel or a claim
     -- means deciding on what they committed.
-    SELECT token, state, lease_expires_at > now() AS lease_valid INTO j
+    SELECT token, state, lease_expires_at > now() AS lease_valid,
+           -- a lease with at least five sixths left is not rewritten: the run's first renewal
+           -- (a third of a lease after the worker received it) still comes with half a lease
+           -- to spare, and the job row, the costliest write of a run, is left alone
+           lease_expires_at < now() + make_interval(secs => lease_seconds * 5.0 / 6)
+               AS lease_short INTO j
     FROM schedapp_job WHERE id = p_job FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'unknown';
@@ -53,8 +58,10 @@ BEGIN
         SET status = 'running', started_at = coalesce(started_at, now()), worker = p_worker,
             admission = p_admission
         WHERE job_id = p_job AND token = p_token;
-        UPDATE schedapp_job SET lease_expires_at = now() + make_interval(secs => lease_seconds)
-        WHERE id = p_job;
+        IF j.lease_short THEN
+            UPDATE schedapp_job SET lease_expires_at = now() + make_interval(secs => lease_seconds)
+            WHERE id = p_job;
+        END IF;
     ELSIF r.status = 'dispatched' THEN
         -- It will never start here. An expired lease is left to the reaper, which dispatches
         -- the occurrence again; a paused job gives its lease back, so resume is immediate.

@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 from schedapp import api, claims
 from schedapp.claims import (
@@ -87,6 +87,24 @@ def test_admission_extends_the_lease_from_the_moment_of_admission():
     assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
     job.refresh_from_db()
     assert job.lease_expires_at > db_now() + timedelta(seconds=28)
+
+
+def test_admission_of_a_fresh_lease_leaves_the_job_row_unwritten():
+    job, run = claimed(lease_seconds=30)
+    before = Job.objects.values_list("lease_expires_at", "updated_at").get(pk=job.pk)
+    xmin = _xmin(job.pk)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    # The lease had (nearly) all of its length left: the door locked the row, wrote nothing
+    assert Job.objects.values_list("lease_expires_at", "updated_at").get(pk=job.pk) == before
+    assert _xmin(job.pk) == xmin
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.RUNNING
+
+
+def _xmin(job_id: int) -> str:
+    """The job row's version: a new one for every UPDATE (a row lock alone keeps it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM schedapp_job WHERE id = %s", [job_id])
+        return cursor.fetchone()[0]
 
 
 def test_the_door_waits_for_a_cancel_in_progress_and_then_refuses():
