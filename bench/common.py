@@ -34,7 +34,7 @@ CELERY = str(Path(sys.executable).parent / "celery")
 PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 DB_PREFIX = "schedapp_bench_"
-REDIS_DBS = (12, 13, 14, 15)
+REDIS_DBS = (9, 12, 13, 14, 15)
 QUEUE = "celery"  # Celery's default queue: a Redis list of that name
 
 OURS_SCHEDULER = "schedapp.beat:LeaseScheduler"

@@ -36,7 +36,7 @@ import redis
 from bench import common
 
 DB = "schedapp_bench_overhead"
-REDIS_DB = 14
+REDIS_DB = 9  # its own (tests use 7)
 QUEUE = common.QUEUE
 _TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node", "project_execution")
 WORKER_SETTINGS = {

@@ -6,6 +6,7 @@ Most tests run through each writer: COPY in binary (the default) and in text for
 
 from __future__ import annotations
 
+import signal
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -310,3 +311,26 @@ def test_an_error_inside_the_input_propagates_and_writes_nothing(writer):
     # Then nothing is left, and the connection works
     assert Job.objects.count() == 0
     assert api.schedule_many([once(0)]) == 1
+
+
+def test_specs_may_query_the_database_while_they_are_read(writer):
+    """A generator over a queryset or the database clock: each chunk is read before its COPY
+    starts (a query in the middle of a COPY would wait on the connection forever)."""
+    api.schedule_many(once(i) for i in range(3))
+    source = Job.objects.order_by("id")
+
+    def alarm(signum, frame):
+        raise TimeoutError("schedule_many hung reading its specs")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(30)
+    try:
+        created = api.schedule_many(
+            {"task": TASK, "run_at": db_now() + timedelta(hours=1), "name": f"copy-of-{job.name}"}
+            for job in source.iterator(chunk_size=2)
+        )
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert created == 3
+    assert Job.objects.filter(name__startswith="copy-of-job-").count() == 3
