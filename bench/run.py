@@ -5,8 +5,9 @@
     .venv/bin/python -m bench.run                # the full burst: N = 10,000 and 100,000,
                                                  # 1/2/3 beats (3 runs each), baselines
                                                  # capped at 120 s, end to end with a worker,
-                                                 # double firing
+                                                 # double firing, worker overhead
     .venv/bin/python -m bench.run --sections ours --sizes 100000 --beats 2   # one part again
+    .venv/bin/python -m bench.run --sections overhead                # worker vs plain Celery
     .venv/bin/python -m bench.run --report       # the tables from bench/results/*.json
 
 Punctuality and scale have their own entry points (``bench.punctuality``, ``bench.scale``).
@@ -20,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from bench import burst, common, doublefire
+from bench import burst, common, doublefire, overhead
 
 
 def _median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,6 +121,8 @@ def full(sections: list[str], sizes: list[int], beats: list[int], repeat: int,
             common.save("burst-e2e", {"machine": common.machine(), "runs": e2e})
     if "double" in sections:
         common.save("doublefire", {"machine": common.machine(), "runs": doublefire.main()})
+    if "overhead" in sections:
+        overhead.run()  # saves bench/results/overhead.json
     report()
 
 
@@ -139,13 +142,20 @@ def report() -> None:
     if double := _load("doublefire"):
         print()
         print(doublefire.table(double).markdown())
+    path = common.RESULTS / "overhead.json"
+    if path.exists():
+        o = json.loads(path.read_text())
+        print(f"\noverhead: plain Celery {o['plain_per_s']:,.0f}/s, schedapp "
+              f"{o['schedapp_per_s']:,.0f}/s, ratio {o['ratio_median']:.2f} "
+              f"({o['rounds']} rounds of {o['n']:,}), "
+              f"{o['commits_per_execution']:.2f} commits/execution")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the < 2 minute version")
-    parser.add_argument("--sections", default="ours,baselines,e2e,double",
-                        help="any of ours, baselines, e2e, double")
+    parser.add_argument("--sections", default="ours,baselines,e2e,double,overhead",
+                        help="any of ours, baselines, e2e, double, overhead")
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--beats", default="1,2,3")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each of our configs")
