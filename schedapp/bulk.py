@@ -34,6 +34,7 @@ from . import policies
 from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from .db import db_now, is_postgresql, notify_due
 from .models import Job, JobSource
+from .exceptions import ScheduleError
 from .schedules import Once, Schedule, first_fire_time
 from .validation import (
     Checked,
@@ -134,7 +135,11 @@ class _Ingest:
         if problem:
             self.fail(index, {"source": [problem]})
             return None
-        first, due = self._first_run(checked)
+        try:
+            first, due = self._first_run(checked)
+        except ScheduleError as exc:  # an expiry already passed
+            self.fail(index, {exc.field: [exc.message]})
+            return None
         if self.earliest is None or due < self.earliest:
             self.earliest = due
         return index, checked.values["name"], self.encoder.encode(checked, source, first, due)
