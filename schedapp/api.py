@@ -101,8 +101,8 @@ def schedule(
     ``misfire_grace`` and ``misfire_max_catchup``; and Celery's semantics: ``cron_day_or``
     (False: both day fields must match, as Celery's crontab), ``not_before`` and
     ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
-    (apply_async's queue, routing_key, exchange, priority, expires, headers). ``source`` records who created the job
-    (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
+    (apply_async's queue, routing_key, exchange, priority, expires, headers). ``source``
+    records who created the job (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
     """
     given = dict(
         args=list(args) if isinstance(args, list | tuple) else args,

@@ -33,8 +33,8 @@ from django.db import IntegrityError, connection, transaction
 from . import policies
 from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from .db import db_now, is_postgresql, notify_due
-from .models import Job, JobSource
 from .exceptions import ScheduleError
+from .models import Job, JobSource
 from .schedules import Once, Schedule, first_fire_time
 from .validation import (
     Checked,
