@@ -606,6 +606,7 @@ _DOOR_EXPLANATIONS = {
     "dispatched again",
 }
 
+
 def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
     extending the lease; otherwise say why not (and close the run if it never will start).
@@ -1009,9 +1010,7 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
         if result.applied:
             with transaction.atomic():
                 Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
-                JobRun.objects.filter(job_id=job_id, token=token).update(
-                    status=RunStatus.CANCELLED
-                )
+                JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
         return result
     with transaction.atomic():
         Job.objects.select_for_update().filter(id=job_id).values_list("id").first()

@@ -91,9 +91,7 @@ class ScheduleRef:
                     interval=timedelta(seconds=float(data["interval"])),
                     anchor=datetime.fromisoformat(anchor) if anchor else None,
                 )
-            return cls(
-                cron=str(data["cron"]), timezone=str(data["tz"]), day_or=not data.get("and")
-            )
+            return cls(cron=str(data["cron"]), timezone=str(data["tz"]), day_or=not data.get("and"))
         except (ValueError, TypeError, KeyError):
             return None
 

@@ -494,9 +494,7 @@ class JobValidator:
             checked.schedule = schedule
         else:
             out.update(
-                solar_event=schedule.event,
-                latitude=schedule.latitude,
-                longitude=schedule.longitude,
+                solar_event=schedule.event, latitude=schedule.latitude, longitude=schedule.longitude
             )
             checked.schedule = schedule
         _check_window(values, checked)

@@ -35,6 +35,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Validate and report; write nothing."
         )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="Exit non-zero if any entry is not mapped, invalid, or has a setting that "
+            "cannot be carried over (the rest is still imported unless --dry-run).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         candidates: list[importer.Candidate] = []
@@ -54,3 +60,8 @@ class Command(BaseCommand):
         for line in report.lines():
             stream = self.stderr if line.startswith(("NOT MAPPED", "INVALID")) else self.stdout
             stream.write(line)
+        if options["strict"] and not report.complete:
+            raise CommandError(
+                f"--strict: {len(report.unmapped)} not mapped, {len(report.invalid)} invalid, "
+                f"{len(report.ignored)} with settings ignored"
+            )
