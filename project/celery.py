@@ -13,6 +13,9 @@ app.autodiscover_tasks()
 # End-to-end tests configure what a Celery team would, through the environment of the
 # processes they start: a beat_schedule (as CELERY_BEAT_SCHEDULE would), an entry added by
 # add_periodic_task, and a before_task_publish receiver adding a tracing header.
+if os.environ.get("PROJECT_DEFAULT_QUEUE"):  # a queue of the test's own on a shared broker
+    app.conf.task_default_queue = os.environ["PROJECT_DEFAULT_QUEUE"]
+
 if os.environ.get("PROJECT_BEAT_SCHEDULE"):
     import json
 
@@ -23,7 +26,8 @@ if os.environ.get("PROJECT_PERIODIC_TASK"):
     @app.on_after_configure.connect
     def _add_periodic(sender: Celery, **_: object) -> None:
         name, task, seconds = os.environ["PROJECT_PERIODIC_TASK"].split(",")
-        sender.add_periodic_task(float(seconds), sender.signature(task), name=name)
+        signature = sender.signature(task, kwargs={"label": name})
+        sender.add_periodic_task(float(seconds), signature, name=name)
 
 
 if os.environ.get("PROJECT_TRACE_HEADER"):
