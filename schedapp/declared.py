@@ -91,6 +91,10 @@ def declarations() -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name, spec in (get_settings().JOBS or {}).items():
         found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
+    from .tasks import housekeeping_declarations
+
+    for name, spec in housekeeping_declarations().items():  # a declaration of yours wins
+        found.setdefault(name, spec)
     for name, spec in beat_schedule_declarations().items():
         found[name] = {"_duplicate": True} if name in found else spec
     for entry in _registry:
@@ -196,13 +200,7 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
             try:
                 values = declared_values(name, spec)
                 job = existing.get(name)
-                if (
-                    spec.get("_keep_phase")
-                    and job is not None
-                    and job.interval == values["interval"]
-                ):
-                    values["interval_anchor"] = job.interval_anchor
-                    values["not_before"] = job.not_before
+                _keep_phase(spec, values, job)
                 _sync_one(name, values, job, report)
             except (ValidationError, JobStateError) as exc:
                 report.errors[name] = _messages(exc)
@@ -224,6 +222,19 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     return report
 
 
+def _keep_phase(spec: Mapping[str, Any], values: dict[str, Any], job: Job | None) -> None:
+    """An interval declared without an anchor keeps the phase the job has (its first run),
+    and a beat_schedule entry's relative phase the one it got at its first sync: a beat
+    starting again must not move the job."""
+    given = "interval_anchor" in spec and not spec.get("_keep_phase")
+    if job is not None and job.interval is not None and job.interval == values["interval"]:
+        if not given:
+            values["interval_anchor"] = job.interval_anchor
+            values["not_before"] = job.not_before if spec.get("_keep_phase") else None
+    elif not given and not spec.get("_keep_phase"):
+        values.pop("interval_anchor", None)  # a new interval: the update resets its phase
+
+
 def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncReport) -> None:
     if job is None:
         task = values.pop("task")
@@ -235,9 +246,8 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         return
     changes = {f: v for f, v in values.items() if getattr(job, f) != v}
-    schedule_fields = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")
-    if any(f in changes for f in schedule_fields):
-        changes.update({f: values[f] for f in schedule_fields})
+    if any(f in changes for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")):
+        changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
     if changes:
         with transaction.atomic():
             api.update(job.pk, **changes)

@@ -206,7 +206,10 @@ def task_not_allowed(name: str) -> str | None:
     """Why the allowlist refuses this task, or None. Checked when a job is written, and again
     whenever it is about to run (the allowlist may have changed since)."""
     settings = get_settings()
-    return _allowlist_problem(name, settings.ALLOWED_TASKS, settings.DENIED_TASKS)
+    allowed = settings.ALLOWED_TASKS
+    if settings.HOUSEKEEPING:  # schedapp's own housekeeping, unless denied explicitly
+        allowed = (*allowed, "schedapp.prune_runs", "schedapp.cleanup_results")
+    return _allowlist_problem(name, allowed, settings.DENIED_TASKS)
 
 
 @lru_cache(maxsize=4096)
