@@ -274,9 +274,45 @@ def map_beat_entry(
     return item
 
 
-def from_beat_schedule(entries: Mapping[str, Any], now: datetime | None = None) -> list[Candidate]:
-    """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict."""
-    return [map_beat_entry(str(name), entry, now=now) for name, entry in entries.items()]
+def from_beat_schedule(
+    entries: Mapping[str, Any],
+    now: datetime | None = None,
+    last_runs: Mapping[str, datetime] | None = None,
+) -> list[Candidate]:
+    """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict. ``last_runs`` (``read_beat_state``)
+    keeps each interval's phase: its next run is one interval after the last one Celery
+    beat sent, as Celery would have sent it, instead of one interval after the import."""
+    items = [map_beat_entry(str(name), entry, now=now) for name, entry in entries.items()]
+    for item in items:
+        last = (last_runs or {}).get(item.name)
+        if item.problem or last is None or "interval" not in item.spec:
+            continue
+        if "interval_anchor" in item.spec:  # relative: its rounded phase stands
+            continue
+        item.spec["interval_anchor"] = last
+        item.notes.append(f"phase kept from the beat state file: last sent {last.isoformat()}")
+    return items
+
+
+def read_beat_state(path: str) -> dict[str, datetime]:
+    """Each entry's ``last_run_at`` from Celery beat's state file (``celerybeat-schedule``,
+    a ``shelve`` written by ``PersistentScheduler``), as aware UTC instants.
+
+    The file is Celery's own format, a shelve of pickled entries: reading it unpickles, so
+    give only the state file of your own beat (it is read once, by this command, never by a
+    beat or worker).
+    """
+    import shelve
+
+    found: dict[str, datetime] = {}
+    with shelve.open(path, flag="r") as store:  # the operator's own file
+        for name, entry in (store.get("entries") or {}).items():
+            last = getattr(entry, "last_run_at", None)
+            if isinstance(last, datetime):
+                if last.tzinfo is None:  # Celery stores naive times in UTC when utc is on
+                    last = last.replace(tzinfo=UTC)
+                found[str(name)] = last.astimezone(UTC)
+    return found
 
 
 # --- django-celery-beat ------------------------------------------------------------------------

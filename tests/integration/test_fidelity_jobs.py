@@ -145,3 +145,28 @@ def test_django_celery_beat_window_clocked_and_one_off_are_mapped():
     assert windowed.message_options == {"priority": 4}  # the message priority
     assert windowed.next_run_at == start
     assert Job.objects.get(name="clocked").run_at == start
+
+
+def test_an_import_with_beat_state_keeps_each_intervals_phase(tmp_path, monkeypatch):
+    from celery.beat import PersistentScheduler
+
+    from project.celery import app
+
+    # Given Celery beat's own state file, in which "ping" (every 10 min) last ran at `last`
+    monkeypatch.setitem(
+        app.conf, "beat_schedule", {"ping": {"task": TASK, "schedule": timedelta(minutes=10)}}
+    )
+    path = str(tmp_path / "celerybeat-schedule")
+    beat = PersistentScheduler(app=app, schedule_filename=path)
+    last = (db_now() - timedelta(minutes=3)).replace(microsecond=0)
+    entries = beat._store["entries"]
+    entries["ping"] = entries["ping"]._next_instance(last)
+    beat._store["entries"] = entries
+    beat.sync()
+    beat.close()
+    # When it is imported with --beat-state
+    with override_settings(CELERY_BEAT_SCHEDULE=dict(app.conf.beat_schedule)):
+        call_command("schedapp_import", "--beat-state", path)
+    # Then the job runs when Celery would have: one interval after the last run, not after now
+    job = Job.objects.get(name="ping")
+    assert job.next_run_at == last + timedelta(minutes=10)

@@ -36,6 +36,12 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="Validate and report; write nothing."
         )
         parser.add_argument(
+            "--beat-state",
+            metavar="PATH",
+            help="Celery beat's state file (celerybeat-schedule): intervals keep their phase "
+            "(next run one interval after the last one beat sent) instead of restarting now.",
+        )
+        parser.add_argument(
             "--strict",
             action="store_true",
             help="Exit non-zero if any entry is not mapped, invalid, or has a setting that "
@@ -45,7 +51,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         candidates: list[importer.Candidate] = []
         if options["from_settings"] or not options["from_django_celery_beat"]:
-            candidates += importer.from_beat_schedule(importer.beat_schedule_from_settings())
+            last_runs = None
+            if options["beat_state"]:
+                try:
+                    last_runs = importer.read_beat_state(options["beat_state"])
+                except Exception as exc:  # missing, not a shelve, another Celery's entries
+                    raise CommandError(f"cannot read {options['beat_state']}: {exc}") from exc
+            candidates += importer.from_beat_schedule(
+                importer.beat_schedule_from_settings(), last_runs=last_runs
+            )
         if options["from_django_celery_beat"]:
             try:
                 candidates += importer.from_django_celery_beat()
