@@ -135,7 +135,7 @@ class Job(models.Model):
     message_options = models.JSONField(
         default=dict,
         blank=True,
-        db_default=models.Value("{}", output_field=models.JSONField()),
+        db_default=models.Value({}, output_field=models.JSONField()),
         help_text="Celery message options: queue, routing_key, exchange, priority, expires, "
         "headers.",
     )

@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
             name="message_options",
             field=models.JSONField(
                 blank=True,
-                db_default=models.Value("{}", output_field=models.JSONField()),
+                db_default=models.Value({}, output_field=models.JSONField()),
                 default=dict,
                 help_text="Celery message options: queue, routing_key, exchange, priority, expires, headers.",
             ),

@@ -170,3 +170,15 @@ def test_an_import_with_beat_state_keeps_each_intervals_phase(tmp_path, monkeypa
     # Then the job runs when Celery would have: one interval after the last run, not after now
     job = Job.objects.get(name="ping")
     assert job.next_run_at == last + timedelta(minutes=10)
+
+
+def test_a_row_written_without_message_options_gets_an_empty_mapping():
+    """Rows inserted by SQL that omits the column (bulk tools, benches) must read as {}: a
+    default stored as the JSON string "{}" made every dispatch of them fail to route."""
+    from django.db import connection
+
+    job = api.schedule(TASK, interval=60)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE schedapp_job SET message_options = DEFAULT WHERE id = %s", [job.pk])
+        cursor.execute("SELECT message_options::text FROM schedapp_job WHERE id = %s", [job.pk])
+        assert cursor.fetchone()[0] == "{}"
