@@ -216,6 +216,7 @@ class Dispatcher:
         nothing as far as we know: on an error every run is released (and so fenced)."""
         pipe = channel.client.pipeline(transaction=False)
         signalled = _has_receivers()
+        sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
         now = self.app.now()
         for run in runs:
             route = self.route(run.task, run.queue, run.message_options)
@@ -225,6 +226,7 @@ class Dispatcher:
             headers = message_headers(run, self.origin, route, now)
             if signalled:
                 _before_publish(run, route, headers)
+                sent.append((run, route, headers))
             payload = redis_message(run, route, self.origin, headers)
             if route.priority:
                 step = channel._get_message_priority(
@@ -234,10 +236,8 @@ class Dispatcher:
             for queue in queues:
                 pipe.lpush(queue, payload)
         pipe.execute()
-        if signalled:
-            for run in runs:
-                route = self.route(run.task, run.queue, run.message_options)
-                _after_publish(run, route)
+        for run, route, headers in sent:
+            _after_publish(run, route, headers)
 
     def _bound_queues(self, channel: Any, route: Route) -> tuple[str, ...]:
         """The queue lists a route delivers to, as kombu's exchange lookup finds them.
@@ -303,7 +303,7 @@ class Dispatcher:
             **extra,
         )
         if signalled:
-            _after_publish(run, route)
+            _after_publish(run, route, headers)
         if declare:
             self._declared.add(route.queue.name)  # type: ignore[union-attr]
 
@@ -382,7 +382,8 @@ def redis_internals_match(channel: Any, origin: str = "check") -> bool:
 def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Route:
     """Where and how ``apply_async`` would publish ``task``: the task's own options, the
     job's ``queue`` and message ``options`` (JSON) over them, ``task_routes`` and
-    ``task_default_*`` (``Router.route`` and ``send_task_message``'s rules)."""
+    ``task_default_*`` (``Router.route`` and ``send_task_message``'s rules). Resolved without
+    the message's args: a router function that routes by argument value sees none."""
     exec_options: dict[str, Any] = {}
     task_obj = app.tasks.get(task)
     if task_obj is not None and hasattr(task_obj, "_get_exec_options"):
@@ -395,7 +396,7 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
     time_limit = exec_options.pop("time_limit", None)
     soft_time_limit = exec_options.pop("soft_time_limit", None)
     expires = exec_options.pop("expires", None)
-    routed = app.amqp.router.route(exec_options, task)
+    routed = app.amqp.router.route(exec_options, task, (), {}, task_obj)
     q = routed.get("queue")
     if isinstance(q, str):
         q = app.amqp.queues[q]
@@ -457,13 +458,13 @@ def _before_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> N
     )
 
 
-def _after_publish(run: ClaimedRun, route: Route) -> None:
+def _after_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> None:
     if not signals.after_task_publish.receivers:
         return
     signals.after_task_publish.send(
         sender=run.task,
         body=_signal_body(run),
-        headers={"id": run.task_id, "task": run.task},
+        headers=headers,
         exchange=route.exchange,
         routing_key=route.routing_key,
     )
