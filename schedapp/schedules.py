@@ -293,6 +293,8 @@ def with_window(
         return schedule
     start = not_before.astimezone(UTC) if not_before is not None else None
     end = expires.astimezone(UTC) if expires is not None else None
+    if isinstance(schedule, Interval) and schedule.anchor is None and start is not None:
+        return replace(schedule, anchor=start, not_before=start, expires=end)
     return replace(schedule, not_before=start, expires=end)
 
 
