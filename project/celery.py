@@ -9,3 +9,31 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# End-to-end tests configure what a Celery team would, through the environment of the
+# processes they start: a beat_schedule (as CELERY_BEAT_SCHEDULE would), an entry added by
+# add_periodic_task, and a before_task_publish receiver adding a tracing header.
+if os.environ.get("PROJECT_DEFAULT_QUEUE"):  # a queue of the test's own on a shared broker
+    app.conf.task_default_queue = os.environ["PROJECT_DEFAULT_QUEUE"]
+
+if os.environ.get("PROJECT_BEAT_SCHEDULE"):
+    import json
+
+    app.conf.beat_schedule = json.loads(os.environ["PROJECT_BEAT_SCHEDULE"])
+
+if os.environ.get("PROJECT_PERIODIC_TASK"):
+
+    @app.on_after_configure.connect
+    def _add_periodic(sender: Celery, **_: object) -> None:
+        name, task, seconds = os.environ["PROJECT_PERIODIC_TASK"].split(",")
+        signature = sender.signature(task, kwargs={"label": name})
+        sender.add_periodic_task(float(seconds), signature, name=name)
+
+
+if os.environ.get("PROJECT_TRACE_HEADER"):
+    from celery.signals import before_task_publish
+
+    @before_task_publish.connect(weak=False)
+    def _trace(headers: dict | None = None, **_: object) -> None:
+        if headers is not None:
+            headers["trace_id"] = f"{os.environ['PROJECT_TRACE_HEADER']}-{headers.get('id')}"

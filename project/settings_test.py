@@ -11,6 +11,7 @@ from .settings import *  # noqa: F403
 
 # Tests declare their own jobs: the demo's SCHEDAPP_JOBS would appear in every beat they start.
 SCHEDAPP_JOBS: dict = {}
+SCHEDAPP_HOUSEKEEPING = False  # likewise schedapp's own housekeeping jobs (tested on their own)
 
 # Subprocesses started by the end-to-end tests get schedapp settings through the environment:
 # SCHEDAPP_BATCH_SIZE=100 becomes settings.SCHEDAPP_BATCH_SIZE = 100.

@@ -101,3 +101,27 @@ def noop(*args: object, **kwargs: object) -> None:
 def add(x: int, y: int) -> int:
     """A plain Celery task that schedapp has nothing to do with."""
     return x + y
+
+
+@shared_task(
+    bind=True,
+    name="project.tasks.routed",
+    queue="slowq",
+    priority=7,
+    expires=30,
+    time_limit=60,
+    soft_time_limit=50,
+)
+def routed(self, label: str = "") -> str:
+    """A task with its own routing and message options, as a Celery team declares them."""
+    return label
+
+
+@shared_task(bind=True, name="project.tasks.traced")
+def traced(self, label: str = "") -> str:
+    """Record the ``trace_id`` header a ``before_task_publish`` receiver added (tracing)."""
+    trace = getattr(self.request, "trace_id", None) or (self.request.headers or {}).get(
+        "trace_id", ""
+    )
+    _record(self, f"{label}:{trace}")
+    return str(trace)

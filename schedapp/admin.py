@@ -45,14 +45,7 @@ _EDITABLE = (
     (
         "Schedule",
         {
-            "fields": (
-                "cron",
-                "interval",
-                "interval_anchor",
-                "run_at",
-                "timezone",
-                "fire_preview",
-            ),
+            "fields": ("cron", "interval", "interval_anchor", "run_at", "timezone", "fire_preview"),
             "description": "Give exactly one of cron, interval or run_at.",
         },
     ),

@@ -164,10 +164,11 @@ class ScheduleKindFilter(admin.SimpleListFilter):
         "cron": ~Q(cron=""),
         "interval": Q(interval__isnull=False),
         "once": Q(run_at__isnull=False),
+        "solar": ~Q(solar_event=""),
     }
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("cron", "Cron"), ("interval", "Interval"), ("once", "One-off")]
+        return [("cron", "Cron"), ("interval", "Interval"), ("once", "One-off"), ("solar", "Solar")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         condition = self.KINDS.get(self.value() or "")

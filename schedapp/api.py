@@ -21,11 +21,12 @@ from django.db.models.functions import Now
 from . import bulk, policies
 from .bulk import CHUNK_SIZE
 from .db import db_now, notify_due
-from .exceptions import JobStateError
+from .exceptions import JobStateError, ScheduleError
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
 from .schedules import first_fire_time
 from .validation import (
     JOB_FIELDS,
+    SCHEDULE_DETAIL_FIELDS,
     SCHEDULE_FIELDS,
     celery_app,
     job_defaults,
@@ -64,7 +65,10 @@ def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> None:
-    first = first_fire_time(stored_schedule(job.__dict__), now)
+    try:
+        first = first_fire_time(stored_schedule(job.__dict__), now)
+    except ScheduleError as exc:  # an expiry already passed
+        raise ValidationError({exc.field: [exc.message]}) from exc
     if job.interval is not None and job.interval_anchor is None:
         job.interval_anchor = first  # the phase every later occurrence keeps
     job.scheduled_for = first
@@ -89,12 +93,16 @@ def schedule(
     source: str = JobSource.API,
     **policy: Any,
 ) -> Job:
-    """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, or every
-    ``interval``. A ``run_at`` in the past runs at the next tick.
+    """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, every
+    ``interval``, or at a solar event (``solar_event`` with ``latitude`` and ``longitude``,
+    Celery's ``solar``). A ``run_at`` in the past runs at the next tick.
 
     ``policy`` takes ``retry_backoff``, ``retry_backoff_max``, ``misfire_policy``,
-    ``misfire_grace`` and ``misfire_max_catchup``. ``source`` records who created the job
-    (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
+    ``misfire_grace`` and ``misfire_max_catchup``; and Celery's semantics: ``cron_day_or``
+    (False: both day fields must match, as Celery's crontab), ``not_before`` and
+    ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
+    (apply_async's queue, routing_key, exchange, priority, expires, headers). ``source``
+    records who created the job (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
     """
     given = dict(
         args=list(args) if isinstance(args, list | tuple) else args,
@@ -176,11 +184,17 @@ def update(job: JobRef, **changes: Any) -> Job:
         if any(f in changes for f in SCHEDULE_FIELDS):
             # a new schedule replaces the old, phase included (unless one is given)
             values.update(run_at=None, cron=None, interval=None, interval_anchor=None)
+            values["solar_event"] = None
+            if "solar_event" not in changes:
+                values.update(latitude=None, longitude=None)
         values.update(changes)
         cleaned = validate_job(values, check_task="task" in changes)
         for field, value in cleaned.items():
             setattr(current, field, value)
-        rescheduled = any(f in changes for f in (*SCHEDULE_FIELDS, "timezone", "interval_anchor"))
+        rescheduled = any(
+            f in changes
+            for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone", "interval_anchor")
+        )
         if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
             # A run in flight finishes under the old schedule; its completion sees that the
             # job's occurrence is no longer the one it ran, and keeps this one.

@@ -33,6 +33,7 @@ from django.db import IntegrityError, connection, transaction
 from . import policies
 from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from .db import db_now, is_postgresql, notify_due
+from .exceptions import ScheduleError
 from .models import Job, JobSource
 from .schedules import Once, Schedule, first_fire_time
 from .validation import (
@@ -137,7 +138,11 @@ class _Ingest:
         if problem:
             self.fail(index, {"source": [problem]})
             return None
-        first, due = self._first_run(checked)
+        try:
+            first, due = self._first_run(checked)
+        except ScheduleError as exc:  # an expiry already passed
+            self.fail(index, {exc.field: [exc.message]})
+            return None
         if self.earliest is None or due < self.earliest:
             self.earliest = due
         return index, checked.values["name"], self.encoder.encode(checked, source, first, due)

@@ -61,6 +61,7 @@ class ClaimedRun:
     lease_seconds: int
     lateness: float = 0.0  # seconds between due_at and the claim, in the database clock
     schedule: ScheduleRef | None = None  # a recurring job's schedule, as the claim read it
+    message_options: str = "{}"  # the job's Celery message options, as JSON text
 
     @property
     def task_id(self) -> str:
@@ -149,7 +150,8 @@ claimed AS (
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
-              j.misfire_max_catchup, j.priority,
+              j.misfire_max_catchup, j.priority, j.cron_day_or, j.solar_event, j.latitude,
+              j.longitude, j.not_before, j.expires_at, j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               (j.run_at IS NULL AND j.retry_count = 0
                AND now() - j.next_run_at > j.misfire_grace) AS late
@@ -265,6 +267,13 @@ _CLAIM_FIELDS = (
     "misfire_policy",
     "misfire_max_catchup",
     "misfire_grace",
+    "cron_day_or",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+    "message_options",
 )
 
 
@@ -288,6 +297,7 @@ def _claim_portable(beat: str, limit: int, now: datetime) -> list[dict]:
         row["token"] += 1
         row["args"] = json.dumps(row["args"])
         row["kwargs"] = json.dumps(row["kwargs"])
+        row["message_options"] = json.dumps(row["message_options"])
         row["lateness"] = (now - row["next_run_at"]).total_seconds()
         row["late"] = (
             row["run_at"] is None
@@ -422,12 +432,17 @@ def _claimed_run(row: dict) -> ClaimedRun:
         lease_seconds=row["lease_seconds"],
         lateness=row["lateness"],
         schedule=_schedule_ref(row),
+        message_options=row["message_options"],
     )
 
 
 def _schedule_ref(row: dict) -> ScheduleRef | None:
+    """What a worker needs to compute the next occurrence itself (the fast success path);
+    None for a one-off, and for solar and windowed jobs, which take the general path."""
+    if row["solar_event"] or row["not_before"] is not None or row["expires_at"] is not None:
+        return None
     if row["cron"]:
-        return ScheduleRef(cron=row["cron"], timezone=row["timezone"])
+        return ScheduleRef(cron=row["cron"], timezone=row["timezone"], day_or=row["cron_day_or"])
     if row["interval"] is not None:
         return ScheduleRef(interval=row["interval"], anchor=row["interval_anchor"])
     return None
@@ -590,6 +605,7 @@ _DOOR_EXPLANATIONS = {
     DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
     "dispatched again",
 }
+
 
 def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
@@ -811,7 +827,7 @@ def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | N
             if ref.interval is not None:
                 schedule: Schedule = Interval(ref.interval, ref.anchor)
             else:
-                schedule = parse_cron(ref.cron, ref.timezone)
+                schedule = parse_cron(ref.cron, ref.timezone, day_or=ref.day_or)
             nxt = next_fire_time(schedule, headers.scheduled_for)
         except Exception:
             return None
@@ -823,7 +839,8 @@ def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | N
         headers.scheduled_for,
         nxt,
         ref is None,
-        ref.cron if ref else "",
+        # Celery's day rule marked with "&", as the function compares it (migration 0007)
+        (ref.cron if ref.day_or else "&" + ref.cron) if ref else "",
         ref.timezone if ref else "",
         ref.interval if ref else None,
         ref.anchor if ref else None,
@@ -994,9 +1011,7 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
         if result.applied:
             with transaction.atomic():
                 Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
-                JobRun.objects.filter(job_id=job_id, token=token).update(
-                    status=RunStatus.CANCELLED
-                )
+                JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
         return result
     with transaction.atomic():
         Job.objects.select_for_update().filter(id=job_id).values_list("id").first()

@@ -58,6 +58,14 @@ class Settings:
     # line), one summary line per batch ("batch"), or nothing ("off").
     DISPATCH_LOG: str = "each"
     DISPATCH_LOG_BURST: int = 100
+    # Housekeeping schedapp declares for itself (synced at beat start like JOBS, allowed
+    # whatever ALLOWED_TASKS says, unless DENIED_TASKS names them): run history older than
+    # RUN_RETENTION is pruned, and task results older than RESULT_RETENTION (None: Celery's
+    # result_expires, one day by default) deleted, on HOUSEKEEPING_CRON. False: neither.
+    HOUSEKEEPING: bool = True
+    HOUSEKEEPING_CRON: str = "17 3 * * *"
+    RUN_RETENTION: timedelta = timedelta(days=30)
+    RESULT_RETENTION: timedelta | None = None
 
 
 def _coerce(value: Any, default: Any) -> Any:

@@ -12,6 +12,7 @@ text, which is where most of a bulk load's time goes (``bench/README.md``).
 
 from __future__ import annotations
 
+import json
 import struct
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,7 +55,16 @@ COPY_COLUMNS = (
     "last_error",
     "created_at",
     "updated_at",
+    # Celery's semantics (migration 0007): shared by most jobs, encoded once per combination.
+    "cron_day_or",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+    "message_options",
 )
+_EXTRA_FIELDS = COPY_COLUMNS[-7:]
 _MEMO_LIMIT = 4096
 
 
@@ -81,6 +91,18 @@ class CopyRows:
         self._times = _Memo()
         self._schedules = _Memo()
         self._options = _Memo()
+        self._extras = _Memo()
+
+    def _extras_of(self, values: dict[str, Any]) -> Any:
+        options = values.get("message_options") or {}
+        key = (*(values.get(f) for f in _EXTRA_FIELDS[:-1]), json.dumps(options, sort_keys=True))
+        encoded = self._extras.get(key)
+        if encoded is None:
+            encoded = self._extras.put(key, self._encode_extras(values, key[-1]))
+        return encoded
+
+    def _encode_extras(self, values: dict[str, Any], options_json: str) -> Any:
+        raise NotImplementedError
 
     def join(self, rows: list[Any]) -> Any:
         raise NotImplementedError
@@ -124,7 +146,7 @@ class TextRows(CopyRows):
     def __init__(self, now: datetime) -> None:
         super().__init__(now)
         stamp = now.isoformat()
-        self.tail = f"\tscheduled\t0\t0\t\t{_NULL}\t0\t{_NULL}\t\t\t{stamp}\t{stamp}\n"
+        self.tail = f"\tscheduled\t0\t0\t\t{_NULL}\t0\t{_NULL}\t\t\t{stamp}\t{stamp}\t"
 
     def join(self, rows: list[Any]) -> str:
         return "".join(rows)
@@ -153,6 +175,20 @@ class TextRows(CopyRows):
         return (
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
+            f"{self._extras_of(values)}"
+        )
+
+    def _encode_extras(self, values: dict[str, Any], options_json: str) -> str:
+        def opt(value: Any) -> str:
+            if value is None:
+                return _NULL
+            return value.isoformat() if isinstance(value, datetime) else repr(float(value))
+
+        return (
+            f"{'t' if values.get('cron_day_or', True) else 'f'}\t"
+            f"{_text(values.get('solar_event') or '')}\t{opt(values.get('latitude'))}\t"
+            f"{opt(values.get('longitude'))}\t{opt(values.get('not_before'))}\t"
+            f"{opt(values.get('expires_at'))}\t{_text(options_json)}\n"
         )
 
     @staticmethod
@@ -160,6 +196,8 @@ class TextRows(CopyRows):
         zone = _text(values["timezone"])
         if values["cron"]:
             return f"{_NULL}\t{_text(values['cron'])}\t{zone}\t{_NULL}\t{_NULL}\t"
+        if values["interval"] is None:  # solar: its fields are among the extras
+            return f"{_NULL}\t\t{zone}\t{_NULL}\t{_NULL}\t"
         anchor = (values.get("interval_anchor") or first).isoformat()  # default: its first
         return f"{_NULL}\t\t{zone}\t{_interval_text(values['interval'])}\t{anchor}\t"
 
@@ -265,6 +303,28 @@ class BinaryRows(CopyRows):
                 due_b,
                 first_b,
                 self.tail,
+                self._extras_of(values),
+            )
+        )
+
+    def _encode_extras(self, values: dict[str, Any], options_json: str) -> bytes:
+        def opt(value: Any) -> bytes:
+            if value is None:
+                return _NULL_B
+            if isinstance(value, datetime):
+                return _b_time(value)
+            return _I32(8) + struct.pack(">d", float(value))
+
+        options = options_json.encode()
+        return b"".join(
+            (
+                _I32(1) + (b"\x01" if values.get("cron_day_or", True) else b"\x00"),
+                _b_text(values.get("solar_event") or ""),
+                opt(values.get("latitude")),
+                opt(values.get("longitude")),
+                opt(values.get("not_before")),
+                opt(values.get("expires_at")),
+                _I32(len(options) + 1) + _JSONB_VERSION + options,
             )
         )
 
@@ -273,6 +333,8 @@ class BinaryRows(CopyRows):
         zone = _b_text(values["timezone"])
         if values["cron"]:
             return _NULL_B + _b_text(values["cron"]) + zone + _NULL_B + _NULL_B
+        if values["interval"] is None:  # solar: its fields are among the extras
+            return _NULL_B + _EMPTY_B + zone + _NULL_B + _NULL_B
         anchor = _b_time(values.get("interval_anchor") or first)  # default: its first
         return _NULL_B + _EMPTY_B + zone + _b_interval(values["interval"]) + anchor
 

@@ -1,6 +1,9 @@
 """Jobs declared in code, kept in sync with the database when a beat starts.
 
-Two ways to declare, merged (a name may be declared only once)::
+Three ways to declare, merged (a name may be declared only once): Celery's own
+``beat_schedule`` (``CELERY_BEAT_SCHEDULE``, ``add_periodic_task``), mapped with Celery's
+semantics by ``importer.map_beat_entry`` (an entry that cannot be mapped, such as a custom
+schedule class, is reported at beat start and not run), and::
 
     # settings.py
     SCHEDAPP_JOBS = {
@@ -36,7 +39,13 @@ from . import api
 from .exceptions import JobStateError
 from .forms import model_default
 from .models import Job, JobSource, JobState
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, validate_job
+from .validation import (
+    JOB_FIELDS,
+    SCHEDULE_DETAIL_FIELDS,
+    SCHEDULE_FIELDS,
+    celery_app,
+    validate_job,
+)
 
 log = logging.getLogger("schedapp.declared")
 
@@ -82,6 +91,12 @@ def declarations() -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name, spec in (get_settings().JOBS or {}).items():
         found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
+    from .tasks import housekeeping_declarations
+
+    for name, spec in housekeeping_declarations().items():  # a declaration of yours wins
+        found.setdefault(name, spec)
+    for name, spec in beat_schedule_declarations().items():
+        found[name] = {"_duplicate": True} if name in found else spec
     for entry in _registry:
         spec = {k: v for k, v in entry.items() if not k.startswith("_")}
         spec["task"] = _resolve_task(entry)
@@ -89,6 +104,27 @@ def declarations() -> dict[str, dict[str, Any]]:
         if name in found:
             spec = {"_duplicate": True}
         found[name] = spec
+    return found
+
+
+def beat_schedule_declarations() -> dict[str, dict[str, Any]]:
+    """The Celery app's ``beat_schedule`` entries as declarations, with Celery's semantics.
+
+    Reading ``conf`` finalises the configuration, so ``add_periodic_task`` calls made in
+    ``on_after_configure`` are in it. A relative interval's phase is kept across restarts
+    (``_keep_phase``): beats start at different times, the job keeps its first phase.
+    """
+    from .importer import map_beat_entry
+
+    found: dict[str, dict[str, Any]] = {}
+    for name, entry in (celery_app().conf.beat_schedule or {}).items():
+        item = map_beat_entry(str(name), entry)
+        if item.problem:
+            found[str(name)] = {"_unmapped": f"beat_schedule entry not run: {item.problem}"}
+            continue
+        found[str(name)] = {"task": item.task, **item.spec, "_keep_phase": True}
+        for note in item.notes:
+            log.warning("beat_schedule entry %s: %s", name, note, extra={"action": "declared"})
     return found
 
 
@@ -103,8 +139,12 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         )
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
+    if "_unmapped" in spec:
+        raise ValidationError({f"{name}.schedule": [spec["_unmapped"]]})
+    spec = {k: v for k, v in spec.items() if not k.startswith("_")}
     values = {f: model_default(f) for f in JOB_FIELDS}
     values.update(run_at=None, cron="", interval=None, interval_anchor=None, name=name)
+    values.update(solar_event="", message_options={})
     unknown = sorted(set(spec) - set(JOB_FIELDS))
     if unknown:
         raise ValidationError({f"{name}.{key}": [f"unknown option {key!r}."] for key in unknown})
@@ -159,7 +199,9 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
         for name, spec in decls.items():
             try:
                 values = declared_values(name, spec)
-                _sync_one(name, values, existing.get(name), report)
+                job = existing.get(name)
+                _keep_phase(spec, values, job)
+                _sync_one(name, values, job, report)
             except (ValidationError, JobStateError) as exc:
                 report.errors[name] = _messages(exc)
                 log.error(
@@ -180,6 +222,19 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     return report
 
 
+def _keep_phase(spec: Mapping[str, Any], values: dict[str, Any], job: Job | None) -> None:
+    """An interval declared without an anchor keeps the phase the job has (its first run),
+    and a beat_schedule entry's relative phase the one it got at its first sync: a beat
+    starting again must not move the job."""
+    given = "interval_anchor" in spec and not spec.get("_keep_phase")
+    if job is not None and job.interval is not None and job.interval == values["interval"]:
+        if not given:
+            values["interval_anchor"] = job.interval_anchor
+            values["not_before"] = job.not_before if spec.get("_keep_phase") else None
+    elif not given and not spec.get("_keep_phase"):
+        values.pop("interval_anchor", None)  # a new interval: the update resets its phase
+
+
 def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncReport) -> None:
     if job is None:
         task = values.pop("task")
@@ -191,7 +246,7 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         return
     changes = {f: v for f, v in values.items() if getattr(job, f) != v}
-    if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
+    if any(f in changes for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")):
         changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
     if changes:
         with transaction.atomic():

@@ -6,6 +6,16 @@ instead of going through ``send_task``, whose per-message work (config look-ups,
 retry wrappers) costs more than the database and the broker together. The message carries,
 in its headers, what the worker needs to fence the run: job, run, token, occurrence, attempt
 and idempotency key; its task id is deterministic per claim.
+
+What a message says is what ``apply_async`` would send for the same task (DESIGN 20): the
+task's own options (queue, routing_key, exchange, priority, expires, time limits),
+``task_routes`` and ``task_default_*``, then the job's queue and message options over them,
+resolved once per (task, queue, options) and cached. ``before_task_publish`` and
+``after_task_publish`` fire for every message when they have receivers (Celery's own check),
+and headers a receiver adds are sent. The Redis fast path writes what kombu's Redis transport
+would store, through a few of kombu's private helpers: a kombu whose helpers or message
+layout changed is detected at the first publish, and kombu's public ``Producer.publish``
+takes over.
 """
 
 from __future__ import annotations
@@ -17,9 +27,10 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Producer, Queue
 
 from .claims import ClaimedRun
@@ -52,9 +63,17 @@ class PublishResult:
 
 @dataclass(frozen=True)
 class Route:
+    """How every message of one (task, queue, message options) is published."""
+
     exchange: str
     routing_key: str
     queue: Queue | None
+    priority: int | None = None  # the message's (AMQP, Redis priority lists)
+    expires: float | None = None  # seconds after publishing: the ``expires`` header, TTL
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
+    delivery_mode: int = 2
+    headers: tuple[tuple[str, Any], ...] = ()  # the job's own (message options)
 
 
 def message_body(run: ClaimedRun) -> bytes:
@@ -62,19 +81,26 @@ def message_body(run: ClaimedRun) -> bytes:
     return f"[{run.args_json}, {run.kwargs_json}, {_EMBED}]".encode()
 
 
-def message_headers(run: ClaimedRun, origin: str) -> dict[str, Any]:
+def message_headers(
+    run: ClaimedRun, origin: str, route: Route | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The protocol-2 headers ``apply_async`` would send, plus schedapp's. ``now`` (aware,
+    the app's zone) dates an ``expires`` given in seconds, as Celery does."""
     task_id = run.task_id
-    return {
+    expires = None
+    if route is not None and route.expires is not None:
+        expires = ((now or datetime.now(UTC)) + timedelta(seconds=route.expires)).isoformat()
+    headers = {
         "lang": "py",
         "task": run.task,
         "id": task_id,
         "shadow": None,
         "eta": None,
-        "expires": None,
+        "expires": expires,
         "group": None,
         "group_index": None,
         "retries": 0,
-        "timelimit": [None, None],
+        "timelimit": [route.time_limit, route.soft_time_limit] if route else [None, None],
         "root_id": task_id,
         "parent_id": None,
         "argsrepr": run.args_json if len(run.args_json) <= 1024 else run.args_json[:1021] + "...",
@@ -95,6 +121,9 @@ def message_headers(run: ClaimedRun, origin: str) -> dict[str, Any]:
         HEADER_LEASE: run.lease_seconds,
         HEADER_SCHEDULE: run.schedule.encode() if run.schedule else None,
     }
+    if route is not None and route.headers:
+        headers.update(route.headers)  # apply_async(headers=...) merges them the same way
+    return headers
 
 
 class Dispatcher:
@@ -103,26 +132,21 @@ class Dispatcher:
     def __init__(self, app: Celery, origin: str | None = None) -> None:
         self.app = app
         self.origin = origin or f"schedapp-beat@{socket.gethostname()}"
-        self._routes: dict[tuple[str, str], Route] = {}
+        self._routes: dict[tuple[str, str, str], Route] = {}
+        self._fast_ok: bool | None = None  # kombu's Redis internals as this module knows them
         self._declared: set[str] = set()
-        self._queues: dict[Route, tuple[str, ...]] = {}
+        self._queues: dict[tuple[str, str], tuple[str, ...]] = {}
 
-    def route(self, task: str, queue: str) -> Route:
-        key = (task, queue)
+    def route(self, task: str, queue: str, options: str = "{}") -> Route:
+        """How a message of ``task`` with the job's ``queue`` and message ``options`` (JSON
+        text) is published; resolved once per combination."""
+        key = (task, queue, options)
         route = self._routes.get(key)
         if route is None:
-            route = self._routes[key] = self._resolve_route(task, queue)
+            if not self._routes:  # a beat imports no task modules: their options are read
+                self.app.loader.import_default_modules()
+            route = self._routes[key] = resolve_route(self.app, task, queue, options)
         return route
-
-    def _resolve_route(self, task: str, queue: str) -> Route:
-        options: dict[str, Any] = {"queue": queue} if queue else {}
-        routed = self.app.amqp.router.route(options, task)
-        q = routed.get("queue")
-        if isinstance(q, Queue):
-            exchange = q.exchange.name if isinstance(q.exchange, Exchange) else (q.exchange or "")
-            return Route(exchange, routed.get("routing_key") or q.routing_key or q.name, q)
-        name = q or self.app.conf.task_default_queue
-        return Route(name, name, self.app.amqp.queues[name])
 
     def publish(self, runs: Sequence[ClaimedRun]) -> PublishResult:
         """Publish every run; on a broker error, report the rest as failed (to be released).
@@ -134,7 +158,9 @@ class Dispatcher:
         try:
             with self.app.producer_or_acquire() as producer:
                 channel = _redis_channel(producer)
-                if channel is not None:
+                if channel is not None and self._fast_ok is None:
+                    self._fast_ok = redis_internals_match(channel, self.origin)
+                if channel is not None and self._fast_ok:
                     self._publish_redis(producer, channel, runs)
                     result.published.extend(runs)
                 else:
@@ -162,7 +188,7 @@ class Dispatcher:
             problem = task_not_allowed(run.task)
             if problem is None:
                 try:
-                    self.route(run.task, run.queue)
+                    self.route(run.task, run.queue, run.message_options)
                 except Exception as exc:
                     problem = f"cannot route task {run.task!r} (queue {run.queue!r}): {exc}"
             if problem is None:
@@ -189,13 +215,29 @@ class Dispatcher:
         built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or
         nothing as far as we know: on an error every run is released (and so fenced)."""
         pipe = channel.client.pipeline(transaction=False)
+        signalled = _has_receivers()
+        sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
+        now = self.app.now()
         for run in runs:
-            route = self.route(run.task, run.queue)
-            queues = self._queues.get(route) or self._bound_queues(channel, route)
-            payload = redis_message(run, route, self.origin)
+            route = self.route(run.task, run.queue, run.message_options)
+            queues = self._queues.get((route.exchange, route.routing_key)) or self._bound_queues(
+                channel, route
+            )
+            headers = message_headers(run, self.origin, route, now)
+            if signalled:
+                _before_publish(run, route, headers)
+                sent.append((run, route, headers))
+            payload = redis_message(run, route, self.origin, headers)
+            if route.priority:
+                step = channel._get_message_priority(
+                    {"properties": {"priority": route.priority}}, reverse=False
+                )
+                queues = tuple(channel._q_for_pri(q, step) for q in queues)
             for queue in queues:
                 pipe.lpush(queue, payload)
         pipe.execute()
+        for run, route, headers in sent:
+            _after_publish(run, route, headers)
 
     def _bound_queues(self, channel: Any, route: Route) -> tuple[str, ...]:
         """The queue lists a route delivers to, as kombu's exchange lookup finds them.
@@ -214,7 +256,7 @@ class Dispatcher:
                 f"no queue is bound to exchange {route.exchange!r} with routing "
                 f"key {route.routing_key!r}"
             )
-        self._queues[route] = queues
+        self._queues[(route.exchange, route.routing_key)] = queues
         return queues
 
     def _publish_kombu(
@@ -233,45 +275,198 @@ class Dispatcher:
                 result.published.append(run)
 
     def _publish_one(self, producer: Producer, run: ClaimedRun) -> None:
-        route = self.route(run.task, run.queue)
+        """kombu's public path, as Celery's ``send_task_message`` calls it."""
+        route = self.route(run.task, run.queue, run.message_options)
         declare = None
         if route.queue is not None and route.queue.name not in self._declared:
             declare = [route.queue]
+        headers = message_headers(run, self.origin, route, self.app.now())
+        signalled = _has_receivers()
+        if signalled:
+            _before_publish(run, route, headers)
+        extra: dict[str, Any] = {}
+        if route.expires is not None:
+            extra["expiration"] = route.expires
         producer.publish(
             message_body(run),
             exchange=route.exchange,
             routing_key=route.routing_key,
-            headers=message_headers(run, self.origin),
+            headers=headers,
             content_type="application/json",
             content_encoding="utf-8",
             correlation_id=run.task_id,
             reply_to="",
+            priority=route.priority or 0,
+            delivery_mode=route.delivery_mode,
             declare=declare,
             retry=False,
+            **extra,
         )
+        if signalled:
+            _after_publish(run, route, headers)
         if declare:
             self._declared.add(route.queue.name)  # type: ignore[union-attr]
 
 
-def redis_message(run: ClaimedRun, route: Route, origin: str) -> str:
+def redis_message(
+    run: ClaimedRun, route: Route, origin: str, headers: dict[str, Any] | None = None
+) -> str:
     """The JSON kombu's Redis transport stores for a published message (its
     ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell."""
+    properties: dict[str, Any] = {
+        "correlation_id": run.task_id,
+        "reply_to": "",
+        "delivery_mode": route.delivery_mode,
+    }
+    if route.expires is not None:
+        properties["expiration"] = str(int(route.expires * 1000))
+    properties.update(
+        delivery_info={"exchange": route.exchange, "routing_key": route.routing_key},
+        priority=route.priority or 0,
+        body_encoding="base64",
+        delivery_tag=str(uuid.uuid4()),
+    )
     return json.dumps(
         {
             "body": base64.b64encode(message_body(run)).decode(),
             "content-encoding": "utf-8",
             "content-type": "application/json",
-            "headers": message_headers(run, origin),
-            "properties": {
-                "correlation_id": run.task_id,
-                "reply_to": "",
-                "delivery_mode": 2,
-                "delivery_info": {"exchange": route.exchange, "routing_key": route.routing_key},
-                "priority": 0,
-                "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
-            },
+            "headers": headers if headers is not None else message_headers(run, origin, route),
+            "properties": properties,
         }
+    )
+
+
+# kombu's private Redis helpers the fast path calls; a kombu without one of them, or whose
+# stored message has another layout, gets the public path instead.
+REDIS_INTERNALS = ("_lookup", "_queue_bind", "_q_for_pri", "_get_message_priority")
+
+
+def redis_internals_match(channel: Any, origin: str = "check") -> bool:
+    """Whether this kombu's Redis channel stores messages as ``redis_message`` writes them:
+    its helpers exist, and its own ``prepare_message`` + ``_inplace_augment_message`` give a
+    message with the same keys for a sample run. Checked once per dispatcher."""
+    try:
+        missing = [name for name in REDIS_INTERNALS if not callable(getattr(channel, name, None))]
+        if missing:
+            raise AttributeError(f"missing {missing}")
+        run = _SAMPLE_RUN
+        route = Route("", "celery", None, priority=5, expires=30.0)
+        ours = json.loads(redis_message(run, route, origin))
+        properties = {
+            "correlation_id": run.task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "expiration": "30000",
+        }
+        theirs = channel.prepare_message(
+            message_body(run), 5, "application/json", "utf-8", ours["headers"], properties
+        )
+        channel._inplace_augment_message(theirs, "", "celery")
+        same = set(ours) == set(theirs) and set(ours["properties"]) == set(theirs["properties"])
+        same = same and set(ours["properties"]["delivery_info"]) <= set(
+            theirs["properties"]["delivery_info"]
+        )
+        if not same:
+            raise ValueError(f"kombu stores {sorted(theirs)} / {sorted(theirs['properties'])}")
+    except Exception as exc:
+        log.warning(
+            "kombu's Redis transport changed (%s): publishing through kombu's public path",
+            exc,
+            extra={"action": "fast_path_off"},
+        )
+        return False
+    return True
+
+
+def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Route:
+    """Where and how ``apply_async`` would publish ``task``: the task's own options, the
+    job's ``queue`` and message ``options`` (JSON) over them, ``task_routes`` and
+    ``task_default_*`` (``Router.route`` and ``send_task_message``'s rules). Resolved without
+    the message's args: a router function that routes by argument value sees none."""
+    exec_options: dict[str, Any] = {}
+    task_obj = app.tasks.get(task)
+    if task_obj is not None and hasattr(task_obj, "_get_exec_options"):
+        exec_options = {k: v for k, v in task_obj._get_exec_options().items() if v is not None}
+    message = json.loads(options) if options and options != "{}" else {}
+    headers = message.pop("headers", None) or {}
+    if queue:
+        exec_options["queue"] = queue
+    exec_options.update(message)
+    time_limit = exec_options.pop("time_limit", None)
+    soft_time_limit = exec_options.pop("soft_time_limit", None)
+    expires = exec_options.pop("expires", None)
+    routed = app.amqp.router.route(exec_options, task, (), {}, task_obj)
+    q = routed.get("queue")
+    if isinstance(q, str):
+        q = app.amqp.queues[q]
+    exchange = routed.get("exchange")
+    routing_key = routed.get("routing_key")
+    exchange_type = getattr(getattr(q, "exchange", None), "type", None) or "direct"
+    if (not exchange or not routing_key) and exchange_type == "direct":
+        exchange, routing_key = "", q.name if q is not None else routing_key
+    elif exchange is None:
+        exchange = q.exchange.name or app.amqp.default_exchange.name
+        routing_key = routing_key or q.routing_key or app.conf.task_default_routing_key
+    if isinstance(exchange, Exchange):
+        exchange = exchange.name
+    mode = routed.get("delivery_mode") or getattr(
+        getattr(q, "exchange", None), "delivery_mode", None
+    )
+    mode = mode or app.conf.task_default_delivery_mode
+    if isinstance(expires, datetime):
+        expires = (expires - app.now()).total_seconds()
+    return Route(
+        exchange=exchange or "",
+        routing_key=routing_key or "",
+        queue=q,
+        priority=routed.get("priority"),
+        expires=max(float(expires), 0.0) if expires is not None else None,
+        time_limit=time_limit,
+        soft_time_limit=soft_time_limit,
+        delivery_mode=2 if mode in (2, "persistent", None) else 1,
+        headers=tuple(headers.items()),
+    )
+
+
+def _has_receivers() -> bool:
+    """Celery sends the publish signals unconditionally; a send without receivers is a no-op,
+    so we skip building its arguments (a parsed body per message) when nobody listens."""
+    return bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+
+
+def _signal_body(run: ClaimedRun) -> tuple[Any, ...]:
+    return (run.args, run.kwargs, json.loads(_EMBED))
+
+
+def _before_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> None:
+    """``before_task_publish`` as Celery sends it; receivers may add to ``headers``."""
+    if not signals.before_task_publish.receivers:
+        return
+    properties: dict[str, Any] = {"correlation_id": run.task_id, "reply_to": ""}
+    if route.priority is not None:
+        properties["priority"] = route.priority
+    signals.before_task_publish.send(
+        sender=run.task,
+        body=_signal_body(run),
+        exchange=route.exchange,
+        routing_key=route.routing_key,
+        declare=[route.queue] if route.queue is not None else [],
+        headers=headers,
+        properties=properties,
+        retry_policy={},
+    )
+
+
+def _after_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> None:
+    if not signals.after_task_publish.receivers:
+        return
+    signals.after_task_publish.send(
+        sender=run.task,
+        body=_signal_body(run),
+        headers=headers,
+        exchange=route.exchange,
+        routing_key=route.routing_key,
     )
 
 
@@ -283,3 +478,19 @@ def _redis_channel(producer: Producer) -> Any:
         return None
     channel = producer.channel
     return channel if isinstance(channel, RedisChannel) else None
+
+
+_SAMPLE_RUN = ClaimedRun(
+    run_id=1,
+    job_id=1,
+    token=1,
+    name="sample",
+    task="sample",
+    args_json="[]",
+    kwargs_json="{}",
+    queue="",
+    scheduled_for=datetime(2001, 1, 1, tzinfo=UTC),
+    due_at=datetime(2001, 1, 1, tzinfo=UTC),
+    attempt=1,
+    lease_seconds=30,
+)

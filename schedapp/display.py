@@ -58,20 +58,59 @@ def describe_interval(every: timedelta) -> str:
 
 
 def describe_schedule(
-    run_at: datetime | None, cron: str, interval: timedelta | None, timezone: str
+    run_at: datetime | None,
+    cron: str,
+    interval: timedelta | None,
+    timezone: str,
+    *,
+    day_or: bool = True,
+    solar_event: str = "",
+    latitude: float | None = None,
+    longitude: float | None = None,
+    not_before: datetime | None = None,
+    expires_at: datetime | None = None,
 ) -> str:
     """The schedule of a job in plain words, with its time zone where it matters."""
     if run_at is not None:
         return f"Once, at {local_time(run_at, timezone)}"
     if cron:
-        return f"{describe_cron(cron)} ({timezone})"
-    if interval is not None:
-        return describe_interval(interval)
-    return "No schedule"
+        text = f"{describe_cron(cron)} ({timezone})"
+        if not day_or and _both_days_restricted(cron):
+            # cron-descriptor reads the two day fields as cron's OR; Celery requires both
+            text += ", only on days matching both the day of month and the day of week"
+    elif solar_event:
+        text = f"At {solar_event} at latitude {latitude}, longitude {longitude}"
+    elif interval is not None:
+        text = describe_interval(interval)
+    else:
+        return "No schedule"
+    if not_before is not None:
+        text += f", not before {local_time(not_before, timezone)}"
+    if expires_at is not None:
+        text += f", until {local_time(expires_at, timezone)}"
+    return text
+
+
+def _both_days_restricted(cron: str) -> bool:
+    parts = cron.split()
+    if len(parts) == 6:
+        parts = parts[1:]
+    return len(parts) == 5 and parts[2] not in ("*", "?") and parts[4] not in ("*", "?")
 
 
 def job_schedule_text(job: Any) -> str:
-    return describe_schedule(job.run_at, job.cron, job.interval, job.timezone)
+    return describe_schedule(
+        job.run_at,
+        job.cron,
+        job.interval,
+        job.timezone,
+        day_or=job.cron_day_or,
+        solar_event=job.solar_event,
+        latitude=job.latitude,
+        longitude=job.longitude,
+        not_before=job.not_before,
+        expires_at=job.expires_at,
+    )
 
 
 def safe_zone(name: str) -> Any:

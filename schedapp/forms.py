@@ -30,9 +30,15 @@ FORM_FIELDS = [
     "args",
     "kwargs",
     "cron",
+    "cron_day_or",
     "interval",
     "interval_anchor",
     "run_at",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
     "timezone",
     "priority",
     "queue",
@@ -44,6 +50,7 @@ FORM_FIELDS = [
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",
+    "message_options",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
 
@@ -64,6 +71,12 @@ class JobForm(forms.ModelForm):
             "args": 'A JSON list, e.g. [1, "two"].',
             "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',
             "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
+            "solar_event": "Solar schedule (Celery's solar): e.g. sunrise, sunset, dawn_civil; "
+            "needs latitude and longitude.",
+            "not_before": "Optional: never fires before this (wall-clock time in the job's zone).",
+            "expires_at": "Optional: no occurrence after this; the job then finishes.",
+            "message_options": 'Celery message options, e.g. {"queue": "slow", "priority": 5, '
+            '"expires": 60, "headers": {"team": "ops"}}.',
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -77,7 +90,7 @@ class JobForm(forms.ModelForm):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
         instance = self.instance
-        for name in ("run_at", "interval_anchor"):  # shown in the job's own zone
+        for name in ("run_at", "interval_anchor", "not_before", "expires_at"):  # job's zone
             value = getattr(instance, name)
             if instance.pk and value is not None and name in self.fields:
                 local = value.astimezone(safe_zone(instance.timezone))
@@ -114,6 +127,7 @@ class JobForm(forms.ModelForm):
                 values.get("interval"),
                 values.get("run_at"),
                 values.get("timezone") or "",
+                day_or=values.get("cron_day_or", True),
             )
         except Exception:  # a preview never blocks a save
             times = []
@@ -138,7 +152,9 @@ class JobForm(forms.ModelForm):
         for name in ("cron", "queue"):
             if values.get(name) is None:
                 values[name] = ""
-        for name in ("run_at", "interval_anchor"):
+        if values.get("message_options") is None:
+            values["message_options"] = {}
+        for name in ("run_at", "interval_anchor", "not_before", "expires_at"):
             value = values.get(name)
             if isinstance(value, datetime) and "timezone" not in self.errors:
                 values[name] = in_zone(value, values.get("timezone") or "UTC")
@@ -197,7 +213,7 @@ def preview_for(
 
 
 def schedule_preview(
-    cron: str, interval: Any, run_at: datetime | None, zone: str
+    cron: str, interval: Any, run_at: datetime | None, zone: str, *, day_or: bool = True
 ) -> tuple[list[str], dict[str, list[str]]]:
     """(fire times, errors by field) of a schedule alone.
 
@@ -212,6 +228,8 @@ def schedule_preview(
         kwargs={},
         queue="",
         cron=cron or "",
+        cron_day_or=day_or,
+        message_options={},
         interval=interval,
         run_at=run_at,
         timezone=zone,
@@ -238,7 +256,11 @@ def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
     run_at = _run_at(params, zone, errors)
     if errors:
         return [], errors
-    return schedule_preview((params.get("cron") or "").strip(), interval, run_at, zone)
+    raw = params.get("cron_day_or")  # a checkbox: absent means the default, cron's OR
+    day_or = raw is None or raw in ("on", "true", "True", "1")
+    return schedule_preview(
+        (params.get("cron") or "").strip(), interval, run_at, zone, day_or=day_or
+    )
 
 
 def _run_at(params: Any, zone: str, errors: dict[str, list[str]]) -> datetime | None:

@@ -5,19 +5,25 @@ through ``api.schedule``; every entry that does not is reported with the reason,
 is half-imported. Importing is idempotent by name: a name that exists is skipped (or, with
 ``update=True``, an imported job is brought in line with the source).
 
-Mapping:
+Mapping, with Celery's semantics:
 
 * ``crontab`` -> cron ``minute hour day_of_month month_of_year day_of_week`` (from crontab's
-  ``_orig_*`` attributes, the values it was given), in the Celery app's time zone;
-  django-celery-beat's ``CrontabSchedule`` -> the same, in its own ``timezone``.
+  ``_orig_*`` attributes, the values it was given), in the Celery app's time zone, with
+  ``cron_day_or=False``: when both day fields are restricted, a day must match both, as
+  Celery requires. django-celery-beat's ``CrontabSchedule`` -> the same, in its own zone.
 * ``timedelta``, a number of seconds, ``schedule(run_every=...)`` and ``IntervalSchedule``
-  -> interval. ``ClockedSchedule`` -> a one-off ``run_at``.
-* ``solar``, a subclass of ``crontab`` or ``schedule`` that decides by its own code when it
+  -> interval; ``relative=True`` -> an interval anchored where Celery rounds its runs to
+  (``relative_interval``). ``solar`` and ``SolarSchedule`` -> a solar job.
+  ``ClockedSchedule`` -> a one-off ``run_at``.
+* A subclass of ``crontab``, ``solar`` or ``schedule`` that decides by its own code when it
   is due (its own ``is_due``, ``remaining_estimate`` or ``now``), and anything else -> not
-  mapped (reported).
-* args, kwargs, ``options.queue`` and ``options.priority`` are carried over; other options
-  (``expires``, ``exchange``, ``routing_key`` ...) are listed as ignored. A disabled
-  ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
+  mapped (reported; ``schedapp_import --strict`` exits non-zero).
+* args, kwargs and the entry's ``options`` (queue, routing_key, exchange, priority, expires,
+  headers) -> the job's message options, sent as apply_async sends them; other options are
+  reported as ignored. django-celery-beat's ``start_time``/``expires`` -> ``not_before``/
+  ``expires_at``; its ``expire_seconds``, priority, exchange, routing key and headers ->
+  message options. A disabled ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs
+  once, at its next fire time.
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -27,7 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -37,10 +43,16 @@ from . import api
 from .db import db_now
 from .exceptions import ScheduleError
 from .models import Job, JobSource
-from .schedules import Interval, Schedule, next_fire_time, parse_cron
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, validate_job
+from .schedules import Interval, Schedule, next_fire_time, parse_cron, parse_solar, with_window
+from .validation import (
+    JOB_FIELDS,
+    MESSAGE_OPTIONS,
+    SCHEDULE_DETAIL_FIELDS,
+    SCHEDULE_FIELDS,
+    celery_app,
+    validate_job,
+)
 
-CARRIED_OPTIONS = ("queue", "priority")
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"
 
@@ -55,6 +67,7 @@ class Candidate:
     spec: dict[str, Any] = field(default_factory=dict)
     paused: bool = False
     notes: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # source settings with no equivalent
     problem: str | None = None
 
 
@@ -67,7 +80,13 @@ class ImportReport:
     unmapped: dict[str, str] = field(default_factory=dict)  # no schedapp equivalent
     invalid: dict[str, list[str]] = field(default_factory=dict)  # refused by validation
     notes: dict[str, list[str]] = field(default_factory=dict)
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # settings without equivalent
     dry_run: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Everything was mapped, valid and carried over (``--strict`` asks for this)."""
+        return not (self.unmapped or self.invalid or self.ignored)
 
     def lines(self) -> list[str]:
         verb = "would create" if self.dry_run else "created"
@@ -127,32 +146,79 @@ def _app_timezone() -> str:
 
 
 def map_celery_schedule(
-    value: Any, timezone: str | None = None
+    value: Any, timezone: str | None = None, *, relative: bool = False, now: datetime | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """(schedule fields, None) or (None, why it cannot be mapped).
+    """(schedule fields, None) or (None, why it cannot be mapped), with Celery's semantics.
 
     ``timezone`` is the Celery app's zone, which a crontab runs in; None reads it from the
-    settings, and only when a crontab needs it.
+    settings, and only when a crontab needs it. A crontab keeps Celery's day rule (both day
+    fields must match: ``cron_day_or=False``); ``relative`` (a number's entry flag, or the
+    schedule's own) anchors an interval at the boundary Celery rounds to, from ``now`` (the
+    instant beat starts; default: the clock).
     """
     from celery.schedules import crontab, schedule, solar
 
-    if isinstance(value, solar):
-        return None, "solar schedules (sunrise, sunset ...) have no cron equivalent"
-    for base in (crontab, schedule):  # crontab and solar subclass schedule
+    for base in (crontab, solar, schedule):  # crontab and solar subclass schedule
         if isinstance(value, base) and _times_its_own_way(value, base):
             return None, (
                 f"{type(value).__name__} decides when it is due by its own code (a custom "
-                f"subclass of celery's {base.__name__}); its fire times have no equivalent"
+                f"subclass of celery's {base.__name__}); schedapp cannot reproduce its fire "
+                "times and refuses it rather than guess (declare it as a cron or an interval)"
             )
+    if isinstance(value, solar):
+        return {"solar_event": value.event, "latitude": value.lat, "longitude": value.lon}, None
     if isinstance(value, crontab):
-        return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
+        return {
+            "cron": crontab_expression(value),
+            "timezone": timezone or _app_timezone(),
+            "cron_day_or": False,
+        }, None
     if isinstance(value, schedule):
-        return {"interval": value.run_every}, None
-    if isinstance(value, timedelta):
-        return {"interval": value}, None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {"interval": timedelta(seconds=value)}, None
-    return None, f"schedule of type {type(value).__name__} is not supported"
+        every, relative = value.run_every, bool(value.relative)
+    elif isinstance(value, timedelta):
+        every = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        every = timedelta(seconds=value)
+    else:
+        return None, f"schedule of type {type(value).__name__} is not supported"
+    if relative:
+        return relative_interval(every, timezone or _app_timezone(), now), None
+    return {"interval": every}, None
+
+
+def relative_interval(every: timedelta, zone: str, now: datetime | None = None) -> dict[str, Any]:
+    """Celery's ``relative=True``: each run rounded down to the interval's unit (minute, hour,
+    local midnight), so runs fall on those boundaries, ``floor(every / unit)`` units apart.
+
+    A whole day is local midnight (a cron, exact across DST); several days an interval from
+    a local midnight (an hour off Celery's across a DST change); under a minute, as given.
+    """
+    from zoneinfo import ZoneInfo
+
+    if every < timedelta(minutes=1):
+        return {"interval": every}
+    start = (now or datetime.now(UTC)).astimezone(UTC)
+    tz = ZoneInfo(zone)
+    if every >= timedelta(days=1):
+        days = every // timedelta(days=1)
+        if days == 1:
+            return {"cron": "0 0 * * *", "timezone": zone}
+        local = (start.astimezone(tz) + timedelta(days=days)).replace(tzinfo=None)
+        midnight = datetime(local.year, local.month, local.day, tzinfo=tz)
+        return {"interval": timedelta(days=days), "interval_anchor": midnight.astimezone(UTC)}
+    unit = timedelta(hours=1) if every >= timedelta(hours=1) else timedelta(minutes=1)
+    period = (every // unit) * unit
+    local = (start + every).astimezone(tz)
+    rounded = local.replace(second=0, microsecond=0)
+    if unit == timedelta(hours=1):
+        rounded = rounded.replace(minute=0)
+    first = rounded.astimezone(UTC)
+    if first <= start:
+        first += unit
+    spec: dict[str, Any] = {"interval": period, "interval_anchor": first}
+    if first - start > period:  # 90 minutes: hourly runs, the first one 60 to 90 minutes away
+        spec["not_before"] = first
+    return spec
 
 
 def _times_its_own_way(value: Any, base: type) -> bool:
@@ -168,18 +234,24 @@ def _times_its_own_way(value: Any, base: type) -> bool:
     )
 
 
-def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candidate:
+def map_beat_entry(
+    name: str, entry: Any, timezone: str | None = None, now: datetime | None = None
+) -> Candidate:
     """One ``beat_schedule`` item as a candidate job, mapped or not. Touches no database.
 
-    Pure when ``timezone`` (the Celery app's zone) is given, so the differential test against
-    Celery's own scheduler maps entries exactly as an import does.
+    Pure when ``timezone`` (the Celery app's zone) and ``now`` (beat's start, which a
+    relative interval's phase follows) are given, so the differential test against Celery's
+    own scheduler maps entries exactly as an import does. ``options`` become the job's
+    message options (what apply_async would send); any other key is reported as ignored.
     """
     item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
     if not isinstance(entry, Mapping) or not entry.get("task"):
         item.problem = "an entry needs a 'task' and a 'schedule'"
         return item
     item.task = str(entry["task"])
-    schedule, problem = map_celery_schedule(entry.get("schedule"), timezone)
+    schedule, problem = map_celery_schedule(
+        entry.get("schedule"), timezone, relative=bool(entry.get("relative")), now=now
+    )
     if schedule is None:
         item.problem = problem
         return item
@@ -187,31 +259,60 @@ def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candid
     item.spec["args"] = list(entry.get("args") or ())
     item.spec["kwargs"] = dict(entry.get("kwargs") or {})
     options = dict(entry.get("options") or {})
-    for key in CARRIED_OPTIONS:
+    message: dict[str, Any] = {}
+    for key in MESSAGE_OPTIONS:
         if options.get(key) is not None:
-            item.spec[key] = options.pop(key)
-    if options:
-        item.notes.append(f"options ignored: {', '.join(sorted(options))}")
-    if _relative(entry) and "interval" in item.spec:  # Celery ignores it on a crontab
-        item.notes.append(
-            "relative=True ignored: Celery rounds each run down to the interval's unit "
-            "(minute, hour or local midnight); this job counts whole intervals from the import"
-        )
+            message[key] = options.pop(key)
+    if isinstance(message.get("expires"), datetime):  # an instant: nothing is sent after it
+        item.spec["expires_at"] = message.pop("expires")
+    if message:
+        item.spec["message_options"] = message
+    ignored = sorted(options)
+    if ignored:
+        item.ignored += ignored
+        item.notes.append(f"options ignored: {', '.join(ignored)}")
     return item
 
 
-def _relative(entry: Mapping[str, Any]) -> bool:
-    """Whether Celery rounds this entry's runs: a schedule object's own flag wins over the
-    entry's (beat applies ``relative`` only when it builds the schedule from a number)."""
-    from celery.schedules import schedule
+def from_beat_schedule(
+    entries: Mapping[str, Any],
+    now: datetime | None = None,
+    last_runs: Mapping[str, datetime] | None = None,
+) -> list[Candidate]:
+    """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict. ``last_runs`` (``read_beat_state``)
+    keeps each interval's phase: its next run is one interval after the last one Celery
+    beat sent, as Celery would have sent it, instead of one interval after the import."""
+    items = [map_beat_entry(str(name), entry, now=now) for name, entry in entries.items()]
+    for item in items:
+        last = (last_runs or {}).get(item.name)
+        if item.problem or last is None or "interval" not in item.spec:
+            continue
+        if "interval_anchor" in item.spec:  # relative: its rounded phase stands
+            continue
+        item.spec["interval_anchor"] = last
+        item.notes.append(f"phase kept from the beat state file: last sent {last.isoformat()}")
+    return items
 
-    value = entry.get("schedule")
-    return bool(value.relative if isinstance(value, schedule) else entry.get("relative"))
 
+def read_beat_state(path: str) -> dict[str, datetime]:
+    """Each entry's ``last_run_at`` from Celery beat's state file (``celerybeat-schedule``,
+    a ``shelve`` written by ``PersistentScheduler``), as aware UTC instants.
 
-def from_beat_schedule(entries: Mapping[str, Any]) -> list[Candidate]:
-    """Candidates from a ``CELERY_BEAT_SCHEDULE`` dict."""
-    return [map_beat_entry(str(name), entry) for name, entry in entries.items()]
+    The file is Celery's own format, a shelve of pickled entries: reading it unpickles, so
+    give only the state file of your own beat (it is read once, by this command, never by a
+    beat or worker).
+    """
+    import shelve
+
+    found: dict[str, datetime] = {}
+    with shelve.open(path, flag="r") as store:  # the operator's own file
+        for name, entry in (store.get("entries") or {}).items():
+            last = getattr(entry, "last_run_at", None)
+            if isinstance(last, datetime):
+                if last.tzinfo is None:  # Celery stores naive times in UTC when utc is on
+                    last = last.replace(tzinfo=UTC)
+                found[str(name)] = last.astimezone(UTC)
+    return found
 
 
 # --- django-celery-beat ------------------------------------------------------------------------
@@ -240,13 +341,17 @@ def _periodic_task(row: Any, now: datetime) -> Candidate:
             for f in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
         )
         item.spec["timezone"] = str(getattr(tab.timezone, "key", tab.timezone))
+        item.spec["cron_day_or"] = False  # django-celery-beat runs Celery's crontab
     elif row.interval_id:
         item.spec["interval"] = timedelta(**{row.interval.period: row.interval.every})
     elif row.clocked_id:
         item.spec["run_at"] = row.clocked.clocked_time
     elif row.solar_id:
-        item.problem = "solar schedules (sunrise, sunset ...) have no cron equivalent"
-        return item
+        item.spec.update(
+            solar_event=row.solar.event,
+            latitude=float(row.solar.latitude),
+            longitude=float(row.solar.longitude),
+        )
     else:
         item.problem = "the periodic task has no schedule"
         return item
@@ -258,18 +363,29 @@ def _periodic_task(row: Any, now: datetime) -> Candidate:
             item.problem = f"{field_name} is not valid JSON: {exc}"
             return item
     item.spec["queue"] = row.queue or ""
-    if row.priority is not None:
-        item.spec["priority"] = row.priority
-    item.paused = not row.enabled
-    ignored = [
-        f
-        for f in ("exchange", "routing_key", "expires", "expire_seconds", "start_time")
-        if getattr(row, f, None)
-    ]
+    message: dict[str, Any] = {}
+    for key in ("exchange", "routing_key", "priority"):  # priority: the message's
+        if getattr(row, key, None) not in (None, ""):
+            message[key] = getattr(row, key)
+    if row.expire_seconds:
+        message["expires"] = row.expire_seconds
     if row.headers and row.headers.strip() not in ("{}", ""):
-        ignored.append("headers")
-    if ignored:
-        item.notes.append(f"ignored: {', '.join(ignored)}")
+        try:
+            message["headers"] = json.loads(row.headers)
+        except ValueError as exc:
+            item.problem = f"headers is not valid JSON: {exc}"
+            return item
+    if message:
+        item.spec["message_options"] = message
+    if "run_at" not in item.spec:
+        if row.start_time:
+            item.spec["not_before"] = row.start_time
+        if row.expires:
+            item.spec["expires_at"] = row.expires
+    elif row.expires and row.expires < item.spec["run_at"]:
+        item.problem = "a clocked task that expires before its time: it would never run"
+        return item
+    item.paused = not row.enabled
     if row.one_off and row.total_run_count:
         item.problem = "a one-off task that already ran"
     elif row.one_off and "run_at" not in item.spec:
@@ -282,13 +398,27 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
     schedule: Schedule
     try:
         if "cron" in item.spec:
-            schedule = parse_cron(item.spec.pop("cron"), item.spec.get("timezone") or "UTC")
+            schedule = parse_cron(
+                item.spec.pop("cron"),
+                item.spec.get("timezone") or "UTC",
+                day_or=item.spec.pop("cron_day_or", True),
+            )
+        elif "solar_event" in item.spec:
+            schedule = parse_solar(
+                item.spec.pop("solar_event"), item.spec.pop("latitude"), item.spec.pop("longitude")
+            )
         else:
             schedule = Interval(item.spec.pop("interval"))
     except ScheduleError as exc:
         item.problem = f"{exc.field}: {exc.message}"
         return
-    item.spec["run_at"] = next_fire_time(schedule, now)
+    schedule = with_window(schedule, item.spec.pop("not_before", None), None)
+    run_at = next_fire_time(schedule, now)
+    expires = item.spec.pop("expires_at", None)
+    if run_at is None or (expires is not None and run_at > expires):
+        item.problem = "a one-off task whose time is past its expiry: it would never run"
+        return
+    item.spec["run_at"] = run_at
     item.notes.append(f"one_off: runs once at {item.spec['run_at']:%Y-%m-%d %H:%M:%S %Z}")
 
 
@@ -304,6 +434,8 @@ def import_candidates(
         for item in candidates:
             if item.notes:
                 report.notes[item.name] = item.notes
+            if item.ignored:
+                report.ignored[item.name] = item.ignored
             if item.problem:
                 report.unmapped[item.name] = item.problem
                 continue
@@ -326,11 +458,14 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
             return
         merged = {f: getattr(existing, f) for f in JOB_FIELDS}
         merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
+        merged.update(solar_event="", latitude=None, longitude=None, cron_day_or=True)
+        merged.update(not_before=None, expires_at=None, message_options={})
         merged.update(item.spec)
         cleaned = validate_job(merged)
         changes = {f: v for f, v in cleaned.items() if getattr(existing, f) != v}
-        if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
-            changes.update({f: cleaned[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+        schedule_fields = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")
+        if any(f in changes for f in schedule_fields):
+            changes.update({f: cleaned[f] for f in schedule_fields})
         if not changes:
             report.unchanged.append(item.name)
             return

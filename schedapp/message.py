@@ -69,11 +69,14 @@ class ScheduleRef:
     timezone: str = "UTC"
     interval: timedelta | None = None
     anchor: datetime | None = None  # an interval's phase
+    day_or: bool = True  # a cron's day rule: False is Celery's (both day fields must match)
 
     def encode(self) -> str:
         if self.interval is not None:
             anchor = self.anchor.isoformat() if self.anchor else None
             return json.dumps({"interval": self.interval.total_seconds(), "anchor": anchor})
+        if not self.day_or:
+            return json.dumps({"cron": self.cron, "tz": self.timezone, "and": True})
         return json.dumps({"cron": self.cron, "tz": self.timezone})
 
     @classmethod
@@ -88,7 +91,7 @@ class ScheduleRef:
                     interval=timedelta(seconds=float(data["interval"])),
                     anchor=datetime.fromisoformat(anchor) if anchor else None,
                 )
-            return cls(cron=str(data["cron"]), timezone=str(data["tz"]))
+            return cls(cron=str(data["cron"]), timezone=str(data["tz"]), day_or=not data.get("and"))
         except (ValueError, TypeError, KeyError):
             return None
 

@@ -19,7 +19,7 @@ from django.db.models import Q
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
 from .policies import MISFIRE_POLICIES
-from .schedules import Interval, Once, Schedule, parse_cron
+from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
 
 
 def _default_timezone() -> str:
@@ -110,6 +110,36 @@ class Job(models.Model):
         "(default: its first occurrence), so extra runs never shift them.",
     )
 
+    # Both day fields of a cron restricted: True fires on a day matching either (cron's rule),
+    # False only on a day matching both (Celery's crontab; everything imported from Celery).
+    cron_day_or = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="When both day fields are restricted: fire on days matching either "
+        "(cron) rather than both (Celery's crontab).",
+    )
+    # Solar: Celery's solar(event, latitude, longitude), one of the four schedule kinds.
+    solar_event = models.CharField(max_length=32, blank=True, default="", db_default="")
+    latitude = models.FloatField(null=True, blank=True)
+    longitude = models.FloatField(null=True, blank=True)
+    # django-celery-beat's start_time and expires, for any recurring schedule.
+    not_before = models.DateTimeField(
+        null=True, blank=True, help_text="Never fires before this instant."
+    )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="No occurrence after this instant: the job finishes."
+    )
+    # What apply_async's options would say for this job's messages, over the task's own:
+    # queue, routing_key, exchange, priority (message priority, not the claim priority),
+    # expires (seconds), headers.
+    message_options = models.JSONField(
+        default=dict,
+        blank=True,
+        db_default=models.Value({}, output_field=models.JSONField()),
+        help_text="Celery message options: queue, routing_key, exchange, priority, expires, "
+        "headers.",
+    )
+
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.SCHEDULED)
     priority = models.SmallIntegerField(
         default=MIN_PRIORITY,
@@ -182,11 +212,17 @@ class Job(models.Model):
             models.CheckConstraint(
                 name="schedapp_job_one_schedule",
                 condition=(
-                    Q(run_at__isnull=False, cron="", interval__isnull=True)
-                    | (Q(run_at__isnull=True, interval__isnull=True) & ~Q(cron=""))
-                    | Q(run_at__isnull=True, cron="", interval__isnull=False)
+                    Q(run_at__isnull=False, cron="", interval__isnull=True, solar_event="")
+                    | (Q(run_at__isnull=True, interval__isnull=True, solar_event="") & ~Q(cron=""))
+                    | Q(run_at__isnull=True, cron="", interval__isnull=False, solar_event="")
+                    | (
+                        Q(run_at__isnull=True, cron="", interval__isnull=True)
+                        & ~Q(solar_event="")
+                        & Q(latitude__isnull=False, longitude__isnull=False)
+                    )
                 ),
-                violation_error_message="A job needs exactly one of run_at, cron or interval.",
+                violation_error_message="A job needs exactly one of run_at, cron, interval "
+                "or solar_event (with latitude and longitude).",
             ),
             models.CheckConstraint(
                 name="schedapp_job_schedulable_has_next",
@@ -221,6 +257,8 @@ class Job(models.Model):
     def schedule_kind(self) -> str:
         if self.run_at is not None:
             return "once"
+        if self.solar_event:
+            return "solar"
         return "cron" if self.cron else "interval"
 
     @property
@@ -229,16 +267,23 @@ class Job(models.Model):
 
 
 def schedule_of(fields: Mapping[str, Any]) -> Schedule:
-    """The schedule of a job's stored fields (a model's ``__dict__``, a row read as a dict)."""
+    """The schedule of a job's stored fields (a model's ``__dict__``, a row read as a dict):
+    its kind, Celery's day rule for a cron, and its [not_before, expires_at] window."""
     run_at = fields.get("run_at")
     if run_at is not None:
         return Once(run_at.astimezone(UTC))
+    schedule: Schedule
     if fields.get("cron"):
-        return parse_cron(fields["cron"], fields["timezone"])  # cached
-    interval = fields.get("interval")
-    if interval is None:
-        raise ValueError("a job needs one schedule: run_at, cron or interval")
-    return Interval(interval, fields.get("interval_anchor"))
+        day_or = fields.get("cron_day_or", True)
+        schedule = parse_cron(fields["cron"], fields["timezone"], day_or=day_or)  # cached
+    elif fields.get("solar_event"):
+        schedule = Solar(fields["solar_event"], fields["latitude"], fields["longitude"])
+    else:
+        interval = fields.get("interval")
+        if interval is None:
+            raise ValueError("a job needs one schedule: run_at, cron, interval or solar")
+        schedule = Interval(interval, fields.get("interval_anchor"))
+    return with_window(schedule, fields.get("not_before"), fields.get("expires_at"))
 
 
 class RunStatus(models.TextChoices):

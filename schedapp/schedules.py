@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -88,6 +88,9 @@ class Cron:
     # Both day fields restricted: True fires on either (croniter, Vixie cron), False only on
     # days matching both (Celery's crontab: day_of_week=0, day_of_month="1-7" = first Sunday).
     day_or: bool = True
+    # django-celery-beat's start_time/expires: no occurrence before / after these instants.
+    not_before: datetime | None = None
+    expires: datetime | None = None
 
     @property
     def tz(self) -> ZoneInfo:
@@ -100,6 +103,8 @@ class Interval:
     # Any one occurrence: occurrences fall at anchor + k * every, so an extra run (run now) or
     # a retry never moves them. Without one, the next occurrence is counted from the previous.
     anchor: datetime | None = None
+    not_before: datetime | None = None
+    expires: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,12 @@ class Solar:
     event: str
     latitude: float
     longitude: float
+    not_before: datetime | None = None
+    expires: datetime | None = None
 
 
 Schedule = Cron | Interval | Once | Solar
+Recurring = Cron | Interval | Solar
 
 
 @lru_cache(maxsize=1024)
@@ -273,11 +281,42 @@ def _degrees(value: object, field: str, limit: int) -> float:
     return degrees
 
 
+def with_window(
+    schedule: Schedule, not_before: datetime | None, expires: datetime | None
+) -> Schedule:
+    """``schedule`` limited to occurrences in [not_before, expires] (a one-off unchanged).
+
+    django-celery-beat's ``start_time`` and ``expires``: a job never fires before the one and
+    stops after the other. An interval without an anchor starts at ``not_before``.
+    """
+    if isinstance(schedule, Once) or (not_before is None and expires is None):
+        return schedule
+    start = not_before.astimezone(UTC) if not_before is not None else None
+    end = expires.astimezone(UTC) if expires is not None else None
+    if isinstance(schedule, Interval) and schedule.anchor is None and start is not None:
+        return replace(schedule, anchor=start, not_before=start, expires=end)
+    return replace(schedule, not_before=start, expires=end)
+
+
 def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
     """The first occurrence strictly after ``after`` (aware, UTC), or None if there is none."""
     after = after.astimezone(UTC)  # arithmetic on a zone's datetime is wall-clock arithmetic
     if isinstance(schedule, Once):
         return schedule.at if schedule.at > after else None
+    start = schedule.not_before
+    if start is not None and after < start:
+        if isinstance(schedule, Interval) and schedule.anchor is None:
+            nxt: datetime | None = start
+        else:
+            nxt = _next_unbounded(schedule, start - _EPSILON)
+    else:
+        nxt = _next_unbounded(schedule, after)
+    if nxt is not None and schedule.expires is not None and nxt > schedule.expires:
+        return None
+    return nxt
+
+
+def _next_unbounded(schedule: Recurring, after: datetime) -> datetime | None:
     if isinstance(schedule, Interval):
         if schedule.anchor is None:
             return (after + schedule.every).astimezone(UTC)
@@ -289,11 +328,13 @@ def next_fire_time(schedule: Schedule, after: datetime) -> datetime | None:
 
 
 def first_fire_time(schedule: Schedule, now: datetime) -> datetime:
-    """When a newly created job is first due. A one-off in the past is due now."""
+    """When a newly created job is first due. A one-off in the past is due now; a schedule
+    whose ``expires`` leaves no occurrence after ``now`` raises ScheduleError."""
     if isinstance(schedule, Once):
         return schedule.at
     nxt = next_fire_time(schedule, now)
-    assert nxt is not None  # cron validated to fire; intervals always do
+    if nxt is None:  # cron validated to fire, intervals always do: only an expiry ends them
+        raise ScheduleError("expires_at", "has passed: the schedule has no occurrence left.")
     return nxt
 
 
@@ -321,10 +362,16 @@ def count_fire_times(schedule: Schedule, start: datetime, end: datetime) -> int:
     each year of the zone the first time it is used), solar events one per day at most.
     """
     start, end = start.astimezone(UTC), end.astimezone(UTC)
-    if end < start:
-        return 0
     if isinstance(schedule, Once):
         return int(start <= schedule.at <= end)
+    if schedule.not_before is not None and start < schedule.not_before:
+        start = schedule.not_before
+        if isinstance(schedule, Interval) and schedule.anchor is None:
+            schedule = replace(schedule, anchor=start)
+    if schedule.expires is not None:
+        end = min(end, schedule.expires)
+    if end < start:
+        return 0
     if isinstance(schedule, Interval):
         if schedule.anchor is None:  # occurrences are start + k*every when start is one
             return 1 + int((end - start) / schedule.every)
@@ -347,10 +394,16 @@ def recent_fire_times(
     enumerating a window of about ``count`` days before ``until``, doubled until it holds them.
     """
     until, since = until.astimezone(UTC), since.astimezone(UTC)
+    if isinstance(schedule, Once):
+        return [schedule.at] if since <= schedule.at <= until and count > 0 else []
+    if schedule.not_before is not None and since < schedule.not_before:
+        since = schedule.not_before
+        if isinstance(schedule, Interval) and schedule.anchor is None:
+            schedule = replace(schedule, anchor=since)
+    if schedule.expires is not None:
+        until = min(until, schedule.expires)
     if until < since or count <= 0:
         return []
-    if isinstance(schedule, Once):
-        return [schedule.at] if since <= schedule.at <= until else []
     if isinstance(schedule, Interval):
         every, base = schedule.every, schedule.anchor
         if base is None:  # ``since`` is an occurrence

@@ -1,14 +1,10 @@
-"""Celery tasks schedapp runs on itself.
-
-Prune run history every night with a job of its own::
-
-    api.schedule("schedapp.prune_runs", cron="0 3 * * *", name="schedapp-prune",
-                 kwargs={"older_than_seconds": 30 * 86400})
-"""
+"""Celery tasks schedapp runs on itself: housekeeping, declared by default as the jobs
+``schedapp-prune-runs`` and ``schedapp-cleanup-results`` (``SCHEDAPP_HOUSEKEEPING``)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
 
@@ -32,3 +28,71 @@ def prune_runs(
         pause=pause,
     )
     return {"deleted": result.deleted, "batches": result.batches, "cutoff": result.cutoff}
+
+
+HOUSEKEEPING_TASKS = ("schedapp.prune_runs", "schedapp.cleanup_results")
+
+
+@shared_task(name="schedapp.cleanup_results")
+def cleanup_results(older_than_seconds: float | None = None, batch_size: int = 5_000) -> int:
+    """Delete django-celery-results' task results older than ``older_than_seconds`` (None:
+    Celery's ``result_expires``), in short batches; what ``celery.backend_cleanup`` does,
+    without Celery's internal task (the default allowlist denies ``celery.*``)."""
+    from django.apps import apps
+    from django.db import transaction
+
+    from .db import db_now
+    from .validation import celery_app
+
+    if not apps.is_installed("django_celery_results"):
+        return 0
+    from django_celery_results.models import TaskResult
+
+    if older_than_seconds is None:
+        expires = celery_app().conf.result_expires
+        if not expires:
+            return 0
+        age = expires if isinstance(expires, timedelta) else timedelta(seconds=expires)
+    else:
+        age = timedelta(seconds=older_than_seconds)
+    cutoff = db_now() - age
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                TaskResult.objects.filter(date_done__lt=cutoff).values_list("id", flat=True)[
+                    :batch_size
+                ]
+            )
+            if not ids:
+                return deleted
+            deleted += TaskResult.objects.filter(id__in=ids).delete()[0]
+
+
+def housekeeping_declarations() -> dict[str, dict[str, Any]]:
+    """The housekeeping jobs as declarations (empty with ``SCHEDAPP_HOUSEKEEPING = False``)."""
+    from .conf import get_settings
+
+    s = get_settings()
+    if not s.HOUSEKEEPING:
+        return {}
+    results: dict[str, Any] = {}
+    if s.RESULT_RETENTION is not None:
+        keep = s.RESULT_RETENTION
+        results["older_than_seconds"] = (
+            keep.total_seconds() if isinstance(keep, timedelta) else float(keep)
+        )
+    return {
+        "schedapp-prune-runs": {
+            "task": "schedapp.prune_runs",
+            "cron": s.HOUSEKEEPING_CRON,
+            "timezone": "UTC",
+            "kwargs": {"older_than_seconds": s.RUN_RETENTION.total_seconds()},
+        },
+        "schedapp-cleanup-results": {
+            "task": "schedapp.cleanup_results",
+            "cron": s.HOUSEKEEPING_CRON,
+            "timezone": "UTC",
+            "kwargs": results,
+        },
+    }

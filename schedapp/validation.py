@@ -27,6 +27,7 @@ from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
+from .message import RUN_HEADERS
 from .models import MAX_PRIORITY, MIN_PRIORITY, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
@@ -37,12 +38,23 @@ from .schedules import (
     parse_cron,
     parse_interval,
     parse_run_at,
+    parse_solar,
     parse_timezone,
+    with_window,
 )
 
 MAX_INT = 2**31 - 1
 NAME_MAX = 200
-SCHEDULE_FIELDS = ("run_at", "cron", "interval")
+SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
+# The fields of one schedule kind beyond its main one, and of any recurring schedule.
+SCHEDULE_DETAIL_FIELDS = ("cron_day_or", "latitude", "longitude", "not_before", "expires_at")
+# Per-job Celery message options, as apply_async takes them (over the task's own options).
+MESSAGE_OPTIONS = ("queue", "routing_key", "exchange", "priority", "expires", "headers")
+# Headers a job may not set: the protocol's own and schedapp's fencing headers.
+RESERVED_HEADERS = frozenset(
+    "lang task id shadow eta expires group group_index retries timelimit root_id parent_id "
+    "argsrepr kwargsrepr origin ignore_result replaced_task_nesting stamped_headers stamps".split()
+) | frozenset(RUN_HEADERS)
 # Fields a job accepts, beyond task/args/kwargs/schedule: ``schedule(**policy)`` takes these.
 POLICY_FIELDS = (
     "retry_backoff",
@@ -59,6 +71,9 @@ JOB_FIELDS = (
     "cron",
     "interval",
     "interval_anchor",
+    "solar_event",
+    *SCHEDULE_DETAIL_FIELDS,
+    "message_options",
     "timezone",
     "name",
     "priority",
@@ -124,6 +139,13 @@ def job_defaults() -> dict[str, Any]:
         "run_at": None,
         "cron": None,
         "interval": None,
+        "solar_event": None,
+        "cron_day_or": True,
+        "latitude": None,
+        "longitude": None,
+        "not_before": None,
+        "expires_at": None,
+        "message_options": {},
         "timezone": django_settings.TIME_ZONE or "UTC",
         "name": None,
         "priority": 0,
@@ -184,7 +206,10 @@ def task_not_allowed(name: str) -> str | None:
     """Why the allowlist refuses this task, or None. Checked when a job is written, and again
     whenever it is about to run (the allowlist may have changed since)."""
     settings = get_settings()
-    return _allowlist_problem(name, settings.ALLOWED_TASKS, settings.DENIED_TASKS)
+    allowed = settings.ALLOWED_TASKS
+    if settings.HOUSEKEEPING:  # schedapp's own housekeeping, unless denied explicitly
+        allowed = (*allowed, "schedapp.prune_runs", "schedapp.cleanup_results")
+    return _allowlist_problem(name, allowed, settings.DENIED_TASKS)
 
 
 @lru_cache(maxsize=4096)
@@ -264,6 +289,7 @@ class JobValidator:
         self._crons: dict[Any, Cron | ScheduleError] = {}
         self._intervals: dict[Any, Interval | ScheduleError] = {}
         self._run_ats: dict[datetime, Once | ScheduleError] = {}
+        self._message_options: dict[str, tuple[dict[str, Any], str | None]] = {}
         self._options: dict[Any, Options] = {}
         self._last_options: tuple[tuple[Any, ...], Options] | None = None
 
@@ -288,6 +314,7 @@ class JobValidator:
         self._check_task(values.get("task"), checked)
         self._check_payload(values, checked)
         self._check_schedule(values, checked)
+        self._check_message_options(values.get("message_options"), checked)
         _check_name(values.get("name"), checked)
         self._check_options(values, checked)
         return checked
@@ -390,6 +417,7 @@ class JobValidator:
         else:
             out["timezone"] = timezone
         run_at, cron, interval = values.get("run_at"), values.get("cron"), values.get("interval")
+        solar_event = values.get("solar_event")
         given = []
         if run_at is not None and (type(run_at) in _NEVER_EMPTY or run_at != ""):
             given.append("run_at")
@@ -397,15 +425,39 @@ class JobValidator:
             given.append("cron")
         if interval is not None and (type(interval) in _NEVER_EMPTY or interval != ""):
             given.append("interval")
+        if solar_event is not None and solar_event != "":
+            given.append("solar_event")
         if len(given) != 1:
-            message = "needs exactly one schedule: run_at (one-off), cron or interval" + (
-                f"; got {', '.join(given)}." if given else "; got none."
+            message = "needs exactly one schedule: run_at (one-off), cron, interval or " + (
+                f"solar_event; got {', '.join(given)}." if given else "solar_event; got none."
             )
             for field in given or ["run_at", "cron", "interval"]:
                 _add(errors, field, message)
             return
-        out.update(run_at=None, cron="", interval=None, interval_anchor=None)
+        out.update(
+            run_at=None,
+            cron="",
+            interval=None,
+            interval_anchor=None,
+            solar_event="",
+            latitude=None,
+            longitude=None,
+            cron_day_or=True,
+            not_before=None,
+            expires_at=None,
+        )
         kind = given[0]
+        day_or = values.get("cron_day_or", True)
+        if day_or is None:
+            day_or = True
+        if not isinstance(day_or, bool):
+            _add(errors, "cron_day_or", f"must be True or False, got {_kind(day_or)}.")
+            day_or = True
+        out["cron_day_or"] = day_or
+        if kind != "solar_event":
+            for field in ("latitude", "longitude"):
+                if values.get(field) is not None:
+                    _add(errors, field, "only a solar schedule (solar_event) has a place.")
         anchor = values.get("interval_anchor")
         if anchor is not None and kind != "interval":
             _add(errors, "interval_anchor", "only an interval schedule has an anchor.")
@@ -415,8 +467,15 @@ class JobValidator:
             schedule = self._run_at(run_at)
         elif kind == "interval":
             schedule = self._interval(interval)
+        elif kind == "solar_event":
+            try:
+                schedule = parse_solar(solar_event, values.get("latitude"), values.get("longitude"))
+            except ScheduleError as exc:
+                schedule = ScheduleError(
+                    "solar_event" if exc.field == "event" else exc.field, exc.message
+                )
         else:  # with an invalid zone, still check the expression itself
-            schedule = self._cron(cron, timezone or "UTC")
+            schedule = self._cron(cron, timezone or "UTC", day_or)
         if isinstance(schedule, ScheduleError):
             _add(errors, schedule.field, schedule.message)
         elif isinstance(schedule, Once):
@@ -433,9 +492,15 @@ class JobValidator:
                     out["interval_anchor"] = at
                     schedule = Interval(schedule.every, at)
             checked.schedule = schedule
-        else:
+        elif isinstance(schedule, Cron):
             out["cron"] = schedule.expr
             checked.schedule = schedule
+        else:
+            out.update(
+                solar_event=schedule.event, latitude=schedule.latitude, longitude=schedule.longitude
+            )
+            checked.schedule = schedule
+        _check_window(values, checked)
 
     def _run_at(self, value: Any) -> Once | ScheduleError:
         # Equal aware datetimes are the same instant, hence the same Once; a naive one is
@@ -464,20 +529,41 @@ class JobValidator:
                 _remember(self._intervals, key, verdict)
         return verdict
 
-    def _cron(self, value: Any, timezone: str) -> Cron | ScheduleError:
+    def _cron(self, value: Any, timezone: str, day_or: bool = True) -> Cron | ScheduleError:
         cacheable = type(value) is str
-        key = (value, timezone)
+        key = (value, timezone, day_or)
         verdict = self._crons.get(key) if cacheable else None
         if verdict is None:
             try:
                 if isinstance(value, str) and len(value) > 200:
                     raise ScheduleError("cron", "must be at most 200 characters.")
-                verdict = parse_cron(value, timezone)
+                verdict = parse_cron(value, timezone, day_or=day_or)
             except ScheduleError as exc:
                 verdict = exc
             if cacheable:
                 _remember(self._crons, key, verdict)
         return verdict
+
+    # --- message options ---------------------------------------------------------------------
+
+    def _check_message_options(self, value: Any, checked: Checked) -> None:
+        if value is None or (type(value) is dict and not value):
+            checked.values["message_options"] = {}
+            return
+        if not isinstance(value, dict):
+            _add(checked.errors, "message_options", f"must be a mapping, got {_kind(value)}.")
+            return
+        problem = _json_problem(value, "message_options", 0, 4)
+        if problem is None:
+            key = _encode_json(value)
+            verdict = self._message_options.get(key)
+            if verdict is None:
+                verdict = _remember(self._message_options, key, _message_options_verdict(value))
+            cleaned, problem = verdict
+        if problem:
+            _add(checked.errors, "message_options", problem)
+        else:
+            checked.values["message_options"] = _plain(cleaned)
 
     # --- options -----------------------------------------------------------------------------
 
@@ -549,6 +635,70 @@ def _check_name(name: Any, checked: Checked) -> None:
         _add(checked.errors, "name", "contains a lone surrogate, which is not valid Unicode.")
     else:
         checked.values["name"] = name
+
+
+def _check_window(values: Mapping[str, Any], checked: Checked) -> None:
+    """``not_before`` and ``expires_at``: aware instants, in order, on a recurring schedule
+    (django-celery-beat's ``start_time`` and ``expires``)."""
+    bounds: dict[str, datetime] = {}
+    for field in ("not_before", "expires_at"):
+        value = values.get(field)
+        if value is None:
+            continue
+        try:
+            bounds[field] = parse_run_at(value, field=field).at
+        except ScheduleError as exc:
+            _add(checked.errors, exc.field, exc.message)
+    if not bounds:
+        return
+    schedule = checked.schedule
+    if schedule is None:
+        return
+    if isinstance(schedule, Once):
+        for field in bounds:
+            _add(checked.errors, field, "only a recurring schedule has a start or an expiry.")
+        return
+    start, end = bounds.get("not_before"), bounds.get("expires_at")
+    if start is not None and end is not None and end <= start:
+        _add(checked.errors, "expires_at", "must be later than not_before.")
+        return
+    checked.values.update(bounds)
+    checked.schedule = with_window(schedule, start, end)
+
+
+def _message_options_verdict(value: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(the options to store, what is wrong): the apply_async options a job may set."""
+    unknown = sorted(set(value) - set(MESSAGE_OPTIONS))
+    if unknown:
+        return {}, f"unknown option(s) {unknown}; known: {', '.join(MESSAGE_OPTIONS)}."
+    for field in ("queue", "routing_key", "exchange"):
+        name = value.get(field)
+        if name is not None and (
+            not isinstance(name, str) or len(name) > 200 or _CONTROL.search(name)
+        ):
+            return {}, f"{field} must be a name without control characters (at most 200)."
+        if field == "queue" and name is not None and (not name or " " in name):
+            return {}, "queue must be a queue name without spaces."
+    priority = value.get("priority")
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255
+    ):
+        return {}, "priority (the message's) must be a whole number from 0 to 255."
+    expires = value.get("expires")
+    if expires is not None and (
+        isinstance(expires, bool)
+        or not isinstance(expires, int | float)
+        or not 0 < expires <= 366 * 86400
+    ):
+        return {}, "expires must be a number of seconds, more than 0 and at most a year."
+    headers = value.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict):
+            return {}, f"headers must be a mapping, got {_kind(headers)}."
+        reserved = sorted(k for k in headers if k in RESERVED_HEADERS)
+        if reserved:
+            return {}, f"headers may not set {reserved}: Celery's and schedapp's own."
+    return {k: v for k, v in value.items() if v is not None}, None
 
 
 def _options_verdict(given: tuple[Any, ...]) -> Options:

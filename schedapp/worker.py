@@ -423,9 +423,7 @@ class CompletionWriter:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._done = threading.Condition()
-        self._thread = threading.Thread(
-            target=self._run, name="schedapp-completions", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="schedapp-completions", daemon=True)
         self._thread.start()
 
     def submit(self, item: Any) -> None:

@@ -74,7 +74,7 @@ def test_a_changed_declaration_updates_the_job_and_only_a_new_schedule_moves_nex
         report = declared.sync_declared_jobs()
     assert report.updated == {
         "nightly": ["kwargs"],
-        "every-minute": ["cron", "interval", "priority", "run_at", "timezone"],
+        "every-minute": ["cron", "interval", "priority", "run_at", "solar_event", "timezone"],
     }
     after = snapshot()
     assert Job.objects.get(name="nightly").kwargs == {"label": "v2"}

@@ -17,21 +17,31 @@ from schedapp.dispatch import Dispatcher, _redis_channel
 pytestmark = pytest.mark.usefixtures("broker_url")
 
 
-def claimed(job_id: int = 7, token: int = 3, queue: str = "") -> ClaimedRun:
+def claimed(
+    job_id: int = 7,
+    token: int = 3,
+    queue: str = "",
+    task: str = "project.tasks.record",
+    message_options: str = "{}",
+) -> ClaimedRun:
     return ClaimedRun(
         run_id=11,
         job_id=job_id,
         token=token,
         name="a job",
-        task="project.tasks.record",
-        args_json='[1, "two"]',
+        task=task,
+        args_json='[1, "two"]' if task == "project.tasks.record" else "[]",
         kwargs_json='{"label": "x\\u00e9"}',
         queue=queue,
         scheduled_for=datetime(2030, 1, 1, 12, tzinfo=UTC),
         due_at=datetime(2030, 1, 1, 12, tzinfo=UTC),
         attempt=1,
         lease_seconds=30,
+        message_options=message_options,
     )
+
+
+SEP = "\x06\x16"  # kombu's Redis priority lists: "<queue><sep><step>"
 
 
 def stored(queue: str = "celery") -> list[dict]:
@@ -96,3 +106,100 @@ def test_publishing_to_an_unreachable_broker_reports_every_run_failed(monkeypatc
     assert result.published == []
     assert [r.job_id for r in result.failed] == [1, 2]
     assert result.error is not None
+
+
+PER_MESSAGE = ("id", "root_id", "argsrepr", "kwargsrepr", "origin", "expires")
+
+
+def test_a_tasks_own_options_are_published_as_apply_async_publishes_them():
+    """@shared_task(queue="slowq", priority=7, expires=30, time_limit=60, ...) with a job that
+    leaves queue empty: published to "celery" with no priority nor expiry before."""
+    Dispatcher(app, origin="test").publish([claimed(task="project.tasks.routed")])
+    app.tasks["project.tasks.routed"].apply_async(kwargs={"label": "x\u00e9"})
+    assert stored("celery") == [] and stored("slowq") == []  # priority 7: its own list
+    celerys, ours = stored(f"slowq{SEP}6")
+    assert ours["headers"]["timelimit"] == celerys["headers"]["timelimit"] == [60, 50]
+    assert ours["headers"]["expires"] and celerys["headers"]["expires"]
+    for key in PER_MESSAGE:
+        celerys["headers"].pop(key), ours["headers"].pop(key)
+    assert {k: v for k, v in ours["headers"].items() if not k.startswith("schedapp")} == (
+        celerys["headers"]
+    )
+    for message in (ours, celerys):
+        for key in ("correlation_id", "delivery_tag", "reply_to"):  # reply_to: a caller oid
+            message["properties"].pop(key)
+    assert ours["properties"] == celerys["properties"]
+    assert ours["properties"]["priority"] == 7 and ours["properties"]["expiration"] == "30000"
+
+
+def test_a_jobs_message_options_override_the_tasks_own():
+    options = json.dumps({"queue": "reports", "priority": 3, "headers": {"team": "ops"}})
+    Dispatcher(app).publish([claimed(task="project.tasks.routed", message_options=options)])
+    (message,) = stored(f"reports{SEP}3")
+    assert message["headers"]["team"] == "ops"
+    assert message["properties"]["priority"] == 3
+    assert message["properties"]["delivery_info"]["routing_key"] == "reports"
+    assert message["headers"]["timelimit"] == [60, 50]  # the task's own, not overridden
+
+
+def test_publish_signals_fire_for_every_dispatch_and_receivers_headers_are_sent():
+    from celery.signals import after_task_publish, before_task_publish
+
+    after: list[str] = []
+
+    def add_trace(headers=None, **kwargs):
+        headers["trace_id"] = f"t-{headers['id']}"
+
+    def sent(headers=None, **kwargs):
+        after.append(headers["id"])
+
+    before_task_publish.connect(add_trace, weak=False)
+    after_task_publish.connect(sent, weak=False)
+    try:
+        Dispatcher(app).publish([claimed(1, 1), claimed(2, 1)])
+    finally:
+        before_task_publish.disconnect(add_trace)
+        after_task_publish.disconnect(sent)
+    assert sorted(m["headers"]["trace_id"] for m in stored()) == [
+        "t-schedapp:1:1",
+        "t-schedapp:2:1",
+    ]
+    assert sorted(after) == ["schedapp:1:1", "schedapp:2:1"]
+
+
+def test_a_kombu_whose_redis_internals_changed_gets_the_public_publish_path(monkeypatch):
+    from kombu.transport.redis import Channel
+
+    original = Channel.prepare_message
+
+    def changed(self, *args, **kwargs):  # a kombu that stores one more field
+        message = original(self, *args, **kwargs)
+        message["new-field"] = 1
+        return message
+
+    monkeypatch.setattr(Channel, "prepare_message", changed)
+    dispatcher = Dispatcher(app)
+    calls = []
+    monkeypatch.setattr(dispatcher, "_publish_redis", lambda *a: calls.append(a))
+    result = dispatcher.publish([claimed(1, 1)])
+    assert result.error is None and len(result.published) == 1
+    assert calls == [] and dispatcher._fast_ok is False
+    (message,) = stored()
+    assert message["new-field"] == 1  # kombu itself wrote it
+
+
+def test_a_kombu_without_a_helper_the_fast_path_uses_gets_the_public_path(monkeypatch):
+    from schedapp import dispatch
+
+    # a kombu that renamed one of them (deleting one would break kombu's own path too)
+    monkeypatch.setattr(dispatch, "REDIS_INTERNALS", (*dispatch.REDIS_INTERNALS, "_renamed"))
+    dispatcher = Dispatcher(app)
+    result = dispatcher.publish([claimed(1, 1)])
+    assert result.error is None and dispatcher._fast_ok is False
+    assert len(stored()) == 1
+
+
+def test_the_current_kombu_gets_the_fast_path():
+    dispatcher = Dispatcher(app)
+    assert dispatcher.publish([claimed(1, 1)]).error is None
+    assert dispatcher._fast_ok is True

@@ -32,8 +32,7 @@ BEAT_SCHEDULE = {
     "every-ten-seconds": {"task": "project.tasks.noop", "schedule": 10.0},
     "every-five-minutes": {"task": "project.tasks.noop", "schedule": timedelta(minutes=5)},
     "schedule-object": {"task": "project.tasks.noop", "schedule": schedule(run_every=90)},
-    # (solar() needs the ephem package to be built; the importer only looks at its type)
-    "at-dawn": {"task": "project.tasks.noop", "schedule": solar.__new__(solar)},
+    "at-dawn": {"task": "project.tasks.noop", "schedule": solar("dawn_civil", 48.85, 2.35)},
     "no-task": {"schedule": 60},
     "unknown-task": {"task": "project.tasks.missing", "schedule": 60},
 }
@@ -64,14 +63,16 @@ def test_import_from_celery_beat_schedule_maps_crontab_timedelta_and_numbers():
         "every-ten-seconds",
         "every-five-minutes",
         "schedule-object",
+        "at-dawn",
     }
     report = jobs["weekday-report"]
-    assert (report.cron, report.args, report.queue, report.priority) == (
+    assert (report.cron, report.args, report.cron_day_or, report.message_options) == (
         "0 7 * * mon-fri",
         ["report"],
-        "reports",
-        5,
+        False,  # Celery's crontab
+        {"queue": "reports", "priority": 5, "expires": 30},  # as apply_async takes them
     )
+    assert report.priority == 0  # the claim priority is not the message's
     assert report.source == JobSource.IMPORTED and report.state == JobState.SCHEDULED
     assert report.next_run_at.astimezone(ZoneInfo(report.timezone)).hour == 7
     assert jobs["twice-hourly"].cron == "0,30 * * * *"
@@ -80,11 +81,10 @@ def test_import_from_celery_beat_schedule_maps_crontab_timedelta_and_numbers():
     assert jobs["every-five-minutes"].interval == timedelta(minutes=5)
     assert jobs["schedule-object"].interval == timedelta(seconds=90)
     # Reported: what could not be mapped, and why
-    assert "NOT MAPPED at-dawn: solar schedules" in err
+    assert (jobs["at-dawn"].solar_event, jobs["at-dawn"].latitude) == ("dawn_civil", 48.85)
     assert "NOT MAPPED no-task: an entry needs a 'task'" in err
     assert "INVALID unknown-task: task: task 'project.tasks.missing' is not registered" in err
-    assert "note weekday-report: options ignored: expires" in out
-    assert "5 created, 0 updated, 0 skipped, 2 not mapped, 1 invalid" in out
+    assert "6 created, 0 updated, 0 skipped, 1 not mapped, 1 invalid" in out
 
 
 def test_crontab_jobs_take_the_celery_app_time_zone():
@@ -101,7 +101,7 @@ def test_import_is_idempotent_by_name_and_update_follows_changes():
         run()
         before = {j.name: (j.pk, j.next_run_at) for j in Job.objects.all()}
         out, _ = run()
-    assert "0 created, 0 updated, 5 skipped" in out
+    assert "0 created, 0 updated, 6 skipped" in out
     assert {j.name: (j.pk, j.next_run_at) for j in Job.objects.all()} == before
 
     changed = {**BEAT_SCHEDULE, "every-ten-seconds": {"task": "project.tasks.noop", "schedule": 20}}
@@ -184,15 +184,17 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
         "dcb-disabled",
         "dcb-clocked",
         "dcb-one-off-cron",
+        "dcb-solar",
     }
     cron = jobs["dcb-cron"]
-    assert (cron.cron, cron.timezone, cron.kwargs, cron.queue, cron.priority) == (
+    assert (cron.cron, cron.timezone, cron.kwargs, cron.queue, cron.message_options) == (
         "15 2 * * 1-5",
         "Europe/Paris",
         {"label": "cron"},
         "reports",
-        3,
+        {"priority": 3},  # django-celery-beat's priority is the message's
     )
+    assert cron.cron_day_or is False
     assert cron.source == JobSource.IMPORTED
     local = cron.next_run_at.astimezone(ZoneInfo("Europe/Paris"))
     assert (local.hour, local.minute) == (2, 15) and local.isoweekday() <= 5
@@ -204,14 +206,14 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
     one_off = jobs["dcb-one-off-cron"]
     assert one_off.run_at is not None and one_off.cron == ""
     assert one_off.run_at.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M") == "02:15"
-    assert "NOT MAPPED dcb-solar: solar schedules" in err
+    assert jobs["dcb-solar"].schedule_kind == "solar"
     assert "NOT MAPPED dcb-bad-json: kwargs is not valid JSON" in err
     assert "NOT MAPPED dcb-ran-once: a one-off task that already ran" in err
 
     # Idempotent: a second import changes nothing
     out, _ = run("--from-django-celery-beat")
-    assert "0 created, 0 updated, 5 skipped" in out
-    assert Job.objects.count() == 5
+    assert "0 created, 0 updated, 6 skipped" in out
+    assert Job.objects.count() == 6
 
 
 def test_both_sources_in_one_step(periodic_tasks):

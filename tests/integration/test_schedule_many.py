@@ -57,10 +57,12 @@ def test_one_bad_spec_in_a_late_chunk_rejects_the_lot(writer):
     errors = refused(specs(), chunk_size=100)
     assert errors == {
         "750.cron": [
-            "needs exactly one schedule: run_at (one-off), cron or interval; got run_at, cron."
+            "needs exactly one schedule: run_at (one-off), cron, interval or solar_event; "
+            "got run_at, cron."
         ],
         "750.run_at": [
-            "needs exactly one schedule: run_at (one-off), cron or interval; got run_at, cron."
+            "needs exactly one schedule: run_at (one-off), cron, interval or solar_event; "
+            "got run_at, cron."
         ],
     }
 

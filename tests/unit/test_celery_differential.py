@@ -15,10 +15,8 @@ the earlier of the two last ones are compared.
 
 Every instant in one list and not the other must be explained by one of the documented
 differences below (``DOCUMENTED``: a name, a one-line reason, an example that a test replays).
-Anything else fails the test. One known defect is marked ``xfail(strict=True)`` instead, so
-that the test shows it now and fails (XPASS) once it is fixed: a crontab restricting both
-``day_of_month`` and ``day_of_week``, where Celery requires both (AND) and an imported job's
-cron accepts either (OR) until the importer asks for ``day_or=False``.
+Anything else fails the test. A crontab restricting both ``day_of_month`` and ``day_of_week``
+(Celery requires both) is imported with ``cron_day_or=False`` and must agree exactly.
 
 One more documented difference cannot show in a run from a fresh start, so it has a test of its
 own: a restarted beat starts its interval countdowns again (``test_a_beat_restart...``).
@@ -38,7 +36,8 @@ import pytest
 from celery.schedules import crontab, schedule
 
 from schedapp import importer
-from schedapp.schedules import Cron, Interval, Schedule, fire_times, parse_cron, parse_interval
+from schedapp.models import schedule_of
+from schedapp.schedules import Cron, Schedule, fire_times, parse_cron, parse_interval
 from tests.celery_sim import beat_entry, celery_send_times
 from tests.data.celery_beat_entries import ENTRIES
 
@@ -93,14 +92,16 @@ def _celery_times(key: tuple[Any, ...], scenario: Scenario) -> tuple[datetime, .
     return tuple(celery_send_times(entry, scenario.zone, scenario.start, COUNT))
 
 
-def schedapp_schedule(entry: dict[str, Any], zone: str) -> Schedule:
+def schedapp_schedule(entry: dict[str, Any], zone: str, now: datetime) -> Schedule:
     """The schedule a job imported from ``entry`` gets, with ``zone`` as the Celery app's."""
-    item = importer.map_beat_entry(entry["name"], beat_entry(entry), zone)
+    item = importer.map_beat_entry(entry["name"], beat_entry(entry), zone, now)
     assert item.problem is None, f"not mapped: {item.problem}"
-    if "cron" in item.spec:  # validation stores the parsed expression; schedule_of reads it
-        stored = parse_cron(item.spec["cron"], item.spec["timezone"]).expr
-        return parse_cron(stored, item.spec["timezone"])
-    return Interval(parse_interval(item.spec["interval"]).every)
+    spec = dict(item.spec)
+    if "cron" in spec:  # validation stores the parsed expression; schedule_of reads it
+        spec["cron"] = parse_cron(spec["cron"], spec["timezone"]).expr
+    else:
+        spec["interval"] = parse_interval(spec["interval"]).every
+    return schedule_of(spec)
 
 
 @cache
@@ -136,7 +137,7 @@ class Comparison:
 @cache
 def compare(index: int, scenario: Scenario) -> Comparison:
     entry = ENTRIES[index]
-    schedule = schedapp_schedule(entry, scenario.zone)
+    schedule = schedapp_schedule(entry, scenario.zone, scenario.start)
     return Comparison(
         entry,
         scenario,
@@ -204,24 +205,6 @@ def _autumn_wildcard_hour_twice(c: Comparison) -> Explained:
     return set(), ours
 
 
-def _relative_interval_rounded(c: Comparison) -> Explained:
-    if not c.entry.get("relative") or not isinstance(c.schedule, Interval):
-        return set(), set()
-    every = c.schedule.every
-    if every >= timedelta(days=1):
-        fields = ("hour", "minute", "second", "microsecond")
-    elif every >= timedelta(hours=1):
-        fields = ("minute", "second", "microsecond")
-    elif every >= timedelta(minutes=1):
-        fields = ("second", "microsecond")
-    else:
-        return set(), set()  # Celery does not round intervals under a minute
-    celery = {t for t in c.celery_only if not any(getattr(t.astimezone(c.tz), f) for f in fields)}
-    start = c.scenario.start.astimezone(UTC)
-    ours = {t for t in c.schedapp_only if (t - start) % every == timedelta(0)}
-    return celery, ours
-
-
 DOCUMENTED = (
     Documented(
         "spring-gap-fixed-hour",
@@ -248,20 +231,6 @@ DOCUMENTED = (
             schedapp="2026-10-25T02:15:00+01:00",
         ),
         _autumn_wildcard_hour_twice,
-    ),
-    Documented(
-        "relative-interval-rounded",
-        "relative=True on an interval: Celery rounds each run down to the interval's unit "
-        "(minute, hour, local midnight); schedapp counts whole intervals from the start.",
-        Example(
-            timedelta(minutes=5),
-            "UTC",
-            "2026-01-15T10:17:03+00:00",
-            celery="2026-01-15T10:22:00+00:00",
-            schedapp="2026-01-15T10:22:03+00:00",
-            relative=True,
-        ),
-        _relative_interval_rounded,
     ),
 )
 
@@ -292,35 +261,11 @@ def _describe(c: Comparison, celery: set[datetime], ours: set[datetime]) -> str:
     )
 
 
-# --- known defects (xfail until fixed) -------------------------------------------------------
-
-
-def restricts_both_days(entry: dict[str, Any]) -> bool:
-    tab = entry["schedule"]
-    return (
-        isinstance(tab, crontab)
-        and str(tab._orig_day_of_month) != "*"
-        and str(tab._orig_day_of_week) != "*"
-    )
-
-
-AND_SEMANTICS = pytest.mark.xfail(
-    strict=True,
-    raises=UndocumentedDifferenceError,
-    reason="AND semantics pending: Celery requires both day_of_month and day_of_week, "
-    "schedapp's cron ORs them (parse_cron(day_or=False) under way, importer to pass it)",
-)
-
-
 def _cases() -> list[Any]:
-    cases = []
-    for index, entry in enumerate(ENTRIES):
-        marks = []
-        if restricts_both_days(entry):
-            marks.append(AND_SEMANTICS)
-        project = entry["source"].split(":")[0]
-        cases.append(pytest.param(index, id=f"{index:02d}-{project}-{entry['name']}", marks=marks))
-    return cases
+    return [
+        pytest.param(index, id=f"{index:02d}-{entry['source'].split(':')[0]}-{entry['name']}")
+        for index, entry in enumerate(ENTRIES)
+    ]
 
 
 # --- tests ----------------------------------------------------------------------------------
@@ -358,7 +303,7 @@ def test_documented_example_holds(documented: Documented) -> None:
     }
     start = datetime.fromisoformat(example.start)
     scenario = Scenario(example.zone, start.replace(tzinfo=None))
-    schedule = schedapp_schedule(entry, example.zone)
+    schedule = schedapp_schedule(entry, example.zone, start)
     c = Comparison(
         entry,
         scenario,
@@ -392,7 +337,7 @@ def test_a_beat_restart_restarts_celerys_interval_countdown_not_schedapps() -> N
     restart = before[-1] + timedelta(hours=3)
     after = celery_send_times(entry, "UTC", restart, 1)
     assert after == [restart + timedelta(hours=8)]  # 2026-01-16 13:17:03+00:00
-    schedule = schedapp_schedule(entry, "UTC")
+    schedule = schedapp_schedule(entry, "UTC", start)
     assert list(fire_times(schedule, before[-1], limit=1)) == [before[-1] + timedelta(hours=8)]
 
 
@@ -416,3 +361,23 @@ def test_the_collection_is_real_world_and_sourced() -> None:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+:\S+", entry["source"]), entry
         assert entry["name"] and entry["task"], entry
         assert isinstance(entry["schedule"], crontab | schedule | timedelta | int), entry
+
+
+@pytest.mark.parametrize(
+    ("every", "zone", "start"),
+    [
+        (timedelta(minutes=5), "UTC", "2026-01-15T10:17:03+00:00"),
+        (timedelta(minutes=90), "Europe/Paris", "2026-03-28T23:41:09+01:00"),
+        (timedelta(hours=2), "America/New_York", "2026-10-31T23:59:59-04:00"),
+        (timedelta(days=1), "Europe/Paris", "2026-10-24T13:00:00+02:00"),
+        (timedelta(seconds=45), "Asia/Kolkata", "2026-01-15T10:17:03+05:30"),
+    ],
+)
+def test_relative_interval_sends_when_celery_does(every: timedelta, zone: str, start: str) -> None:
+    """relative=True: runs rounded down to the interval's unit, as Celery rounds them (it was
+    a documented difference: schedapp counted whole intervals from the start)."""
+    entry = {"name": "relative", "task": "example", "schedule": every, "relative": True}
+    begin = datetime.fromisoformat(start)
+    schedule = schedapp_schedule(entry, zone, begin)
+    celery = celery_send_times(entry, zone, begin, 20)
+    assert list(fire_times(schedule, begin, limit=20)) == celery

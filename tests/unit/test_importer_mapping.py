@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery.schedules import crontab, schedule
 
@@ -25,11 +25,12 @@ def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options(
     assert item.spec == {
         "cron": "0 7 * * mon-fri",
         "timezone": "Europe/Paris",
+        "cron_day_or": False,  # Celery's crontab: both day fields must match
         "args": ["report"],
         "kwargs": {},
-        "queue": "reports",
+        "message_options": {"queue": "reports", "expires": 30},
     }
-    assert item.notes == ["options ignored: expires"]
+    assert item.notes == []
 
 
 def test_intervals_map_from_numbers_timedeltas_and_schedule_objects():
@@ -84,24 +85,68 @@ def test_a_subclass_that_keeps_celerys_timing_maps_like_its_base():
     assert item.spec["cron"] == "5 * * * *"
 
 
-def test_relative_is_noted_on_intervals_only_since_celery_ignores_it_on_a_crontab():
+NOW = datetime(2026, 1, 15, 10, 17, 3, tzinfo=UTC)
+
+
+def test_relative_anchors_intervals_at_celerys_boundary_and_is_ignored_on_a_crontab():
     every = importer.map_beat_entry(
-        "x", {"task": "t", "schedule": timedelta(minutes=5), "relative": True}, "UTC"
+        "x", {"task": "t", "schedule": timedelta(minutes=5), "relative": True}, "UTC", NOW
     )
     assert every.spec["interval"] == timedelta(minutes=5)
-    assert any(note.startswith("relative=True ignored") for note in every.notes)
+    assert every.spec["interval_anchor"] == datetime(2026, 1, 15, 10, 22, tzinfo=UTC)
     tab = importer.map_beat_entry(
-        "x", {"task": "t", "schedule": crontab(minute="*/20"), "relative": True}, "UTC"
+        "x", {"task": "t", "schedule": crontab(minute="*/20"), "relative": True}, "UTC", NOW
     )
-    assert tab.notes == []
+    assert tab.notes == [] and "interval_anchor" not in tab.spec
 
 
 def test_a_schedule_objects_own_relative_flag_is_the_one_celery_uses():
     own = importer.map_beat_entry(
-        "x", {"task": "t", "schedule": schedule(run_every=300, relative=True)}, "UTC"
+        "x", {"task": "t", "schedule": schedule(run_every=300, relative=True)}, "UTC", NOW
     )
-    assert any(note.startswith("relative=True ignored") for note in own.notes)
+    assert own.spec["interval_anchor"] == datetime(2026, 1, 15, 10, 22, tzinfo=UTC)
     entry_only = importer.map_beat_entry(
-        "x", {"task": "t", "schedule": schedule(run_every=300), "relative": True}, "UTC"
+        "x", {"task": "t", "schedule": schedule(run_every=300), "relative": True}, "UTC", NOW
     )
-    assert entry_only.notes == []  # beat keeps the object as it is: no rounding
+    assert "interval_anchor" not in entry_only.spec  # beat keeps the object: no rounding
+
+
+def test_first_sunday_of_the_month_keeps_celerys_and():
+    """Imported as an OR, day_of_week=0 with day_of_month=1-7 ran on every one of days 1-7
+    and on every Sunday: 45 extra runs out of 50."""
+    from schedapp.models import schedule_of
+    from schedapp.schedules import fire_times
+
+    item = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": crontab(0, 9, day_of_week=0, day_of_month="1-7")}, "UTC"
+    )
+    assert item.spec["cron_day_or"] is False
+    times = list(fire_times(schedule_of(item.spec), NOW, limit=12))
+    assert all(t.weekday() == 6 and t.day <= 7 for t in times)  # first Sundays only
+    assert len({(t.year, t.month) for t in times}) == 12
+
+
+def test_a_solar_entry_maps_to_a_solar_job():
+    from celery.schedules import solar
+
+    item = importer.map_beat_entry(
+        "x", {"task": "t", "schedule": solar("sunset", -37.81, 144.96)}, "UTC", NOW
+    )
+    assert item.problem is None
+    assert item.spec["solar_event"] == "sunset"
+    assert (item.spec["latitude"], item.spec["longitude"]) == (-37.81, 144.96)
+
+
+def test_a_custom_subclass_is_refused_with_a_clear_message_not_turned_into_an_interval():
+    class OffsettingSchedule(schedule):
+        def __init__(self, run_every, offset):
+            super().__init__(run_every=run_every)
+            self.offset = offset
+
+        def is_due(self, last_run_at):
+            return super().is_due(last_run_at)
+
+    value = OffsettingSchedule(timedelta(minutes=30), timedelta(minutes=15))
+    item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC", NOW)
+    assert item.problem is not None and "OffsettingSchedule" in item.problem
+    assert "refuses" in item.problem and not item.spec

@@ -35,11 +35,31 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Validate and report; write nothing."
         )
+        parser.add_argument(
+            "--beat-state",
+            metavar="PATH",
+            help="Celery beat's state file (celerybeat-schedule): intervals keep their phase "
+            "(next run one interval after the last one beat sent) instead of restarting now.",
+        )
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="Exit non-zero if any entry is not mapped, invalid, or has a setting that "
+            "cannot be carried over (the rest is still imported unless --dry-run).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         candidates: list[importer.Candidate] = []
         if options["from_settings"] or not options["from_django_celery_beat"]:
-            candidates += importer.from_beat_schedule(importer.beat_schedule_from_settings())
+            last_runs = None
+            if options["beat_state"]:
+                try:
+                    last_runs = importer.read_beat_state(options["beat_state"])
+                except Exception as exc:  # missing, not a shelve, another Celery's entries
+                    raise CommandError(f"cannot read {options['beat_state']}: {exc}") from exc
+            candidates += importer.from_beat_schedule(
+                importer.beat_schedule_from_settings(), last_runs=last_runs
+            )
         if options["from_django_celery_beat"]:
             try:
                 candidates += importer.from_django_celery_beat()
@@ -54,3 +74,8 @@ class Command(BaseCommand):
         for line in report.lines():
             stream = self.stderr if line.startswith(("NOT MAPPED", "INVALID")) else self.stdout
             stream.write(line)
+        if options["strict"] and not report.complete:
+            raise CommandError(
+                f"--strict: {len(report.unmapped)} not mapped, {len(report.invalid)} invalid, "
+                f"{len(report.ignored)} with settings ignored"
+            )

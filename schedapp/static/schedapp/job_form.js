@@ -12,12 +12,13 @@
     if (!box || !button) { return; }
     var list = document.getElementById("schedapp-preview-list");
     var errorBox = document.getElementById("schedapp-preview-error");
-    var names = ["cron", "interval", "run_at_0", "run_at_1", "timezone"];
+    var names = ["cron", "cron_day_or", "interval", "run_at_0", "run_at_1", "timezone"];
     var timer = null;
     var latest = 0;  // answers to older requests are dropped: typing fires many
 
     function value(name) {
       var input = document.getElementById("id_" + name);
+      if (input && input.type === "checkbox") { return input.checked ? "on" : "off"; }
       return input ? input.value : "";
     }
 

@@ -1,0 +1,66 @@
+"""Switching ``-S`` changes nothing a Celery team relies on: ``beat_schedule`` entries (and
+``add_periodic_task``) run, and headers a ``before_task_publish`` receiver adds (tracing)
+reach the task, on a real beat and worker, over Redis and over RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from project.models import Execution
+from schedapp.models import Job, JobSource
+from tests.fleet import fleet_for, wait_until
+
+pytestmark = [pytest.mark.e2e]
+
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_beat_schedule_entries_run_with_the_headers_publish_receivers_add(
+    broker, transactional_db, broker_url, tmp_path
+):
+    from django.db import connection
+
+    url = broker_url if broker == "redis" else RABBITMQ
+    queue = f"fidelity-{uuid.uuid4().hex[:8]}"  # the broker is shared: a queue of our own
+    schedule = {
+        "traced-every-2s": {
+            "task": "project.tasks.traced",
+            "schedule": 2.0,
+            "kwargs": {"label": "beat"},
+        }
+    }
+    env = {
+        "PROJECT_DEFAULT_QUEUE": queue,
+        "PROJECT_BEAT_SCHEDULE": json.dumps(schedule),
+        "PROJECT_PERIODIC_TASK": "added,project.tasks.traced,3",
+        "PROJECT_TRACE_HEADER": "trace",
+    }
+    with fleet_for(tmp_path, connection.settings_dict, url, extra_env=env) as fleet:
+        try:
+            # Given a beat switched with -S and nothing else: a CELERY_BEAT_SCHEDULE entry,
+            # an add_periodic_task entry and a before_task_publish receiver in the project
+            beat = fleet.beat()
+            fleet.worker(concurrency=1, extra_args=["-Q", queue])
+            # Then both entries run on the worker, each with the receiver's header
+            for label in ("beat", "added"):
+                wait_until(
+                    lambda label=label: Execution.objects.filter(
+                        label__startswith=f"{label}:trace-schedapp:"
+                    ).exists(),
+                    timeout=90,
+                    message=f"{label} ran with its trace header",
+                )
+            execution = Execution.objects.filter(label__startswith="beat:").first()
+            assert execution.label == f"beat:trace-{execution.task_id}"
+            job = Job.objects.get(name="traced-every-2s")
+            assert job.source == JobSource.DECLARED
+            assert "Scheduler: Sending due task traced-every-2s (project.tasks.traced)" in (
+                beat.log()
+            )
+        except BaseException:
+            print(fleet.logs())
+            raise

@@ -1,0 +1,89 @@
+"""Housekeeping that needs no setup, and Celery's beat_schedule synced at beat start."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery.schedules import crontab, schedule
+from django.test import override_settings
+
+from project.celery import app
+from schedapp import declared
+from schedapp.db import db_now
+from schedapp.models import Job, JobSource, JobState
+from schedapp.tasks import cleanup_results
+
+pytestmark = [pytest.mark.django_db]
+
+
+@pytest.fixture
+def beat_schedule(monkeypatch):
+    def configure(entries):
+        monkeypatch.setitem(app.conf, "beat_schedule", entries)
+
+    return configure
+
+
+@override_settings(SCHEDAPP_HOUSEKEEPING=True, SCHEDAPP_ALLOWED_TASKS=["myapp.tasks.*"])
+def test_housekeeping_jobs_are_declared_by_default_even_with_a_narrow_allowlist(beat_schedule):
+    beat_schedule({})
+    report = declared.sync_declared_jobs()
+    assert sorted(report.created) == ["schedapp-cleanup-results", "schedapp-prune-runs"]
+    prune = Job.objects.get(name="schedapp-prune-runs")
+    assert prune.task == "schedapp.prune_runs" and prune.source == JobSource.DECLARED
+    assert prune.kwargs == {"older_than_seconds": 30 * 86400.0}
+    assert prune.state == JobState.SCHEDULED
+
+
+@override_settings(SCHEDAPP_HOUSEKEEPING=True, SCHEDAPP_DENIED_TASKS=["schedapp.*"])
+def test_housekeeping_can_still_be_denied_explicitly(beat_schedule):
+    beat_schedule({})
+    report = declared.sync_declared_jobs()
+    assert set(report.errors) == {"schedapp-cleanup-results", "schedapp-prune-runs"}
+
+
+def test_result_cleanup_deletes_results_older_than_the_retention():
+    from django_celery_results.models import TaskResult
+
+    old = TaskResult.objects.create(task_id="old", status="SUCCESS")
+    TaskResult.objects.filter(pk=old.pk).update(date_done=db_now() - timedelta(days=3))
+    TaskResult.objects.create(task_id="new", status="SUCCESS")
+    assert cleanup_results(older_than_seconds=86400) == 1
+    assert list(TaskResult.objects.values_list("task_id", flat=True)) == ["new"]
+
+
+def test_beat_schedule_entries_are_synced_as_declared_jobs_with_celerys_semantics(beat_schedule):
+    beat_schedule(
+        {
+            "first-sunday": {
+                "task": "project.tasks.record",
+                "schedule": crontab(0, 9, day_of_week=0, day_of_month="1-7"),
+                "options": {"queue": "reports", "priority": 5},
+            },
+            "every-minute": {"task": "project.tasks.record", "schedule": 60.0},
+        }
+    )
+    report = declared.sync_declared_jobs()
+    assert sorted(report.created) == ["every-minute", "first-sunday"]
+    job = Job.objects.get(name="first-sunday")
+    assert job.source == JobSource.DECLARED and job.cron_day_or is False
+    assert job.message_options == {"queue": "reports", "priority": 5}
+    assert job.next_run_at.weekday() == 6 and job.next_run_at.day <= 7
+    # a beat starting again changes nothing (phase included)
+    assert sorted(declared.sync_declared_jobs().unchanged) == ["every-minute", "first-sunday"]
+
+
+def test_a_custom_schedule_class_in_beat_schedule_is_reported_and_not_run(beat_schedule):
+    class OffsettingSchedule(schedule):
+        def is_due(self, last_run_at):
+            return super().is_due(last_run_at)
+
+    beat_schedule(
+        {"offset": {"task": "project.tasks.record", "schedule": OffsettingSchedule(1800)}}
+    )
+    report = declared.sync_declared_jobs()  # the beat logs report.errors at start
+    assert not Job.objects.filter(name="offset").exists()
+    (message,) = report.errors["offset"]
+    assert "OffsettingSchedule" in message and "not run" in message
+    assert report.errors["offset"] and "OffsettingSchedule" in report.errors["offset"][0]
