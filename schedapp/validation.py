@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
-from .models import MAX_PRIORITY, MIN_PRIORITY, schedule_of
+from .models import MAX_PRIORITY, MIN_PRIORITY, Job, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -151,6 +151,11 @@ def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict
             continue
         values[key] = value
     return values
+
+
+def model_default(name: str) -> Any:
+    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
+    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
 
 
 def source_problem(source: Any) -> str | None:

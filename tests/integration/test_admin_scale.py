@@ -132,7 +132,7 @@ def test_changelists_run_the_same_few_queries_with_10_rows_and_10000(
 
 
 def test_the_count_is_estimated_without_filters_and_capped_with_them(admin_client, settings):
-    from schedapp import admin_filters
+    from schedapp.admin import filters as admin_filters
 
     fill(1, 3_000, 3_000)
     with connection.cursor() as cursor:

@@ -19,10 +19,17 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
-from .display import PREVIEW_COUNT, preview_text, safe_zone
-from .models import Job
-from .schedules import Once, fire_times
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
+from ..display import PREVIEW_COUNT, preview_text, safe_zone
+from ..models import Job
+from ..schedules import Once, fire_times
+from ..validation import (
+    JOB_FIELDS,
+    SCHEDULE_FIELDS,
+    model_default,
+    name_taken,
+    stored_schedule,
+    validate_job,
+)
 
 FORM_FIELDS = [
     "name",
@@ -160,11 +167,6 @@ class JobForm(forms.ModelForm):
         pass
 
 
-def model_default(name: str) -> Any:
-    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
-    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
-
-
 def in_zone(value: datetime, zone_name: str) -> datetime:
     """Re-read an aware datetime's wall-clock time in ``zone_name`` (the form parsed it in the
     current Django time zone)."""
@@ -183,7 +185,7 @@ def preview_for(
     A saved recurring job continues from ``scheduled_for`` (its next occurrence), so an
     interval preview shows the occurrences that will really happen.
     """
-    from .db import db_now
+    from ..db import db_now
 
     schedule = stored_schedule(values)
     now = now or db_now()

@@ -1,7 +1,7 @@
-"""The Django admin for schedapp: jobs, runs, fleet nodes and an overview page.
+"""The job admin: the changelist, the job page and its form, its actions.
 
 Built for tables of millions of rows: changelists never count a whole table
-(``admin_filters.LargeTablePaginator``), never run a query per row (the schedule text, the
+(``filters.LargeTablePaginator``), never run a query per row (the schedule text, the
 next run in the job's zone and the last outcome come from the job row itself), and their
 filters never ``SELECT DISTINCT`` over the job table. Every change to a job goes through
 ``schedapp.api``: the form validates with the API's rules, saving calls ``api.schedule`` /
@@ -21,24 +21,24 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from . import api
-from .admin_filters import (
+from .. import api
+from ..display import job_schedule_text, local_time, timezone_names
+from ..exceptions import JobStateError
+from ..models import Job, JobRun, JobSource, JobState
+from ..validation import JOB_FIELDS, SCHEDULE_FIELDS
+from .filters import (
     LargeTablePaginator,
     QueueFilter,
     ScheduleKindFilter,
     TaskFilter,
     allowed_registered_tasks,
 )
-from .admin_operations import OPERATIONS, error_text, make_action
-from .admin_runs import JobRunAdmin, NodeAdmin, badge, runs_summary
-from .admin_views import JobViewsMixin
-from .display import job_schedule_text, local_time, timezone_names
-from .exceptions import JobStateError
 from .forms import JobForm, preview_for
-from .models import Job, JobRun, JobSource, JobState, Node
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS
+from .operations import OPERATIONS, error_text, make_action
+from .runs import badge, runs_summary
+from .views import JobViewsMixin
 
-__all__ = ["JobAdmin", "JobRunAdmin", "NodeAdmin"]
+__all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
     (None, {"fields": ("name", "task", "args", "kwargs")}),
@@ -97,7 +97,6 @@ DELETE_RUNS_MAX = 100_000
 _STATUS_FIELDS = tuple(f for _title, spec in _STATUS for f in spec["fields"])
 
 
-@admin.register(Job)
 class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     form = JobForm
     change_form_template = "admin/schedapp/job/change_form.html"
@@ -336,7 +335,3 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         perms_needed = set() if self.has_delete_permission(request) else {"job"}
         summary = [f"{j.name} and its run history ({runs_text} runs)" for j in jobs]
         return summary, {"jobs": len(jobs), "runs": runs}, perms_needed, protected
-
-
-admin.site.register(JobRun, JobRunAdmin)
-admin.site.register(Node, NodeAdmin)

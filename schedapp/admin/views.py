@@ -22,11 +22,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from . import overview
-from .admin_operations import BY_SLUG, apply_operation
-from .admin_runs import badge
+from .. import overview
+from ..models import JobState
 from .forms import preview_from_query
-from .models import JobState
+from .operations import BY_SLUG, apply_operation
+from .runs import badge
 
 
 class JobViewsMixin:
