@@ -185,6 +185,17 @@ def _discovered(app_id: int) -> bool:
     return True
 
 
+def registered_tasks() -> list[str]:
+    """Names of the tasks registered with the Celery app, Celery's own left out.
+
+    Celery imports the projects' ``tasks.py`` modules lazily: read before that, the registry
+    holds only Celery's built-ins (a fresh web process offered no task at all), so the
+    modules are imported first, once per app."""
+    app = celery_app()
+    _discovered(id(app))
+    return sorted(name for name in list(app.tasks) if not name.startswith("celery."))
+
+
 def task_not_allowed(name: str) -> str | None:
     """Why the allowlist refuses this task, or None. Checked when a job is written, and again
     whenever it is about to run (the allowlist may have changed since)."""

@@ -102,11 +102,9 @@ def _recent_values(request: HttpRequest) -> list[tuple[str, str]]:
 
 def allowed_registered_tasks() -> list[str]:
     """Task names a job may use: registered with the Celery app and permitted."""
-    from ..validation import celery_app, task_problem
+    from ..validation import registered_tasks, task_problem
 
-    app = celery_app()
-    names = [name for name in list(app.tasks) if not name.startswith("celery.")]
-    return sorted(name for name in names if task_problem(name) is None)
+    return [name for name in registered_tasks() if task_problem(name) is None]
 
 
 def configured_queues() -> list[str]:
