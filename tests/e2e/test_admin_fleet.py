@@ -1,8 +1,10 @@
-"""The admin against real processes.
+"""The admin against real processes: a freshly started web process, and a real worker.
 
 * A fresh server lists the registered tasks in the job form from its first page load (Celery
   discovers the project's ``tasks.py`` modules lazily: read before discovery, the list was
   empty until something else imported them).
+* The overview flags a queue that jobs target but that no live worker consumes from, as the
+  workers record their queues in their node row.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+from django.urls import reverse
 
+from schedapp import api
+from schedapp.models import Node
 from tests.fleet import ROOT
 
 pytestmark = [pytest.mark.e2e]
@@ -56,3 +62,34 @@ def test_a_fresh_server_suggests_the_registered_tasks_on_its_first_page_load(
     assert seen["imported_before"] == []
     # When the job form is loaded the first time, Then its task suggestions list the tasks
     assert '<option value="project.tasks.record">' in seen["datalist"], seen
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = ""):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_the_overview_flags_a_queue_no_live_worker_consumes_from(fleet, admin_client):
+    # Given a real worker consuming queue "alpha" only
+    fleet.worker(concurrency=1, extra_args=["-Q", "alpha"])
+    wait_for(
+        lambda: Node.objects.filter(kind=Node.Kind.WORKER, stats__queues=["alpha"]).exists(),
+        what="the worker to record its queues",
+    )
+    # ... a job on "alpha" and a job on "bravo"
+    api.schedule("project.tasks.record", cron="0 3 * * *", name="on-alpha", queue="alpha")
+    api.schedule("project.tasks.record", cron="0 3 * * *", name="on-bravo", queue="bravo")
+
+    # When the operator opens the overview
+    page = admin_client.get(reverse("admin:schedapp_job_overview")).content.decode()
+
+    # Then "bravo" is flagged as consumed by no live worker, and "alpha" is not
+    start = page.index('id="schedapp-unconsumed"')
+    flagged = page[start : page.index("</div>", start)]
+    assert "bravo" in flagged and "alpha" not in flagged, flagged
+    assert "alpha" in page  # the worker's queues are shown beside it
