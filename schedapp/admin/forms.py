@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
-from ..display import PREVIEW_COUNT, preview_text, safe_zone
+from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
 from ..models import Job
 from ..schedules import Once, fire_times
 from ..validation import (
@@ -226,9 +226,10 @@ def schedule_preview(
     return preview_for(cleaned, scheduled_for=None), {}
 
 
-def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
+def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]], str]:
     """The preview of the schedule fields of a form still being typed (the admin's preview
-    endpoint reads them from the query string, as the form names them)."""
+    endpoint reads them from the query string, as the form names them): fire times, errors
+    and the schedule in words, as the jobs list says it."""
     zone = (params.get("timezone") or "").strip()
     errors: dict[str, list[str]] = {}
     interval = None
@@ -239,8 +240,10 @@ def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
             errors["interval"] = ["Enter a valid duration."]
     run_at = _run_at(params, zone, errors)
     if errors:
-        return [], errors
-    return schedule_preview((params.get("cron") or "").strip(), interval, run_at, zone)
+        return [], errors, ""
+    cron = (params.get("cron") or "").strip()
+    times, errors = schedule_preview(cron, interval, run_at, zone)
+    return times, errors, "" if errors else describe_schedule(run_at, cron, interval, zone)
 
 
 def _run_at(params: Any, zone: str, errors: dict[str, list[str]]) -> datetime | None:

@@ -90,7 +90,7 @@ _STATUS = (
         },
     ),
     ("Lease", {"fields": ("claimed_by", "lease_expiry", "token")}),
-    ("Record", {"fields": ("created_at", "updated_at"), "classes": ("collapse",)}),
+    ("Record", {"fields": ("created", "updated"), "classes": ("collapse",)}),
 )
 # Deleting a job deletes its runs in the same statement: above this, prune first.
 DELETE_RUNS_MAX = 100_000
@@ -183,7 +183,9 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     @admin.display(description="next run")
     def next_run(self, job: Job) -> str:
-        if job.next_run_at is None or job.state not in (JobState.SCHEDULED, JobState.PAUSED):
+        """In the job's zone, on the list and the job page alike; only a scheduled job has
+        one (a paused job's stored time is where it resumes from, a dead one never fires)."""
+        if job.next_run_at is None or job.state != JobState.SCHEDULED:
             return "-"
         return format_html(
             '<span title="{} UTC">{}</span>',
@@ -225,7 +227,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         return ("fire_preview",) if obj is None else ("fire_preview", *_STATUS_FIELDS)
 
-    @admin.display(description="next fire times")
+    @admin.display(description="schedule in words, next fire times")
     def fire_preview(self, job: Job) -> str:
         times = getattr(job, "_schedapp_preview", None)
         if times is None and job.pk:
@@ -237,13 +239,17 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         note = ""
         if job.pk and job.state in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.PAUSED):
             note = f"(the job is {job.state}: nothing fires until it is resumed or run)"
+        if job.pk and job.state == JobState.DEAD:
+            note = "(the job is dead: nothing fires until it is requeued or run)"
         return format_html(
             '<div class="schedapp-preview" data-url="{}">'
+            '<p id="schedapp-preview-words">{}</p>'
             '<ol id="schedapp-preview-list">{}</ol><p class="help">{}</p>'
             '<p id="schedapp-preview-error" class="errornote" style="display: none"></p>'
             '<button type="button" class="button" id="schedapp-preview-button">'
             "Preview next 5 fire times</button></div>",
             reverse("admin:schedapp_job_preview"),
+            job_schedule_text(job) if job.pk else "",
             format_html_join("", "<li>{}</li>", ((t,) for t in times or ())),
             note,
         )
@@ -252,6 +258,14 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def occurrence(self, job: Job) -> str:
         """The occurrence the next run belongs to (next run = occurrence + jitter/backoff)."""
         return local_time(job.scheduled_for, job.timezone, seconds=True)
+
+    @admin.display(description="created at")
+    def created(self, job: Job) -> str:
+        return local_time(job.created_at, job.timezone, seconds=True)
+
+    @admin.display(description="updated at")
+    def updated(self, job: Job) -> str:
+        return local_time(job.updated_at, job.timezone, seconds=True)
 
     @admin.display(description="lease expires")
     def lease_expiry(self, job: Job) -> str:

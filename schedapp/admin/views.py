@@ -75,8 +75,8 @@ class JobViewsMixin:
             raise PermissionDenied
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
-        times, errors = preview_from_query(request.GET)
-        return JsonResponse({"times": times, "errors": errors})
+        times, errors, words = preview_from_query(request.GET)
+        return JsonResponse({"times": times, "errors": errors, "words": words})
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):
