@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 import time
 
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 
 from schedapp import api
@@ -93,3 +95,9 @@ def test_the_overview_flags_a_queue_no_live_worker_consumes_from(fleet, admin_cl
     flagged = page[start : page.index("</div>", start)]
     assert "bravo" in flagged and "alpha" not in flagged, flagged
     assert "alpha" in page  # the worker's queues are shown beside it
+    # ... and the status command says the same
+    out = io.StringIO()
+    call_command("schedapp_status", stdout=out)
+    unconsumed = out.getvalue().split("Queues no live worker consumes from:")[1]
+    assert "bravo  1 jobs (project.tasks.record)" in unconsumed
+    assert "alpha" not in unconsumed
