@@ -37,13 +37,13 @@ from django.db import connection, transaction
 
 from . import api
 from .exceptions import JobStateError
-from .forms import model_default
 from .models import Job, JobSource, JobState
 from .validation import (
     JOB_FIELDS,
     SCHEDULE_DETAIL_FIELDS,
     SCHEDULE_FIELDS,
     celery_app,
+    model_default,
     validate_job,
 )
 

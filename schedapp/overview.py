@@ -9,7 +9,10 @@ bounded, so the page stays fast with millions of jobs and runs:
 * dispatch lag: computed from the newest ``LAG_SAMPLE`` runs (read backwards on the primary
   key), restricted to the last ``window`` minutes, so a busy history costs the same as an idle
   one;
-* beats and workers: the ``Node`` rows refreshed in the last ``NODE_FRESH_SECONDS``.
+* beats and workers: the ``Node`` rows refreshed in the last ``NODE_FRESH_SECONDS``;
+* queues no live worker consumes from: the queues of the newest ``QUEUE_SAMPLE`` jobs (their
+  own queue, else their task's routing, as the beat would publish them) that are scheduled or
+  running, minus the queues the live workers record in their node row.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from django.db.models.functions import Now
 
 from .claims import DUE_LEVELS_SQL
 from .db import db_now, is_postgresql
+from .dispatch import Dispatcher
 from .models import Job, JobState, Node
+from .validation import celery_app
 
 BACKLOG_CAP = 100_000
 LAG_SAMPLE = 20_000
 NODE_FRESH_SECONDS = 60
 LAG_WINDOW_MINUTES = 5
+QUEUE_SAMPLE = 20_000
 
 # Due jobs, per priority level (the bounded range of levels), each level's due range read in
 # the due partial index's order. Bounded by %(cap)s rows.
@@ -97,6 +103,15 @@ class NodeInfo:
     stats: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class UnconsumedQueue:
+    """A queue jobs are published to that no live worker takes messages from."""
+
+    name: str
+    jobs: int  # scheduled or running jobs targeting it, among the newest QUEUE_SAMPLE
+    tasks: list[str]
+
+
 @dataclass
 class Overview:
     now: datetime
@@ -111,6 +126,7 @@ class Overview:
     beats: list[NodeInfo] = field(default_factory=list)
     workers: list[NodeInfo] = field(default_factory=list)
     recent_statuses: dict[str, int] = field(default_factory=dict)
+    unconsumed_queues: list[UnconsumedQueue] = field(default_factory=list)
 
     @property
     def dead(self) -> int:
@@ -151,6 +167,7 @@ class Overview:
             "beats": [node(n) for n in self.beats],
             "workers": [node(n) for n in self.workers],
             "recent_statuses": self.recent_statuses,
+            "unconsumed_queues": [q.__dict__ for q in self.unconsumed_queues],
         }
 
 
@@ -229,6 +246,44 @@ def live_nodes(now: datetime, fresh_seconds: int = NODE_FRESH_SECONDS) -> list[N
     ]
 
 
+def targeted_queues(sample: int = QUEUE_SAMPLE) -> dict[str, dict[str, int]]:
+    """{queue: {task: jobs}} for the scheduled or running jobs among the newest ``sample``
+    (one bounded read backwards on the primary key). A job's queue is its own, else where
+    its task routes, resolved as the beat's publisher resolves it."""
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT task, queue, count(*) FROM (SELECT task, queue, state FROM {table} "
+            "ORDER BY id DESC LIMIT %s) recent WHERE state IN (%s, %s) GROUP BY task, queue",
+            [sample, JobState.SCHEDULED, JobState.RUNNING],
+        )
+        rows = cursor.fetchall()
+    router = Dispatcher(celery_app())
+    targeted: dict[str, dict[str, int]] = {}
+    for task, queue, count in rows:
+        try:
+            route = router.route(task, queue)
+        except Exception:  # a router that raises: the beat quarantines such jobs itself
+            continue
+        name = route.queue.name if route.queue is not None else route.routing_key
+        per_task = targeted.setdefault(name, {})
+        per_task[task] = per_task.get(task, 0) + int(count)
+    return targeted
+
+
+def unconsumed_queues(
+    workers: list[NodeInfo], targeted: dict[str, dict[str, int]]
+) -> list[UnconsumedQueue]:
+    """The targeted queues that none of ``workers`` consumes from (by the queues each
+    recorded; a worker that records none, from an older version, consumes nothing here)."""
+    consumed = {q for w in workers for q in w.stats.get("queues") or ()}
+    return [
+        UnconsumedQueue(name=name, jobs=sum(tasks.values()), tasks=sorted(tasks))
+        for name, tasks in sorted(targeted.items())
+        if name not in consumed
+    ]
+
+
 def expired_leases() -> int:
     """Running jobs whose lease has expired and that no beat has reaped yet (a partial index)."""
     return (
@@ -246,6 +301,7 @@ def collect(minutes: int = LAG_WINDOW_MINUTES) -> Overview:
     due, oldest = backlog()
     total_lag, per_minute = dispatch_lag(minutes)
     nodes = live_nodes(now)
+    workers = [n for n in nodes if n.kind == Node.Kind.WORKER]
     return Overview(
         now=now,
         counts=counts,
@@ -257,8 +313,9 @@ def collect(minutes: int = LAG_WINDOW_MINUTES) -> Overview:
         lag=total_lag,
         lag_by_minute=per_minute,
         beats=[n for n in nodes if n.kind == Node.Kind.BEAT],
-        workers=[n for n in nodes if n.kind == Node.Kind.WORKER],
+        workers=workers,
         recent_statuses=recent_statuses(minutes),
+        unconsumed_queues=unconsumed_queues(workers, targeted_queues()),
     )
 
 

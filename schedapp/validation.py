@@ -28,7 +28,7 @@ from django.core.exceptions import ValidationError
 from .conf import get_settings
 from .exceptions import ScheduleError
 from .message import RUN_HEADERS
-from .models import MAX_PRIORITY, MIN_PRIORITY, schedule_of
+from .models import MAX_PRIORITY, MIN_PRIORITY, Job, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -175,6 +175,11 @@ def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict
     return values
 
 
+def model_default(name: str) -> Any:
+    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
+    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
+
+
 def source_problem(source: Any) -> str | None:
     """Why ``source`` is not a job's source ("api", "admin", ...), or None."""
     from .models import JobSource
@@ -200,6 +205,17 @@ def celery_app() -> Any:
 def _discovered(app_id: int) -> bool:
     celery_app().loader.import_default_modules()  # autodiscover tasks.py of every Django app
     return True
+
+
+def registered_tasks() -> list[str]:
+    """Names of the tasks registered with the Celery app, Celery's own left out.
+
+    Celery imports the projects' ``tasks.py`` modules lazily: read before that, the registry
+    holds only Celery's built-ins (a fresh web process offered no task at all), so the
+    modules are imported first, once per app."""
+    app = celery_app()
+    _discovered(id(app))
+    return sorted(name for name in list(app.tasks) if not name.startswith("celery."))
 
 
 def task_not_allowed(name: str) -> str | None:

@@ -96,6 +96,7 @@ class WorkerHooks:
         self._refused: set[str] = set()
         self.hostname: str | None = None
         self.started_at: datetime | None = None
+        self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
         self._node_recorded = 0.0
         self.writer: CompletionWriter | None = None  # in prefork pool processes only
 
@@ -216,6 +217,7 @@ class WorkerHooks:
         metrics.start_metrics_server()
         self.hostname = getattr(sender, "hostname", None) or f"{socket.gethostname()}:{os.getpid()}"
         self.started_at = datetime.now(UTC)
+        self.consumer = sender
         try:
             self._record_node(force=True)
         except Exception as exc:  # visibility only
@@ -238,8 +240,19 @@ class WorkerHooks:
                 "active": len(worker_state.active_requests),
                 "held": held,
                 "processed": sum(worker_state.total_count.values()),
+                "queues": self.consumed_queues(),
             },
         )
+
+    def consumed_queues(self) -> list[str]:
+        """The queues this worker takes messages from now (``-Q``, and any added or cancelled
+        since by remote control), so the overview can flag queues nobody consumes."""
+        task_consumer = getattr(self.consumer, "task_consumer", None)
+        queues = getattr(task_consumer, "queues", None)
+        if queues is None:
+            app = getattr(self.consumer, "app", None)
+            queues = app.amqp.queues.consume_from.values() if app is not None else ()
+        return sorted({q.name for q in queues})
 
     def on_process_init(self, **_: Any) -> None:
         """A prefork pool process starts: completions go through a writer thread."""

@@ -7,10 +7,14 @@ dispatched by a real ``celery beat``, both on the test database and Redis.
 Needs Debian's ``chromium`` (``apt-get install -y chromium``) and Python's ``playwright``
 (never ``playwright install``: the system browser is used). Skipped only when
 /usr/bin/chromium is missing.
+
+Screenshots of the jobs list and a job page at 1,400 px are written to ``var/screenshots/``
+(or ``$SCHEDAPP_SCREENSHOTS``), kept as CI artefacts.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -19,6 +23,7 @@ import pytest
 
 from project.models import Execution
 from schedapp.models import Job, JobRun, JobSource
+from tests.fleet import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -81,10 +86,12 @@ def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
     page.fill("#id_cron", "0 3 * * *")
     page.fill("#id_timezone", "Europe/Paris")
 
-    # Then the preview shows the next five fire times, at 03:00 Paris time
+    # Then the preview shows the schedule in words and the next five fire times, at 03:00
+    # Paris time
     page.click("#schedapp-preview-button")
     items = page.locator("#schedapp-preview-list li")
     expect(items).to_have_count(5)
+    expect(page.locator("#schedapp-preview-words")).to_have_text("At 03:00 (Europe/Paris)")
     expect(items.last).to_contain_text(re.compile(r"03:00:00 CES?T"))  # the zone as typed
     for text in items.all_inner_texts():
         assert re.search(r"03:00:00 CES?T \(UTC\+0[12]:00\)", text), text
@@ -94,6 +101,7 @@ def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
     page.click("#schedapp-preview-button")
     expect(page.locator("#schedapp-preview-error")).to_contain_text("cron:")
     expect(items).to_have_count(0)
+    expect(page.locator("#schedapp-preview-words")).to_have_text("")
     page.fill("#id_cron", "0 3 * * *")
 
     # When the operator saves and stays on the job
@@ -125,3 +133,92 @@ def test_operator_creates_a_cron_job_previews_it_runs_it_and_sees_it_succeed(
     assert list(
         Execution.objects.filter(label="from-the-browser").values_list("job_id", flat=True)
     ) == [job.pk]
+
+
+# Screenshots of the admin are kept as test artefacts (var/ is not committed).
+SCREENSHOTS = Path(os.environ.get("SCHEDAPP_SCREENSHOTS", ROOT / "var" / "screenshots"))
+WIDE_COLUMNS = ("Next run", "Last run", "Lease", re.compile(r"Retr(y|ies)", re.I))
+
+
+def realistic_jobs() -> None:
+    """Jobs as a fleet shows them: long names and tasks, schedules in words, a lease held by a
+    worker with a long host name, outcomes and retries."""
+    from datetime import timedelta
+
+    from schedapp import api
+    from schedapp.db import db_now
+
+    now = db_now()
+    specs = [
+        dict(cron="0 0 * * 1-5", timezone="Europe/Paris"),
+        dict(cron="*/15 9-17 * * 1-5", timezone="America/New_York"),
+        dict(interval=90),
+        dict(run_at=now + timedelta(hours=5), timezone="Asia/Kolkata"),
+        dict(cron="30 2 1,15 * *", timezone="Australia/Lord_Howe"),
+    ]
+    for i, spec in enumerate(specs * 4):
+        job = api.schedule(
+            "project.tasks.record_once",
+            name=f"nightly-billing-reconciliation-for-region-{i:02d}-eu-west",
+            queue="reports-high-priority",
+            **spec,  # type: ignore[arg-type]
+        )
+        if i % 3 == 0:
+            Job.objects.filter(pk=job.pk).update(
+                state="running",
+                claimed_by=f"worker{i}@ip-10-120-33-{i}.eu-west-1.compute.internal",
+                lease_expires_at=now + timedelta(seconds=60),
+                last_run_at=now - timedelta(minutes=5),
+                last_status="failed",
+                retry_count=2,
+            )
+        elif i % 3 == 1:
+            Job.objects.filter(pk=job.pk).update(
+                last_run_at=now - timedelta(hours=1), last_status="succeeded"
+            )
+
+
+def test_the_jobs_list_fits_1400_pixels_with_every_column_visible(
+    live_server, browser, django_user_model
+):
+    # Given an operator and a page of realistic jobs
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    realistic_jobs()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(30_000)
+
+    # When the operator opens the jobs list on a 1,400 px wide screen
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/schedapp/job/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(r"/admin/schedapp/job/$"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "jobs-list-1400.png"), full_page=True)
+
+    # Then nothing scrolls sideways: neither the page nor the results table
+    widths = page.evaluate(
+        """() => {
+            const results = document.querySelector('#changelist .results');
+            return {page: [document.documentElement.scrollWidth,
+                           document.documentElement.clientWidth],
+                    results: [results.scrollWidth, results.clientWidth]};
+        }"""
+    )
+    assert widths["page"][0] <= widths["page"][1], widths
+    assert widths["results"][0] <= widths["results"][1], widths
+    # ... and the headers of Next run, Last run, Lease and Retry are on screen
+    for title in WIDE_COLUMNS:
+        header = page.locator("#result_list thead th", has_text=title).first
+        box = header.bounding_box()
+        assert header.is_visible() and box is not None, title
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 1400, (title, box)
+
+    # ... and the job page, at the same width, is kept as an artefact too
+    page.click("#result_list tbody tr th a")
+    page.wait_for_url(re.compile(r"/admin/schedapp/job/\d+/change/$"))
+    page.screenshot(path=str(SCREENSHOTS / "job-page-1400.png"), full_page=True)
+    widths = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths

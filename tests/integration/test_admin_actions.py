@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from schedapp import api
-from schedapp.admin_operations import OPERATIONS
+from schedapp.admin.operations import OPERATIONS
 from schedapp.db import db_now
 from schedapp.models import Job, JobState
 
@@ -254,7 +254,7 @@ def test_deleting_a_job_summarises_its_history_instead_of_listing_it(admin_clien
 
 
 def test_deleting_a_running_job_or_a_huge_history_is_refused(admin_client, jobs, monkeypatch):
-    from schedapp import admin as schedapp_admin
+    from schedapp.admin import jobs as schedapp_admin
 
     Job.objects.filter(pk=jobs["a"].pk).update(state=JobState.RUNNING)
     page = admin_client.get(reverse("admin:schedapp_job_delete", args=[jobs["a"].pk]))

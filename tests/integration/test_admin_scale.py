@@ -124,7 +124,8 @@ def test_changelists_run_the_same_few_queries_with_10_rows_and_10000(
     # ... a page shows 100 rows, with their lease, schedule and last status from the row
     page = admin_client.get(jobs_url)
     assert len(page.context["cl"].result_list) == 100
-    assert "At 00:00, Monday through Friday (Europe/Paris)" in page.content.decode()
+    text = page.content.decode().replace("<wbr>", "")  # line-break hints, not text
+    assert "At 00:00, Monday through Friday (Europe/Paris)" in text
     # ... and the runs of one job, as linked from its page, are as cheap
     with django_assert_max_num_queries(8):
         sqls = queries_for(admin_client, f"{runs_url}?job={job_id}")
@@ -132,7 +133,7 @@ def test_changelists_run_the_same_few_queries_with_10_rows_and_10000(
 
 
 def test_the_count_is_estimated_without_filters_and_capped_with_them(admin_client, settings):
-    from schedapp import admin_filters
+    from schedapp.admin import filters as admin_filters
 
     fill(1, 3_000, 3_000)
     with connection.cursor() as cursor:

@@ -95,6 +95,11 @@ class Command(BaseCommand):
                     f"  {node.name}  (pid {node.pid or '-'} on {node.hostname or '-'}, seen "
                     f"{seconds_text(node.age_seconds)} ago) {stats}"
                 )
+        if data.unconsumed_queues:
+            out("")
+            out("Queues no live worker consumes from:")
+            for queue in data.unconsumed_queues:
+                out(f"  {queue.name}  {queue.jobs:,} jobs ({', '.join(queue.tasks)})")
         if problems:
             out("")
             for problem in problems:

@@ -1,4 +1,4 @@
-/* The job form's preview of the next fire times: asks the admin's preview endpoint (GET,
+/* The job form's preview of the schedule in words and its next fire times: asks the admin's preview endpoint (GET,
    read-only) for the schedule being typed, on the button and whenever a schedule field
    changes. Errors are the API's own messages. */
 "use strict";
@@ -12,6 +12,7 @@
     if (!box || !button) { return; }
     var list = document.getElementById("schedapp-preview-list");
     var errorBox = document.getElementById("schedapp-preview-error");
+    var words = document.getElementById("schedapp-preview-words");
     var names = ["cron", "cron_day_or", "interval", "run_at_0", "run_at_1", "timezone"];
     var timer = null;
     var latest = 0;  // answers to older requests are dropped: typing fires many
@@ -22,7 +23,8 @@
       return input ? input.value : "";
     }
 
-    function show(times, errors) {
+    function show(times, errors, text) {
+      if (words) { words.textContent = text || ""; }
       list.innerHTML = "";
       times.forEach(function (text) {
         var item = document.createElement("li");
@@ -49,7 +51,7 @@
       fetch(box.dataset.url + "?" + params.toString(), {credentials: "same-origin"})
         .then(function (response) { return response.json(); })
         .then(function (data) {
-          if (mine === latest) { show(data.times || [], data.errors || {}); }
+          if (mine === latest) { show(data.times || [], data.errors || {}, data.words); }
         })
         .catch(function () {
           if (mine === latest) { show([], {preview: ["unavailable"]}); }

@@ -22,8 +22,8 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from .db import is_postgresql
-from .models import Job
+from ..db import is_postgresql
+from ..models import Job
 
 COUNT_CAP = 10_000
 # Below this many estimated rows an exact count is cheap, and better.
@@ -102,15 +102,13 @@ def _recent_values(request: HttpRequest) -> list[tuple[str, str]]:
 
 def allowed_registered_tasks() -> list[str]:
     """Task names a job may use: registered with the Celery app and permitted."""
-    from .validation import celery_app, task_problem
+    from ..validation import registered_tasks, task_problem
 
-    app = celery_app()
-    names = [name for name in list(app.tasks) if not name.startswith("celery.")]
-    return sorted(name for name in names if task_problem(name) is None)
+    return [name for name in registered_tasks() if task_problem(name) is None]
 
 
 def configured_queues() -> list[str]:
-    from .validation import celery_app
+    from ..validation import celery_app
 
     conf = celery_app().conf
     names = {conf.task_default_queue or "celery"}

@@ -22,11 +22,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from . import overview
-from .admin_operations import BY_SLUG, apply_operation
-from .admin_runs import badge
+from .. import overview
+from ..models import JobState
 from .forms import preview_from_query
-from .models import JobState
+from .operations import BY_SLUG, apply_operation
+from .runs import badge
 
 
 class JobViewsMixin:
@@ -75,8 +75,8 @@ class JobViewsMixin:
             raise PermissionDenied
         if request.method != "GET":
             return HttpResponseNotAllowed(["GET"])
-        times, errors = preview_from_query(request.GET)
-        return JsonResponse({"times": times, "errors": errors})
+        times, errors, words = preview_from_query(request.GET)
+        return JsonResponse({"times": times, "errors": errors, "words": words})
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):

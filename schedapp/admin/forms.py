@@ -19,10 +19,17 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
-from .display import PREVIEW_COUNT, preview_text, safe_zone
-from .models import Job
-from .schedules import Once, fire_times
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
+from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
+from ..models import Job
+from ..schedules import Once, fire_times
+from ..validation import (
+    JOB_FIELDS,
+    SCHEDULE_FIELDS,
+    model_default,
+    name_taken,
+    stored_schedule,
+    validate_job,
+)
 
 FORM_FIELDS = [
     "name",
@@ -176,11 +183,6 @@ class JobForm(forms.ModelForm):
         pass
 
 
-def model_default(name: str) -> Any:
-    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
-    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
-
-
 def in_zone(value: datetime, zone_name: str) -> datetime:
     """Re-read an aware datetime's wall-clock time in ``zone_name`` (the form parsed it in the
     current Django time zone)."""
@@ -199,7 +201,7 @@ def preview_for(
     A saved recurring job continues from ``scheduled_for`` (its next occurrence), so an
     interval preview shows the occurrences that will really happen.
     """
-    from .db import db_now
+    from ..db import db_now
 
     schedule = stored_schedule(values)
     now = now or db_now()
@@ -242,9 +244,10 @@ def schedule_preview(
     return preview_for(cleaned, scheduled_for=None), {}
 
 
-def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
+def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]], str]:
     """The preview of the schedule fields of a form still being typed (the admin's preview
-    endpoint reads them from the query string, as the form names them)."""
+    endpoint reads them from the query string, as the form names them): fire times, errors
+    and the schedule in words, as the jobs list says it."""
     zone = (params.get("timezone") or "").strip()
     errors: dict[str, list[str]] = {}
     interval = None
@@ -255,12 +258,13 @@ def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]]]:
             errors["interval"] = ["Enter a valid duration."]
     run_at = _run_at(params, zone, errors)
     if errors:
-        return [], errors
+        return [], errors, ""
+    cron = (params.get("cron") or "").strip()
     raw = params.get("cron_day_or")  # a checkbox: absent means the default, cron's OR
     day_or = raw is None or raw in ("on", "true", "True", "1")
-    return schedule_preview(
-        (params.get("cron") or "").strip(), interval, run_at, zone, day_or=day_or
-    )
+    times, errors = schedule_preview(cron, interval, run_at, zone, day_or=day_or)
+    words = "" if errors else describe_schedule(run_at, cron, interval, zone, day_or=day_or)
+    return times, errors, words
 
 
 def _run_at(params: Any, zone: str, errors: dict[str, list[str]]) -> datetime | None:

@@ -15,9 +15,9 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 
-from . import api
-from .exceptions import JobStateError
-from .models import Job, JobState
+from .. import api
+from ..exceptions import JobStateError
+from ..models import Job, JobState
 
 # Most jobs one bulk action touches (each is its own short transaction).
 ACTION_LIMIT = 1_000

@@ -14,9 +14,9 @@ from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
 
-from .admin_filters import LargeTablePaginator, RunJobFilter
-from .display import duration_text, local_time, seconds_text
-from .models import Job, JobRun
+from ..display import duration_text, local_time, seconds_text
+from ..models import Job, JobRun
+from .filters import LargeTablePaginator, RunJobFilter
 
 COLOURS = {
     # job states

@@ -1,7 +1,7 @@
-"""The Django admin for schedapp: jobs, runs, fleet nodes and an overview page.
+"""The job admin: the changelist, the job page and its form, its actions.
 
 Built for tables of millions of rows: changelists never count a whole table
-(``admin_filters.LargeTablePaginator``), never run a query per row (the schedule text, the
+(``filters.LargeTablePaginator``), never run a query per row (the schedule text, the
 next run in the job's zone and the last outcome come from the job row itself), and their
 filters never ``SELECT DISTINCT`` over the job table. Every change to a job goes through
 ``schedapp.api``: the form validates with the API's rules, saving calls ``api.schedule`` /
@@ -10,6 +10,7 @@ filters never ``SELECT DISTINCT`` over the job table. Every change to a job goes
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import admin, messages
@@ -20,36 +21,53 @@ from django.db.models.functions import Left
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from . import api
-from .admin_filters import (
+from .. import api
+from ..display import job_schedule_text, local_time, timezone_names
+from ..exceptions import JobStateError
+from ..models import Job, JobRun, JobSource, JobState
+from ..validation import JOB_FIELDS, SCHEDULE_FIELDS
+from .filters import (
     LargeTablePaginator,
     QueueFilter,
     ScheduleKindFilter,
     TaskFilter,
     allowed_registered_tasks,
 )
-from .admin_operations import OPERATIONS, error_text, make_action
-from .admin_runs import JobRunAdmin, NodeAdmin, badge, runs_summary
-from .admin_views import JobViewsMixin
-from .display import job_schedule_text, local_time, timezone_names
-from .exceptions import JobStateError
 from .forms import JobForm, preview_for
-from .models import Job, JobRun, JobSource, JobState, Node
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS
+from .operations import OPERATIONS, error_text, make_action
+from .runs import badge, runs_summary
+from .views import JobViewsMixin
 
-__all__ = ["JobAdmin", "JobRunAdmin", "NodeAdmin"]
+__all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
     (None, {"fields": ("name", "task", "args", "kwargs")}),
     (
         "Schedule",
         {
-            "fields": ("cron", "interval", "interval_anchor", "run_at", "timezone", "fire_preview"),
-            "description": "Give exactly one of cron, interval or run_at.",
+            "fields": (
+                "cron",
+                "cron_day_or",
+                "interval",
+                "interval_anchor",
+                "run_at",
+                "solar_event",
+                "latitude",
+                "longitude",
+                "timezone",
+                "not_before",
+                "expires_at",
+                "fire_preview",
+            ),
+            "description": "Give exactly one of cron, interval, run_at or a solar event.",
         },
     ),
-    ("Delivery", {"fields": ("priority", "queue", "lease_seconds", "jitter")}),
+    (
+        "Delivery",
+        {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")},
+    ),
     (
         "Retries and misfires",
         {
@@ -83,27 +101,32 @@ _STATUS = (
         },
     ),
     ("Lease", {"fields": ("claimed_by", "lease_expiry", "token")}),
-    ("Record", {"fields": ("created_at", "updated_at"), "classes": ("collapse",)}),
+    ("Record", {"fields": ("created", "updated"), "classes": ("collapse",)}),
 )
 # Deleting a job deletes its runs in the same statement: above this, prune first.
 DELETE_RUNS_MAX = 100_000
+_BREAK_AFTER = re.compile(r"(?<=[.@:/])")
 _STATUS_FIELDS = tuple(f for _title, spec in _STATUS for f in spec["fields"])
 
 
-@admin.register(Job)
+def breakable(text: str) -> str:
+    """``text`` escaped, with a line-break opportunity after each dot, @, colon or slash."""
+    return format_html_join(mark_safe("<wbr>"), "{}", ((p,) for p in _BREAK_AFTER.split(text)))
+
+
 class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     form = JobForm
     change_form_template = "admin/schedapp/job/change_form.html"
     change_list_template = "admin/schedapp/job/change_list.html"
     list_display = (
         "name",
-        "task",
+        "task_name",
         "schedule",
         "state_badge",
         "next_run",
         "last_run",
         "lease",
-        "retry_count",
+        "retries",
     )
     list_filter = ("state", TaskFilter, QueueFilter, ScheduleKindFilter, "source")
     search_fields = ("name", "task")
@@ -158,18 +181,28 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         if request.GET.get("state__exact") == JobState.DEAD:  # the dead-letter view
             return (
                 "name",
-                "task",
+                "task_name",
                 "schedule",
                 "state_badge",
                 "last_run",
-                "retry_count",
+                "retries",
                 "last_error_head_text",
             )
         return self.list_display
 
+    # Dotted task names, host names and zone names are long words: the list breaks them after
+    # a dot, @ or slash (<wbr>), so that at 1,400 px every column fits without scrolling.
+    @admin.display(description="task")
+    def task_name(self, job: Job) -> str:
+        return breakable(job.task)
+
+    @admin.display(description="retries")
+    def retries(self, job: Job) -> int:
+        return job.retry_count
+
     @admin.display(description="schedule")
     def schedule(self, job: Job) -> str:
-        return job_schedule_text(job)
+        return breakable(job_schedule_text(job))
 
     @admin.display(description="state")
     def state_badge(self, job: Job) -> str:
@@ -177,7 +210,9 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     @admin.display(description="next run")
     def next_run(self, job: Job) -> str:
-        if job.next_run_at is None or job.state not in (JobState.SCHEDULED, JobState.PAUSED):
+        """In the job's zone, on the list and the job page alike; only a scheduled job has
+        one (a paused job's stored time is where it resumes from, a dead one never fires)."""
+        if job.next_run_at is None or job.state != JobState.SCHEDULED:
             return "-"
         return format_html(
             '<span title="{} UTC">{}</span>',
@@ -201,7 +236,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
             return "-"
         return format_html(
             "{}<br><small>until {}</small>",
-            job.claimed_by,
+            breakable(job.claimed_by),
             local_time(job.lease_expires_at, job.timezone, seconds=True),
         )
 
@@ -219,7 +254,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         return ("fire_preview",) if obj is None else ("fire_preview", *_STATUS_FIELDS)
 
-    @admin.display(description="next fire times")
+    @admin.display(description="schedule in words, next fire times")
     def fire_preview(self, job: Job) -> str:
         times = getattr(job, "_schedapp_preview", None)
         if times is None and job.pk:
@@ -231,13 +266,17 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         note = ""
         if job.pk and job.state in (JobState.CANCELLED, JobState.SUCCEEDED, JobState.PAUSED):
             note = f"(the job is {job.state}: nothing fires until it is resumed or run)"
+        if job.pk and job.state == JobState.DEAD:
+            note = "(the job is dead: nothing fires until it is requeued or run)"
         return format_html(
             '<div class="schedapp-preview" data-url="{}">'
+            '<p id="schedapp-preview-words">{}</p>'
             '<ol id="schedapp-preview-list">{}</ol><p class="help">{}</p>'
             '<p id="schedapp-preview-error" class="errornote" style="display: none"></p>'
             '<button type="button" class="button" id="schedapp-preview-button">'
             "Preview next 5 fire times</button></div>",
             reverse("admin:schedapp_job_preview"),
+            job_schedule_text(job) if job.pk else "",
             format_html_join("", "<li>{}</li>", ((t,) for t in times or ())),
             note,
         )
@@ -246,6 +285,14 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def occurrence(self, job: Job) -> str:
         """The occurrence the next run belongs to (next run = occurrence + jitter/backoff)."""
         return local_time(job.scheduled_for, job.timezone, seconds=True)
+
+    @admin.display(description="created at")
+    def created(self, job: Job) -> str:
+        return local_time(job.created_at, job.timezone, seconds=True)
+
+    @admin.display(description="updated at")
+    def updated(self, job: Job) -> str:
+        return local_time(job.updated_at, job.timezone, seconds=True)
 
     @admin.display(description="lease expires")
     def lease_expiry(self, job: Job) -> str:
@@ -329,7 +376,3 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         perms_needed = set() if self.has_delete_permission(request) else {"job"}
         summary = [f"{j.name} and its run history ({runs_text} runs)" for j in jobs]
         return summary, {"jobs": len(jobs), "runs": runs}, perms_needed, protected
-
-
-admin.site.register(JobRun, JobRunAdmin)
-admin.site.register(Node, NodeAdmin)
