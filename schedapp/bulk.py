@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
@@ -319,6 +318,8 @@ class _CopyWriter(_Writer):
     def _copy(self, rows: Iterable[Row], kept: list[Row]) -> None:
         """COPY ``rows`` (appending each to ``kept``) in a savepoint; _NameClash if the unique
         index refused one, with the savepoint rolled back."""
+        import psycopg  # this path is PostgreSQL's, which needs schedapp[postgres]
+
         savepoint = transaction.savepoint()
         try:
             with connection.cursor() as cursor, cursor.cursor.copy(self.sql) as copy:
