@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -106,7 +107,16 @@ def matrix(session: nox.Session) -> None:
     for python, django, celery in MATRIX:
         name = f"tests(py{python}-django{django}-celery{celery})"
         try:
-            session.run("nox", "-f", str(ROOT / "noxfile.py"), "-s", name, external=True)
+            session.run(
+                sys.executable,
+                "-m",
+                "nox",
+                "-f",
+                str(ROOT / "noxfile.py"),
+                "-s",
+                name,
+                external=True,
+            )
         except nox.command.CommandFailed:
             failed.append(name)
     if failed:
