@@ -45,6 +45,8 @@ def celery_conf(monkeypatch):
             # Celery reads CELERY_BROKER_URL / CELERY_RESULT_BACKEND from the environment first.
             monkeypatch.delenv(f"CELERY_{key.upper()}", raising=False)
             monkeypatch.setitem(conf, key, value)
+            # Celery 5.4 finds a namespaced Django setting (CELERY_BROKER_URL) first.
+            monkeypatch.setitem(conf, f"CELERY_{key.upper()}", value)
 
     return set_
 
