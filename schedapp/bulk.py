@@ -53,6 +53,9 @@ _LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still s
 _NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 _RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
 
+# Django 6.1 renamed savepoint() to savepoint_create(); the old name warns.
+_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
+
 Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
 
 
@@ -320,7 +323,7 @@ class _CopyWriter(_Writer):
         index refused one, with the savepoint rolled back."""
         import psycopg  # this path is PostgreSQL's, which needs schedapp[postgres]
 
-        savepoint = transaction.savepoint()
+        savepoint = _savepoint()
         try:
             with connection.cursor() as cursor, cursor.cursor.copy(self.sql) as copy:
                 join = self.rows.join
