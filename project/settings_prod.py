@@ -30,4 +30,8 @@ SECURE_HSTS_PRELOAD = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 X_FRAME_OPTIONS = "DENY"
-SCHEDAPP_ALLOWED_TASKS = [p for p in os.environ.get("SCHEDAPP_ALLOWED_TASKS", "").split(",") if p]
+# The nightly pruning job the demo settings declare, plus the project's own tasks.
+SCHEDAPP_ALLOWED_TASKS = [
+    "schedapp.prune_runs",
+    *(p for p in os.environ.get("SCHEDAPP_ALLOWED_TASKS", "").split(",") if p),
+]

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
@@ -54,6 +53,9 @@ _NAME_CONSTRAINT = "schedapp_job_name_unique"
 _LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still streaming
 _NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 _RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
+
+# Django 6.1 renamed savepoint() to savepoint_create(); the old name warns.
+_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
 
 Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
 
@@ -327,7 +329,9 @@ class _CopyWriter(_Writer):
     def _copy(self, rows: Iterable[Row], kept: list[Row]) -> None:
         """COPY ``rows`` (appending each to ``kept``) in a savepoint; _NameClash if the unique
         index refused one, with the savepoint rolled back."""
-        savepoint = transaction.savepoint()
+        import psycopg  # this path is PostgreSQL's, which needs schedapp[postgres]
+
+        savepoint = _savepoint()
         try:
             with connection.cursor() as cursor, cursor.cursor.copy(self.sql) as copy:
                 join = self.rows.join

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import connections
+
+from . import extras
 
 
 def register() -> None:
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
+    checks.register(check_dependencies, "schedapp")
+    checks.register(check_declared_jobs, "schedapp")
+    checks.register(check_beat_schedule, "schedapp")
     checks.register(check_database, "schedapp", deploy=True)
     checks.register(check_allowlist, "schedapp", deploy=True)
 
@@ -69,7 +78,10 @@ def check_crash_safety(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    vendor = connections["default"].vendor
+    try:
+        vendor = connections["default"].vendor
+    except ImproperlyConfigured:  # its driver is missing: check_dependencies says so
+        return []
     if vendor != "postgresql":
         return [
             checks.Warning(
@@ -94,3 +106,158 @@ def check_allowlist(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         ]
     return []
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+_running: list[str] = []
+
+
+def _outermost(
+    check: Callable[..., list[checks.CheckMessage]],
+) -> Callable[..., list[checks.CheckMessage]]:
+    """Run ``check`` unless it is already running: loading the tasks modules (to find
+    ``@periodic`` declarations and registered tasks) makes Celery's Django fixup run every
+    system check again, from inside this one."""
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> list[checks.CheckMessage]:
+        if check.__name__ in _running:
+            return []
+        _running.append(check.__name__)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            _running.remove(check.__name__)
+
+    return wrapper
+
+
+def _declarations() -> dict[str, Any]:
+    from .declared import declarations
+
+    return declarations()
+
+
+# --- optional dependencies (schedapp.extras) ----------------------------------------------
+
+
+def _missing(module: str, why: str, id: str, *, error: bool = True) -> checks.CheckMessage:
+    extra, needs = extras.EXTRAS[module]
+    kind = checks.Error if error else checks.Warning
+    return kind(
+        f"{why}, but {module!r} is not installed: schedapp[{extra}] brings it, for {needs}.",
+        hint=extras.install_hint(module),
+        id=id,
+    )
+
+
+def _urls(value: Any) -> list[str]:
+    """Celery accepts a URL, a list of URLs or a ';'-separated string of them."""
+    if not value:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return [u.strip() for u in str(value).split(";")]
+
+
+@_outermost
+def check_dependencies(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Each optional dependency the configuration needs and that is not installed."""
+    found: list[checks.CheckMessage] = []
+    engine = str(settings.DATABASES.get("default", {}).get("ENGINE", ""))
+    if ("postgresql" in engine or "postgis" in engine) and not extras.installed("psycopg"):
+        found.append(
+            _missing("psycopg", f"The default database is PostgreSQL ({engine})", "schedapp.E010")
+        )
+    conf = _celery_conf()
+    redis_urls = [
+        (name, url)
+        for name, value in (("broker", conf.broker_url), ("result backend", conf.result_backend))
+        for url in _urls(value)
+        if url.startswith(("redis", "sentinel"))
+    ]
+    if redis_urls and not extras.installed("redis"):
+        name, url = redis_urls[0]
+        found.append(
+            _missing("redis", f"Celery's {name} is Redis ({url.split(':')[0]}://)", "schedapp.E011")
+        )
+    from .conf import get_settings
+
+    schedapp = get_settings()
+    if (schedapp.METRICS_PORT or schedapp.METRICS_TOKEN) and not extras.installed(
+        "prometheus_client"
+    ):
+        setting = "SCHEDAPP_METRICS_PORT" if schedapp.METRICS_PORT else "SCHEDAPP_METRICS_TOKEN"
+        found.append(
+            _missing("prometheus_client", f"{setting} is set", "schedapp.W010", error=False)
+        )
+    solar = sorted(name for name, spec in _declarations().items() if _is_solar(spec))
+    if solar and not extras.installed("ephem"):
+        found.append(
+            _missing("ephem", f"Declared jobs {solar} have solar schedules", "schedapp.E012")
+        )
+    return found
+
+
+def _is_solar(spec: Any) -> bool:
+    return isinstance(spec, dict) and any(str(key).startswith("solar") for key in spec)
+
+
+# --- jobs declared in code -----------------------------------------------------------------
+
+
+@_outermost
+def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``SCHEDAPP_JOBS`` and ``@periodic`` declarations a beat would refuse at its start: a
+    task that is unknown to the Celery app or not allowed is an error here, not a log line
+    at beat start (and so is any other invalid field)."""
+    from .declared import declared_values
+
+    found: list[checks.CheckMessage] = []
+    for name, spec in _declarations().items():
+        try:
+            declared_values(name, spec)
+        except ValidationError as exc:
+            for key, messages in exc.message_dict.items():
+                field = key.removeprefix(f"{name}.")
+                task = field == "task"
+                found.append(
+                    checks.Error(
+                        f"Declared job {name!r}, {field}: {' '.join(messages)}",
+                        hint=_TASK_HINT if task else "Fix it in SCHEDAPP_JOBS or @periodic.",
+                        obj=name,
+                        id="schedapp.E020" if task else "schedapp.E021",
+                    )
+                )
+    return found
+
+
+_TASK_HINT = (
+    "A declared task must be registered with the Celery app (SCHEDAPP_CELERY_APP, or the app "
+    "your project's __init__.py imports), allowed by SCHEDAPP_ALLOWED_TASKS and not denied by "
+    "SCHEDAPP_DENIED_TASKS."
+)
+
+
+def check_beat_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CELERY_BEAT_SCHEDULE`` entries beside the LeaseScheduler are never run by it."""
+    conf = _celery_conf()
+    scheduler = conf.beat_scheduler
+    path = (
+        scheduler if isinstance(scheduler, str) else f"{scheduler.__module__}:{scheduler.__name__}"
+    )
+    if not conf.beat_schedule or path.replace(".LeaseScheduler", ":LeaseScheduler") != (
+        "schedapp.beat:LeaseScheduler"
+    ):
+        return []
+    return [
+        checks.Warning(
+            f"CELERY_BEAT_SCHEDULE has {len(conf.beat_schedule)} entries, which "
+            "schedapp's LeaseScheduler does not run.",
+            hint="Import them once with `manage.py schedapp_import --from-settings`, or move "
+            "them to SCHEDAPP_JOBS.",
+            id="schedapp.W011",
+        )
+    ]

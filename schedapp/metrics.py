@@ -25,71 +25,112 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from prometheus_client.core import GaugeMetricFamily
+try:  # schedapp[metrics]; without it every metric below is a no-op
+    import prometheus_client
+except ImportError:
+    prometheus_client = None  # type: ignore[assignment]
 
 log = logging.getLogger("schedapp.metrics")
 
+AVAILABLE = prometheus_client is not None
+
+
+class MetricsUnavailable(RuntimeError):
+    """prometheus-client is not installed: there is nothing to expose."""
+
+
+class _NoMetric:
+    """Stands in for every metric when prometheus-client is missing: beats and workers call
+    the same functions whether or not anyone can scrape them."""
+
+    def labels(self, *args: Any, **kwargs: Any) -> _NoMetric:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+
+def _metric(kind: str, name: str, doc: str, labels: tuple[str, ...] = (), **options: Any) -> Any:
+    if prometheus_client is None:
+        return _NoMetric()
+    return getattr(prometheus_client, kind)(name, doc, labels, **options)
+
+
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
-CLAIMS = Counter("schedapp_claims", "Jobs claimed by beats (leases taken).")
-DISPATCHES = Counter("schedapp_dispatches", "Runs published to the broker.")
-PUBLISH_FAILURES = Counter(
-    "schedapp_publish_failures", "Runs whose publish failed; their claims were released."
+CLAIMS = _metric("Counter", "schedapp_claims", "Jobs claimed by beats (leases taken).")
+DISPATCHES = _metric("Counter", "schedapp_dispatches", "Runs published to the broker.")
+PUBLISH_FAILURES = _metric(
+    "Counter", "schedapp_publish_failures", "Runs whose publish failed; their claims were released."
 )
-DISPATCH_LAG = Histogram(
+DISPATCH_LAG = _metric(
+    "Histogram",
     "schedapp_dispatch_lag_seconds",
     "Seconds from a run being due to its publication.",
     buckets=LAG_BUCKETS,
 )
-LEASE_EXPIRIES = Counter(
-    "schedapp_lease_expiries", "Expired leases reaped by beats (a worker or beat stopped renewing)."
+LEASE_EXPIRIES = _metric(
+    "Counter",
+    "schedapp_lease_expiries",
+    "Expired leases reaped by beats (a worker or beat stopped renewing).",
 )
-MISFIRES_SKIPPED = Counter(
-    "schedapp_misfires_skipped", "Missed occurrences skipped by the misfire policy."
+MISFIRES_SKIPPED = _metric(
+    "Counter", "schedapp_misfires_skipped", "Missed occurrences skipped by the misfire policy."
 )
-DOOR_SKIPS = Counter(
+DOOR_SKIPS = _metric(
+    "Counter",
     "schedapp_door_skips",
     "Deliveries refused at the worker's door (stale token, job state).",
-    ["reason"],
+    ("reason",),
 )
-RUNS_FINISHED = Counter("schedapp_runs_finished", "Runs that finished, by status.", ["status"])
-STALE_COMPLETIONS = Counter(
+RUNS_FINISHED = _metric(
+    "Counter", "schedapp_runs_finished", "Runs that finished, by status.", ("status",)
+)
+STALE_COMPLETIONS = _metric(
+    "Counter",
     "schedapp_stale_completions",
     "Completions that arrived after their lease was lost (not applied).",
 )
-DEAD_LETTERS = Counter("schedapp_dead_letters", "Jobs that exhausted their retries.")
-HEARTBEATS = Counter("schedapp_heartbeats", "Heartbeats recorded, by node kind.", ["kind"])
-LEASES_RENEWED = Counter("schedapp_leases_renewed", "Leases renewed by worker heartbeats.")
-LEASES_LOST = Counter(
-    "schedapp_leases_lost", "Leases found lost at renewal (the job was reclaimed or cancelled)."
+DEAD_LETTERS = _metric("Counter", "schedapp_dead_letters", "Jobs that exhausted their retries.")
+HEARTBEATS = _metric(
+    "Counter", "schedapp_heartbeats", "Heartbeats recorded, by node kind.", ("kind",)
 )
-BEAT_TICKS = Counter("schedapp_beat_ticks", "Beat ticks (claim, publish, sleep).")
-BEAT_TICK_SECONDS = Histogram(
+LEASES_RENEWED = _metric(
+    "Counter", "schedapp_leases_renewed", "Leases renewed by worker heartbeats."
+)
+LEASES_LOST = _metric(
+    "Counter",
+    "schedapp_leases_lost",
+    "Leases found lost at renewal (the job was reclaimed or cancelled).",
+)
+BEAT_TICKS = _metric("Counter", "schedapp_beat_ticks", "Beat ticks (claim, publish, sleep).")
+BEAT_TICK_SECONDS = _metric(
+    "Histogram",
     "schedapp_beat_tick_seconds",
     "Duration of one beat tick's work.",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
 )
-QUARANTINED = Counter(
+QUARANTINED = _metric(
+    "Counter",
     "schedapp_quarantined",
     "Jobs set aside as dead because a beat or worker could not understand them.",
-    ["where"],
+    ("where",),
 )
-BEAT_ERRORS = Counter(
+BEAT_ERRORS = _metric(
+    "Counter",
     "schedapp_beat_errors",
     "Beat ticks that failed (database or broker unreachable, or an unexpected error); the "
     "beat backs off and goes on.",
-    ["kind"],
+    ("kind",),
 )
-BEAT_LAST_TICK = Gauge(
+BEAT_LAST_TICK = _metric(
+    "Gauge",
     "schedapp_beat_last_tick_timestamp_seconds",
     "Unix time of the last beat tick in this process.",
     multiprocess_mode="max",
@@ -184,20 +225,24 @@ def multiprocess_dir() -> str | None:
     )
 
 
-def process_registry() -> CollectorRegistry:
+def process_registry() -> Any:
     """The registry to expose: all processes of this host in multiprocess mode, else ours."""
+    if prometheus_client is None:
+        raise MetricsUnavailable(
+            "prometheus-client is not installed: pip install 'schedapp[metrics]'"
+        )
     if multiprocess_dir():
         from prometheus_client import multiprocess
 
-        registry = CollectorRegistry()
+        registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return registry
-    return REGISTRY
+    return prometheus_client.REGISTRY
 
 
 def process_exited(pid: int) -> None:
     """Call from ``worker_process_shutdown`` in multiprocess mode (drops live gauges)."""
-    if multiprocess_dir():
+    if prometheus_client is not None and multiprocess_dir():
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid)
@@ -216,16 +261,23 @@ _server_started: list[int] = []
 def start_metrics_server(port: int | None = None, addr: str = "0.0.0.0") -> bool:
     """Serve this process's metrics on ``port`` (default ``SCHEDAPP_METRICS_PORT``).
 
-    Returns False (and logs) if no port is configured, the server already runs, or the port
-    is taken: metrics never stop a beat or a worker from starting.
+    Returns False (and logs) if no port is configured, the server already runs, the port
+    is taken or prometheus-client is missing (the ``schedapp`` system checks report that):
+    metrics never stop a beat or a worker from starting.
     """
-    from prometheus_client import start_http_server
-
     port = port if port is not None else metrics_port()
     if not port or _server_started:
         return False
+    if prometheus_client is None:
+        log.warning(
+            "metrics server not started on port %s: prometheus-client is not installed "
+            "(pip install 'schedapp[metrics]')",
+            port,
+            extra={"action": "metrics_failed"},
+        )
+        return False
     try:
-        start_http_server(port, addr=addr, registry=process_registry())
+        prometheus_client.start_http_server(port, addr=addr, registry=process_registry())
     except OSError as exc:
         log.warning(
             "metrics server not started on %s:%s: %s",
@@ -244,6 +296,8 @@ class FleetCollector:
     """Gauges read from the database at scrape time: the same for every process."""
 
     def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         from . import overview
 
         data = overview.collect()
@@ -273,10 +327,13 @@ class FleetCollector:
 
 
 def exposition(include_fleet: bool = True) -> tuple[bytes, str]:
-    """(body, content type) of a scrape: this host's processes, plus the fleet gauges."""
-    body = generate_latest(process_registry())
+    """(body, content type) of a scrape: this host's processes, plus the fleet gauges.
+
+    Raises MetricsUnavailable without prometheus-client."""
+    registry = process_registry()
+    body = prometheus_client.generate_latest(registry)
     if include_fleet:
-        fleet = CollectorRegistry(auto_describe=False)
+        fleet = prometheus_client.CollectorRegistry(auto_describe=False)
         fleet.register(FleetCollector())  # type: ignore[arg-type]
-        body += generate_latest(fleet)
-    return body, CONTENT_TYPE_LATEST
+        body += prometheus_client.generate_latest(fleet)
+    return body, prometheus_client.CONTENT_TYPE_LATEST

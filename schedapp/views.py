@@ -26,5 +26,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return HttpResponse("unauthorised\n", status=401, content_type="text/plain")
-    body, content_type = _metrics.exposition()
+    try:
+        body, content_type = _metrics.exposition()
+    except _metrics.MetricsUnavailable as exc:
+        return HttpResponse(f"{exc}\n", status=503, content_type="text/plain")
     return HttpResponse(body, content_type=content_type)

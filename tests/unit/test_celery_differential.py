@@ -38,8 +38,10 @@ from celery.schedules import crontab, schedule
 from schedapp import importer
 from schedapp.models import schedule_of
 from schedapp.schedules import Cron, Schedule, fire_times, parse_cron, parse_interval
-from tests.celery_sim import beat_entry, celery_send_times
+from tests.celery_sim import beat_entry, celery_oracle, celery_send_times
 from tests.data.celery_beat_entries import ENTRIES
+
+pytestmark = celery_oracle
 
 COUNT = 50
 

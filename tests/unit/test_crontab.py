@@ -25,6 +25,7 @@ from schedapp.schedules import (
     next_fire_time,
     parse_cron,
 )
+from tests.celery_sim import celery_oracle
 
 DAY = timedelta(days=1)
 
@@ -205,6 +206,7 @@ def _celery_names_in_order(text: str, names: list[str]) -> bool:
     return True
 
 
+@celery_oracle
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(
     minute=_spec(0, 59),

@@ -28,6 +28,7 @@ from schedapp.schedules import (
     parse_solar,
     recent_fire_times,
 )
+from tests.celery_sim import celery_oracle
 
 DAY = timedelta(days=1)
 SECOND = timedelta(seconds=1)
@@ -62,6 +63,7 @@ def moments(first: str, days: int, hours: tuple[int, ...]) -> list[datetime]:
 # --- Celery as the oracle --------------------------------------------------------------------
 
 
+@celery_oracle
 @pytest.mark.parametrize("event", EVENTS)
 @pytest.mark.parametrize(
     ("place", "first", "hours"),
@@ -88,6 +90,7 @@ def test_given_a_week_of_moments_when_asking_the_next_event_then_it_is_celerys(
         assert ours.utcoffset() == timedelta(0) and ours.microsecond == 0
 
 
+@celery_oracle
 @pytest.mark.parametrize(
     ("event", "after", "expected_day"),
     [

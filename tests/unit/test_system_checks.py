@@ -1,0 +1,237 @@
+"""System checks of the configuration: optional dependencies it needs, jobs declared in code,
+and a ``CELERY_BEAT_SCHEDULE`` the LeaseScheduler would not run.
+
+A missing package is simulated with ``sys.modules[name] = None`` (an import then fails as if
+it were not installed); Celery's configuration is patched on the app the checks read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from schedapp import checks, declared
+from schedapp.validation import celery_app
+
+ROOT = Path(__file__).resolve().parents[2]
+SQLITE = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+
+
+def ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+@pytest.fixture
+def without(monkeypatch):
+    def hide(*modules: str) -> None:
+        for module in modules:
+            monkeypatch.setitem(sys.modules, module, None)
+
+    return hide
+
+
+@pytest.fixture
+def celery_conf(monkeypatch):
+    conf = celery_app().conf
+
+    def set_(**values) -> None:
+        for key, value in values.items():
+            # Celery reads CELERY_BROKER_URL / CELERY_RESULT_BACKEND from the environment first.
+            monkeypatch.delenv(f"CELERY_{key.upper()}", raising=False)
+            monkeypatch.setitem(conf, key, value)
+            # Celery 5.4 finds a namespaced Django setting (CELERY_BROKER_URL) first.
+            monkeypatch.setitem(conf, f"CELERY_{key.upper()}", value)
+
+    return set_
+
+
+# --- optional dependencies ---------------------------------------------------------------
+
+
+def test_postgresql_without_psycopg_is_an_error(without):
+    without("psycopg")
+    found = checks.check_dependencies()
+    assert "schedapp.E010" in ids(found)
+    message = next(m for m in found if m.id == "schedapp.E010")
+    assert "schedapp[postgres]" in message.hint
+
+
+def test_postgresql_with_psycopg_is_fine():
+    assert "schedapp.E010" not in ids(checks.check_dependencies())
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_sqlite_needs_no_psycopg(without):
+    without("psycopg")
+    with override_settings(DATABASES=SQLITE):
+        assert "schedapp.E010" not in ids(checks.check_dependencies())
+
+
+@pytest.mark.parametrize(
+    "broker, backend",
+    [
+        ("redis://127.0.0.1:6379/0", None),
+        ("rediss://cache:6380/0", "django-db"),
+        ("sentinel://a:26379;sentinel://b:26379", None),
+        ("amqp://guest@localhost//", "redis://127.0.0.1:6379/1"),
+    ],
+)
+def test_a_redis_broker_or_backend_without_redis_is_an_error(without, celery_conf, broker, backend):
+    celery_conf(broker_url=broker, result_backend=backend)
+    without("redis")
+    assert "schedapp.E011" in ids(checks.check_dependencies())
+
+
+def test_no_redis_needed_for_other_brokers(without, celery_conf):
+    celery_conf(broker_url="amqp://guest@localhost//", result_backend="django-db")
+    without("redis")
+    assert "schedapp.E011" not in ids(checks.check_dependencies())
+
+
+def test_redis_installed_is_fine(celery_conf):
+    celery_conf(broker_url="redis://127.0.0.1:6379/0")
+    assert "schedapp.E011" not in ids(checks.check_dependencies())
+
+
+@pytest.mark.parametrize("setting", ["SCHEDAPP_METRICS_PORT", "SCHEDAPP_METRICS_TOKEN"])
+def test_metrics_enabled_without_prometheus_client_is_reported(without, setting):
+    without("prometheus_client")
+    with override_settings(**{setting: 9100}):
+        found = checks.check_dependencies()
+    assert "schedapp.W010" in ids(found)
+    assert "schedapp[metrics]" in next(m for m in found if m.id == "schedapp.W010").hint
+
+
+def test_metrics_not_enabled_need_no_prometheus_client(without):
+    without("prometheus_client")
+    with override_settings(SCHEDAPP_METRICS_PORT=None, SCHEDAPP_METRICS_TOKEN=None):
+        assert "schedapp.W010" not in ids(checks.check_dependencies())
+
+
+SOLAR_JOB = {
+    "sunrise": {"task": "project.tasks.add", "solar": {"event": "sunrise", "latitude": 48.8}}
+}
+
+
+def test_solar_jobs_without_ephem_are_an_error(without):
+    without("ephem")
+    with override_settings(SCHEDAPP_JOBS=SOLAR_JOB):
+        found = checks.check_dependencies()
+    assert "schedapp.E012" in ids(found)
+    assert "sunrise" in next(m for m in found if m.id == "schedapp.E012").msg
+
+
+def test_solar_jobs_with_ephem_and_no_solar_without_it_are_fine(without):
+    with override_settings(SCHEDAPP_JOBS=SOLAR_JOB):
+        assert "schedapp.E012" not in ids(checks.check_dependencies())
+    without("ephem")
+    with override_settings(SCHEDAPP_JOBS={"x": {"task": "project.tasks.add", "cron": "* * * * *"}}):
+        assert "schedapp.E012" not in ids(checks.check_dependencies())
+
+
+# --- jobs declared in code ---------------------------------------------------------------
+
+
+def declared_errors(jobs: dict) -> dict[str, list[str]]:
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        found = checks.check_declared_jobs()
+    by_id: dict[str, list[str]] = {}
+    for message in found:
+        assert message.level >= 40, message  # errors, not warnings
+        by_id.setdefault(message.id, []).append(message.msg)
+    return by_id
+
+
+def test_an_unknown_task_is_an_error():
+    found = declared_errors({"x": {"task": "project.tasks.no_such_task", "cron": "@daily"}})
+    assert list(found) == ["schedapp.E020"]
+    assert "not registered" in found["schedapp.E020"][0]
+    assert "'x'" in found["schedapp.E020"][0]
+
+
+def test_a_disallowed_task_is_an_error():
+    # celery.* is denied by default, and backend_cleanup is registered with every app.
+    found = declared_errors({"cleanup": {"task": "celery.backend_cleanup", "cron": "@daily"}})
+    assert list(found) == ["schedapp.E020"]
+    assert "not allowed" in found["schedapp.E020"][0]
+    with override_settings(SCHEDAPP_ALLOWED_TASKS=["schedapp.*"]):
+        found = declared_errors({"add": {"task": "project.tasks.add", "cron": "@daily"}})
+    assert "not allowed" in found["schedapp.E020"][0]
+
+
+def test_other_invalid_fields_are_errors_too():
+    found = declared_errors(
+        {
+            "bad-cron": {"task": "project.tasks.add", "cron": "61 * * * *"},
+            "typo": {"task": "project.tasks.add", "cron": "@daily", "kwarg": {}},
+        }
+    )
+    assert list(found) == ["schedapp.E021"]
+    assert len(found["schedapp.E021"]) == 2
+
+
+def test_valid_declarations_pass():
+    assert (
+        declared_errors(
+            {
+                "add": {"task": "project.tasks.add", "cron": "*/5 * * * *", "args": [1, 2]},
+                "prune": {"task": "schedapp.prune_runs", "interval": 3600},
+            }
+        )
+        == {}
+    )
+
+
+def test_periodic_declarations_are_checked():
+    declared.periodic(cron="@hourly", name="ghost", task="project.tasks.ghost")(lambda: None)
+    try:
+        found = declared_errors({})
+    finally:
+        declared.clear_registry()
+    assert list(found) == ["schedapp.E020"]
+    assert "ghost" in found["schedapp.E020"][0]
+
+
+def test_manage_py_check_fails_on_a_declared_job_with_an_unknown_task():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SCHEDAPP_"))}
+    jobs = {"nightly": {"task": "project.tasks.nightly_typo", "cron": "0 2 * * *"}}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        env={
+            **env,
+            "DJANGO_SETTINGS_MODULE": "project.settings_test",
+            "SCHEDAPP_JOBS": json.dumps(jobs),
+        },
+        timeout=120,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "schedapp.E020" in result.stderr
+    assert "project.tasks.nightly_typo" in result.stderr
+
+
+# --- CELERY_BEAT_SCHEDULE ----------------------------------------------------------------
+
+ENTRY = {"add": {"task": "project.tasks.add", "schedule": 30.0, "args": (1, 2)}}
+
+
+def test_beat_schedule_beside_the_lease_scheduler_is_reported(celery_conf):
+    celery_conf(beat_schedule=ENTRY, beat_scheduler="schedapp.beat:LeaseScheduler")
+    found = checks.check_beat_schedule()
+    assert ids(found) == ["schedapp.W011"]
+    assert "schedapp_import --from-settings" in found[0].hint
+
+
+def test_beat_schedule_with_another_scheduler_or_empty_is_not(celery_conf):
+    celery_conf(beat_schedule=ENTRY, beat_scheduler="celery.beat:PersistentScheduler")
+    assert checks.check_beat_schedule() == []
+    celery_conf(beat_schedule={}, beat_scheduler="schedapp.beat:LeaseScheduler")
+    assert checks.check_beat_schedule() == []
