@@ -271,6 +271,26 @@ def schedule_prefetch_mix(rng: random.Random) -> dict[str, int]:
     return {"long": 4}
 
 
+def schedule_long_mix() -> dict[str, int]:
+    """Two jobs two and a half leases long, running when the broker goes away."""
+    from schedapp import api
+    from schedapp.db import db_now
+
+    now = db_now()
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "run_at": now,
+            "name": f"long-{i}",
+            "kwargs": {"label": f"long-{i}", "sleep": 2.5 * LEASE},
+            **RETRY,
+            "max_retries": 10,
+        }
+        for i in range(2)
+    )
+    return {"long": 2}
+
+
 # Lost replies: a fragment of the statement whose reply is dropped after it committed, and
 # the processes it may hit. The worker's writes are single autocommit statements.
 LOST_REPLIES = (
@@ -535,9 +555,13 @@ def run_chaos(
 ) -> tuple[dict[str, Any], list[str]]:
     """One seeded run: the figures of its history and every problem found."""
     rng = random.Random(seed)
+    kinds: tuple[str, ...] = FAULT_KINDS if faults_on else ()
     if profile == "prefetch":  # one process, Celery's default prefetch, long jobs: no faults
         h = Harness(workdir, beats=1, workers=1, concurrency=1, prefetch=(4,), proxy=True)
-        faults_on = False
+        kinds = ()
+    elif profile == "broker":  # long jobs running through one Redis outage longer than a lease
+        h = Harness(workdir, beats=1, workers=1, concurrency=2, prefetch=(1,), proxy=True)
+        kinds = ("broker_outage",)
     else:
         h = Harness(workdir, prefetch=(4, 1), proxy=True)
     h.start_servers()
@@ -545,6 +569,8 @@ def run_chaos(
         h.start_processes()
         if profile == "prefetch":
             counts = schedule_prefetch_mix(rng)
+        elif profile == "broker":
+            counts = schedule_long_mix()
         else:
             counts = schedule_mix(duration, scale=duration / 120, rng=rng)
         from schedapp.db import db_now, reset_connection
@@ -556,9 +582,11 @@ def run_chaos(
         print(f"chaos: seed {seed}, {duration:.0f}s of faults, jobs {counts}", flush=True)
         next_fault = started + 5 + rng.uniform(2, 6)
         while time.monotonic() - started < duration:
-            if faults_on and time.monotonic() >= next_fault:
-                inject(h, rng.choice(FAULT_KINDS), rng)
+            if kinds and time.monotonic() >= next_fault:
+                inject(h, rng.choice(kinds), rng)
                 next_fault = time.monotonic() + rng.uniform(2, 6)
+                if profile == "broker":
+                    next_fault = float("inf")  # one outage
             for name in h.supervise():
                 restarts.append(f"{time.time() - t0:7.1f}s restarted {name}")
             time.sleep(0.5)
@@ -852,9 +880,9 @@ def main() -> int:
     parser.add_argument(
         "--profile",
         default="mix",
-        choices=["mix", "prefetch"],
+        choices=["mix", "prefetch", "broker"],
         help="mix: every fault kind; prefetch: one worker with Celery's default prefetch, "
-        "long jobs, no fault",
+        "long jobs, no fault; broker: long jobs running through one Redis outage",
     )
     parser.add_argument("--defect", default="", help="put a known defect back (bench/defects.py)")
     parser.add_argument("--out", default="", help="write this run's figures here (JSON)")
