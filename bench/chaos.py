@@ -564,8 +564,8 @@ def run_chaos(
         kinds = ("broker_outage",)
     else:
         h = Harness(workdir, prefetch=(4, 1), proxy=True)
-    h.start_servers()
     try:
+        h.start_servers()
         h.start_processes()
         if profile == "prefetch":
             counts = schedule_prefetch_mix(rng)
