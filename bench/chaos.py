@@ -100,6 +100,7 @@ class Harness:
         self.slots: list[WorkerSlot] = []
         self.fleet: Fleet | None = None
         self.faults: list[oracle.Fault] = []
+        self.armed: list[str] = []  # proxy faults armed (they fire at the next match)
         self._stack = ExitStack()
 
     @property
@@ -346,7 +347,9 @@ def inject(h: Harness, kind: str, rng: random.Random) -> None:
         # Stopped between its claim and its COMMIT, locks held, longer than PostgreSQL's
         # idle-in-transaction timeout for beats (5 s here) or shorter.
         seconds = rng.choice([rng.uniform(*SHORT), rng.uniform(*LONG)])
-        h.proxy.stall_after(CLAIM, seconds, app=rng.choice(h.beats).name)
+        beat = rng.choice(h.beats).name
+        h.proxy.stall_after(CLAIM, seconds, app=beat)
+        h.armed.append(f"{time.time():.1f} stall_claim {beat} {seconds:.1f}s")
     elif kind == "broker_outage":
         seconds = rng.uniform(*LONG)
         t0 = time.time()
@@ -355,8 +358,9 @@ def inject(h: Harness, kind: str, rng: random.Random) -> None:
         h.redis.start()
         log(oracle.Fault(kind, "*", t0, time.time(), "Redis killed (no persistence)"))
     elif kind == "lost_reply":
-        _, pattern, app = rng.choice(LOST_REPLIES)
+        what, pattern, app = rng.choice(LOST_REPLIES)
         h.proxy.cut_after(pattern, app=app)
+        h.armed.append(f"{time.time():.1f} lost_reply {what} {app}")
     elif kind == "latency":
         seconds, duration = rng.uniform(0.1, 0.5), rng.uniform(2, 6)
         t0 = time.time()
@@ -629,7 +633,9 @@ def run_chaos(
             print(f"  {f.start - t0:7.1f}s {f.kind} {f.target} {f.duration:.1f}s {f.detail}")
         for line in restarts:
             print("  " + line)
+        print(f"proxy faults armed: {len(h.armed)}, fired: {len(proxy_faults(h.proxy))}")
         figures, problems = check_history(faults, beats_stopped_at, t0)
+        figures["proxy_faults_armed"] = h.armed
         print("duplicates:")
         for line in figures["duplicate_lines"]:
             print("  " + line)
