@@ -1,66 +1,111 @@
 #!/usr/bin/env python
-"""Chaos runs: real beats and workers under injected faults, then a check of the history.
+"""Chaos runs: real beats and workers under injected faults, then a strict check of the history.
 
-    python bench/chaos.py --duration 120 --seed 1          # the short run CI does
-    python bench/chaos.py --duration 1200 --seeds 1,2,3    # the long run (bench/README.md)
-    python bench/chaos.py --scenario redis-outage          # Redis down, then back
-    python bench/chaos.py --scenario postgres-outage       # PostgreSQL restarted mid-flight
+    python -m bench.chaos --duration 90 --seed 7             # the short run CI does
+    python -m bench.chaos --seeds 10 --minutes 10            # the long mode (bench/README.md)
+    python -m bench.chaos --seeds 3 --minutes 2              # a few short seeds
+    python -m bench.chaos --profile prefetch --defect unrenewed-reserved   # must FAIL
+    python -m bench.chaos --scenario redis-outage            # Redis down, then back
+    python -m bench.chaos --scenario postgres-outage         # PostgreSQL restarted mid-flight
 
-Each run starts a private PostgreSQL cluster and a private Redis (so it may kill and restart
-them freely), 3 beats and 2 prefork workers, schedules a mix of jobs (one-off jobs spread over
-the window, interval and cron jobs, long jobs that need heartbeats, flaky jobs that retry,
-jobs that always fail), and injects faults on a seeded plan: SIGKILL of a beat or a worker,
-SIGSTOP of a beat for longer than a lease, a Redis restart (every message lost), a PostgreSQL
-restart. A supervisor restarts what died. Every execution is recorded by the task itself.
-The history check then demands: no occurrence lost, every duplicate explained by a recorded
-fault, no job stuck with an expired lease, every dead job out of retries, no stale completion
-applied. Exit status 0 means every check passed.
+Each run starts a private PostgreSQL cluster, a private Redis and a fault-injecting proxy
+(tests/pgproxy) through which every beat and worker reaches PostgreSQL (each names its
+connections after itself, so a fault can target one), 3 beats and 2 prefork workers (one with
+Celery's default prefetch, multiplier 4), schedules a mix of jobs (one-offs spread over the
+window, long jobs that live on lease renewals, interval and cron jobs, flaky jobs that retry,
+jobs that always fail), and injects faults on a seeded plan: a worker SIGKILLed, frozen
+(SIGSTOP) for less or more than the lease, cut off from PostgreSQL for less or more than the
+lease; a beat killed, frozen, or stopped in the middle of its claim (the proxy holds its
+COMMIT, locks held); Redis down for longer than the lease while long jobs run; a reply lost
+after its statement committed (door, completion, renewal, a beat's COMMIT); latency spikes.
+A supervisor restarts what died. Every execution is recorded by the task itself.
+
+The oracle (bench/chaos_oracle.py) then demands: every duplicate execution blamed on a fault
+that could cause it (a kill, or a freeze or partition at least a lease long, of the worker that
+held the lease that was lost, in the window before the job was claimed again), no occurrence
+lost; and no job stuck with an expired lease, every dead job out of retries, no stale
+completion applied. Exit status 0 means every check passed. ``--out`` writes the figures of a
+run as JSON; several seeds run one process each and their table goes to
+bench/results/chaos.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from datetime import timedelta
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import chaos_oracle as oracle  # noqa: E402
 from tests.fleet import Fleet, Proc  # noqa: E402
+from tests.pgproxy import COMMIT, ProxyControl, spawn_proxy  # noqa: E402
 from tests.servers import PrivatePostgres, PrivateRedis  # noqa: E402
 
-LEASE = 5  # seconds: short, so that recovery happens well inside the run
+LEASE = 8  # seconds, every job: short, so that recovery happens well inside the run
+# Renewals start a third of a lease in, every second: a pause up to LEASE * 2/3 - 1 s can never
+# lose a lease, one of a whole lease or more can. Short faults stay under SHORT, long ones
+# over LONG; the oracle only ever accepts the long ones (and kills) as a cause.
+SHORT = (0.3, 2.0)
+LONG = (1.5 * LEASE, 2.0 * LEASE)
+# From a lease's expiry to the job's next claim: a beat's longest sleep (5 s) and the retry
+# backoff (capped at 2 s below), plus a beat restarting after a kill.
+SLACK = 12.0
+RESULTS = ROOT / "bench" / "results"
 
 
 @dataclass
-class Faults:
-    counts: Counter = field(default_factory=Counter)
-    log: list[str] = field(default_factory=list)
+class WorkerSlot:
+    """A worker the supervisor keeps alive: its settings survive a restart."""
 
-    def note(self, kind: str, detail: str, started: float) -> None:
-        self.counts[kind] += 1
-        self.log.append(f"{time.monotonic() - started:7.1f}s {kind}: {detail}")
+    proc: Proc
+    concurrency: int
+    prefetch: int
 
 
 class Harness:
-    """Servers, processes and a supervisor that restarts whatever died."""
+    """Servers, the proxy, processes, and a supervisor that restarts whatever died."""
 
-    def __init__(self, workdir: Path, beats: int = 3, workers: int = 2) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        beats: int = 3,
+        workers: int = 2,
+        concurrency: int = 3,
+        prefetch: tuple[int, ...] = (1,),
+        proxy: bool = False,
+    ) -> None:
         self.workdir = workdir
         self.pg = PrivatePostgres()
         self.redis = PrivateRedis()
         self.n_beats, self.n_workers = beats, workers
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.use_proxy = proxy
+        self.proxy: ProxyControl | None = None
         self.beats: list[Proc] = []
-        self.workers: list[Proc] = []
+        self.slots: list[WorkerSlot] = []
         self.fleet: Fleet | None = None
+        self.faults: list[oracle.Fault] = []
+        self.armed: list[str] = []  # proxy faults armed (they fire at the next match)
+        self._stack = ExitStack()
+
+    @property
+    def workers(self) -> list[Proc]:
+        return [s.proc for s in self.slots]
 
     def start_servers(self) -> None:
         self.pg.init()
@@ -82,37 +127,63 @@ class Harness:
 
         call_command("migrate", verbosity=0)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        if self.use_proxy:
+            self.proxy = self._stack.enter_context(
+                spawn_proxy(self.workdir / "pgproxy.sock", upstream=("127.0.0.1", self.pg.port))
+            )
+            env["DATABASE_URL"] = self.proxy.database_url(self.pg.url)
         self.fleet = Fleet(self.workdir, env)
+
+    def _worker(self, concurrency: int, prefetch: int, wait: bool = True) -> Proc:
+        assert self.fleet is not None
+        proc = self.fleet.worker(
+            concurrency=concurrency,
+            heartbeat=1,
+            wait=wait,
+            extra_args=["--prefetch-multiplier", str(prefetch)],
+        )
+        if prefetch > 1:  # a configuration, not an event: it may never explain a duplicate
+            now = time.time()
+            self.faults.append(oracle.Fault("prefetch", proc.name, now, now, f"x{prefetch}"))
+        return proc
 
     def start_processes(self) -> None:
         assert self.fleet is not None
-        self.beats = [self.fleet.beat() for _ in range(self.n_beats)]
-        self.workers = [
-            self.fleet.worker(concurrency=3, heartbeat=1) for _ in range(self.n_workers)
+        self.beats = [self.fleet.beat(wait=False) for _ in range(self.n_beats)]
+        self.slots = [
+            WorkerSlot(self._worker(self.concurrency, p, wait=False), self.concurrency, p)
+            for p in (self.prefetch * self.n_workers)[: self.n_workers]
         ]
+        for beat in self.beats:
+            beat.wait_for("schedapp.beat: beat ", timeout=90)
+        for slot in self.slots:
+            slot.proc.wait_for(" ready.", timeout=120)
 
     def supervise(self) -> list[str]:
         """Restart dead processes, as systemd or Kubernetes would."""
         assert self.fleet is not None
         restarted = []
-        for group, start in (
-            (self.beats, self.fleet.beat),
-            (self.workers, lambda: self.fleet.worker(concurrency=3, heartbeat=1)),
-        ):  # type: ignore[union-attr]
-            for i, proc in enumerate(group):
-                if not proc.alive():
-                    group[i] = start()
-                    restarted.append(proc.name)
+        for i, proc in enumerate(self.beats):
+            if not proc.alive():
+                self.beats[i] = self.fleet.beat(wait=False)
+                restarted.append(proc.name)
+        for slot in self.slots:
+            if not slot.proc.alive():
+                restarted.append(slot.proc.name)
+                slot.proc = self._worker(slot.concurrency, slot.prefetch, wait=False)
         return restarted
 
     def stop(self) -> None:
         if self.fleet is not None:
             self.fleet.stop_all()
+        self._stack.close()
         self.redis.stop(kill=True)
         self.pg.destroy()
 
 
 # --- the job mix and the fault plan -------------------------------------------------------
+
+RETRY = {"lease_seconds": LEASE, "retry_backoff": 1, "retry_backoff_max": 2}
 
 
 def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, int]:
@@ -123,28 +194,22 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
     counts: Counter = Counter()
     # One-off kinds, spread over the window: (name, how many, task, kwargs, options).
     one_offs = [
-        ("once", int(1500 * scale), "project.tasks.record", {}, {"lease_seconds": LEASE}),
+        ("once", int(1500 * scale), "project.tasks.record", {}, RETRY),
         (
-            "long",
+            "long",  # lives on lease renewals: two and a half leases long
             max(2, int(8 * scale)),
             "project.tasks.record",
-            {"sleep": 8},
-            {"lease_seconds": 3, "max_retries": 10, "retry_backoff": 1},
+            {"sleep": 2.5 * LEASE},
+            {**RETRY, "max_retries": 10},
         ),
         (
             "flaky",
             max(4, int(30 * scale)),
             "project.tasks.flaky",
             {"failures": 2},
-            {"max_retries": 6, "retry_backoff": 1, "lease_seconds": LEASE},
+            {**RETRY, "max_retries": 6},
         ),
-        (
-            "fail",
-            max(2, int(6 * scale)),
-            "project.tasks.fail",
-            {},
-            {"max_retries": 2, "retry_backoff": 1, "lease_seconds": LEASE},
-        ),
+        ("fail", max(2, int(6 * scale)), "project.tasks.fail", {}, {**RETRY, "max_retries": 2}),
     ]
     specs = []
     for kind, count, task, kwargs, options in one_offs:
@@ -166,7 +231,7 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
                 "interval": 3,
                 "name": f"every3-{i}",
                 "kwargs": {"label": f"every3-{i}"},
-                "lease_seconds": LEASE,
+                **RETRY,
             }
         )
     for i, zone in enumerate(("UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata")):
@@ -177,7 +242,7 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
                 "timezone": zone,
                 "name": f"cron5-{i}",
                 "kwargs": {"label": f"cron5-{i}"},
-                "lease_seconds": LEASE,
+                **RETRY,
             }
         )
     api.schedule_many(specs)
@@ -186,105 +251,233 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
     return dict(counts)
 
 
-def inject(h: Harness, kind: str, rng: random.Random, faults: Faults, started: float) -> None:
-    if kind == "kill_beat":
+def schedule_prefetch_mix(rng: random.Random) -> dict[str, int]:
+    """A handful of long one-offs due together: more than one process can run at once, so
+    most wait in the prefetch buffer for longer than their lease."""
+    from schedapp import api
+    from schedapp.db import db_now
+
+    now = db_now()
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "run_at": now + timedelta(seconds=2 + rng.random()),
+            "name": f"long-{i}",
+            "kwargs": {"label": f"long-{i}", "sleep": LEASE / 2},
+            **RETRY,
+            "max_retries": 10,
+        }
+        for i in range(4)
+    )
+    return {"long": 4}
+
+
+def schedule_long_mix() -> dict[str, int]:
+    """Two jobs two and a half leases long, running when the broker goes away."""
+    from schedapp import api
+    from schedapp.db import db_now
+
+    now = db_now()
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "run_at": now,
+            "name": f"long-{i}",
+            "kwargs": {"label": f"long-{i}", "sleep": 2.5 * LEASE},
+            **RETRY,
+            "max_retries": 10,
+        }
+        for i in range(2)
+    )
+    return {"long": 2}
+
+
+# Lost replies: a fragment of the statement whose reply is dropped after it committed, and
+# the processes it may hit. The worker's writes are single autocommit statements.
+LOST_REPLIES = (
+    ("door", b"SELECT schedapp_admit_run(", "worker*"),
+    ("completion", b"schedapp_succeed_run", "worker*"),
+    ("renewal", b"schedapp_renew_leases(", "worker*"),
+    ("beat commit", COMMIT, "beat*"),
+)
+# The beat's claim statement (its reap locks with a plain FOR UPDATE SKIP LOCKED)
+CLAIM = b"for update of j skip locked"
+
+
+def inject(h: Harness, kind: str, rng: random.Random) -> None:
+    """Inject one fault of ``kind`` and log it (faults the proxy fires later, lost replies and
+    stalled claims, are logged from its events at the end)."""
+    assert h.proxy is not None
+    log = h.faults.append
+
+    def held(proc: Proc, seconds: float, sig_stop: int, sig_cont: int) -> tuple[float, float]:
+        t0 = time.time()
+        proc.signal_group(sig_stop)
+        time.sleep(seconds)
+        proc.signal_group(sig_cont)
+        return t0, time.time()
+
+    if kind == "kill_worker":
+        slot = rng.choice(h.slots)
+        t0 = time.time()
+        slot.proc.kill()
+        log(oracle.Fault(kind, slot.proc.name, t0, t0, "SIGKILL, main process and pool"))
+    elif kind in ("freeze_worker_short", "freeze_worker_long"):
+        proc = rng.choice(h.slots).proc
+        seconds = rng.uniform(*(SHORT if kind.endswith("short") else LONG))
+        t0, t1 = held(proc, seconds, signal.SIGSTOP, signal.SIGCONT)
+        log(oracle.Fault("freeze_worker", proc.name, t0, t1, "SIGSTOP/SIGCONT"))
+    elif kind in ("partition_worker_short", "partition_worker_long"):
+        proc = rng.choice(h.slots).proc
+        seconds = rng.uniform(*(SHORT if kind.endswith("short") else LONG))
+        t0 = time.time()
+        h.proxy.blackhole(seconds, app=proc.name)
+        time.sleep(seconds)
+        log(oracle.Fault("partition_worker", proc.name, t0, t0 + seconds, "no DB traffic"))
+    elif kind == "kill_beat":
         proc = rng.choice(h.beats)
+        t0 = time.time()
         proc.kill()
-        faults.note(kind, proc.name, started)
-    elif kind == "kill_worker":
-        proc = rng.choice(h.workers)
-        proc.kill()
-        faults.note(kind, f"{proc.name} (main process and pool children)", started)
-    elif kind == "pause_beat":
+        log(oracle.Fault(kind, proc.name, t0, t0))
+    elif kind == "freeze_beat":
         proc = rng.choice(h.beats)
-        pause = LEASE + 3 + rng.random() * 3
-        proc.signal_group(signal.SIGSTOP)
-        faults.note(kind, f"{proc.name} SIGSTOP for {pause:.1f}s", started)
-        time.sleep(pause)
-        proc.signal_group(signal.SIGCONT)
-    elif kind == "restart_redis":
-        down = 1 + rng.random() * 3
-        h.redis.restart(down_for=down)
-        faults.note(kind, f"down {down:.1f}s, every queued message lost", started)
-    elif kind == "restart_postgres":
-        down = 1 + rng.random() * 3
-        h.pg.restart(down_for=down, mode="immediate")
-        faults.note(kind, f"immediate shutdown, down {down:.1f}s", started)
+        t0, t1 = held(proc, rng.uniform(*LONG), signal.SIGSTOP, signal.SIGCONT)
+        log(oracle.Fault(kind, proc.name, t0, t1))
+    elif kind == "stall_claim":
+        # Stopped between its claim and its COMMIT, locks held, longer than PostgreSQL's
+        # idle-in-transaction timeout for beats (5 s here) or shorter.
+        seconds = rng.choice([rng.uniform(*SHORT), rng.uniform(*LONG)])
+        beat = rng.choice(h.beats).name
+        h.proxy.stall_after(CLAIM, seconds, app=beat)
+        h.armed.append(f"{time.time():.1f} stall_claim {beat} {seconds:.1f}s")
+    elif kind == "broker_outage":
+        seconds = rng.uniform(*LONG)
+        t0 = time.time()
+        h.redis.stop(kill=True)
+        time.sleep(seconds)
+        h.redis.start()
+        log(oracle.Fault(kind, "*", t0, time.time(), "Redis killed (no persistence)"))
+    elif kind == "lost_reply":
+        what, pattern, app = rng.choice(LOST_REPLIES)
+        h.proxy.cut_after(pattern, app=app)
+        h.armed.append(f"{time.time():.1f} lost_reply {what} {app}")
+    elif kind == "latency":
+        seconds, duration = rng.uniform(0.1, 0.5), rng.uniform(2, 6)
+        t0 = time.time()
+        h.proxy.delay(seconds, duration=duration)
+        time.sleep(duration)
+        log(oracle.Fault(kind, "*", t0, t0 + duration, f"+{seconds:.2f}s per round trip"))
 
 
-FAULT_KINDS = ("kill_beat", "kill_worker", "pause_beat", "restart_redis", "restart_postgres")
+FAULT_KINDS = (
+    "kill_worker",
+    "freeze_worker_short",
+    "freeze_worker_long",
+    "partition_worker_short",
+    "partition_worker_long",
+    "kill_beat",
+    "freeze_beat",
+    "stall_claim",
+    "broker_outage",
+    "lost_reply",
+    "latency",
+)
 
 
-# --- the history check ----------------------------------------------------------------------
+def proxy_faults(proxy: ProxyControl) -> list[oracle.Fault]:
+    """The faults the proxy fired on its own: lost replies and stalled claims."""
+    found = []
+    for event in proxy.events():
+        if event["kind"] == "cut":
+            at = event["time"]
+            found.append(oracle.Fault("lost_reply", event["app"], at, at, event["statement"]))
+        elif event["kind"] == "stall":
+            at, seconds = event["time"], event["seconds"]
+            found.append(oracle.Fault("stall_claim", event["app"], at, at + seconds))
+    return found
 
 
-def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> list[str]:
-    """Every problem found, as sentences; the table is printed as a side effect."""
+# --- the history ----------------------------------------------------------------------------
 
+
+def db_clock_offset() -> float:
+    """Seconds to subtract from a database timestamp to get this host's clock (~0: one host)."""
+    from django.db import connection
+
+    samples = []
+    with connection.cursor() as cursor:
+        for _ in range(5):
+            before = time.time()
+            cursor.execute("SELECT extract(epoch FROM clock_timestamp())")
+            (db,) = cursor.fetchone()
+            samples.append(float(db) - (before + time.time()) / 2)
+    return sorted(samples)[len(samples) // 2]
+
+
+def collect(beats_stopped_at: datetime) -> dict[str, Any]:
+    """The histories the oracle needs, read from the database, on this host's clock."""
     from project.models import Execution
+    from schedapp.claims import job_schedule
+    from schedapp.models import Job, JobRun
+    from schedapp.schedules import fire_times
+
+    offset = db_clock_offset()
+    jobs = {j.pk: j for j in Job.objects.all()}
+    failing = {pk for pk, j in jobs.items() if j.name.startswith("fail-")}
+    executions = [
+        oracle.Execution(
+            job=e.job_id,
+            occurrence=e.scheduled_for.isoformat(),
+            token=e.token,
+            node=e.worker.split("@")[0],
+            started=e.started_at.timestamp(),  # the worker's clock: this host's
+            lease=float(jobs[e.job_id].lease_seconds),
+        )
+        for e in Execution.objects.filter(job_id__isnull=False, token__isnull=False)
+        if e.job_id not in failing
+    ]
+    claims: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for job_id, token, at in JobRun.objects.values_list("job_id", "token", "dispatched_at"):
+        claims[job_id].append((token, at.timestamp() - offset))
+    expected: list[tuple[int, str]] = []
+    never_ran = []
+    firsts: dict[int, datetime] = {}
+    for e in Execution.objects.filter(job_id__isnull=False).order_by("scheduled_for"):
+        firsts.setdefault(e.job_id, e.scheduled_for)
+    until = beats_stopped_at - timedelta(seconds=10)
+    for job in jobs.values():
+        if job.pk in failing:
+            continue
+        if job.run_at is not None:
+            expected.append((job.pk, job.run_at.isoformat()))
+            continue
+        first = firsts.get(job.pk)
+        if first is None:
+            never_ran.append(job.name)
+            continue
+        expected.append((job.pk, first.isoformat()))
+        expected.extend(
+            (job.pk, t.isoformat()) for t in fire_times(job_schedule(job), first, until=until)
+        )
+    return {
+        "executions": executions,
+        "claims": dict(claims),
+        "expected": expected,
+        "never_ran": never_ran,
+        "names": {pk: j.name for pk, j in jobs.items()},
+        "clock_offset": offset,
+    }
+
+
+def bookkeeping_problems() -> list[str]:
+    """What schedapp's own rows must satisfy after the run: no job left running on an expired
+    lease, every one-off finished, every dead job out of retries, no stale completion applied."""
     from schedapp.db import db_now
     from schedapp.models import Job, JobRun, JobState, RunStatus
-    from schedapp.schedules import fire_times
 
     problems: list[str] = []
     jobs = {j.pk: j for j in Job.objects.all()}
-    runs_by_token = {(r.job_id, r.token): r for r in JobRun.objects.all()}
-    executions = defaultdict(list)
-    for e in Execution.objects.exclude(label__startswith="fail-"):
-        if e.finished_at is not None:
-            executions[(e.job_id, e.scheduled_for)].append(e)
-
-    # 1. Nothing lost: every due occurrence executed at least once (or was dead-lettered)
-    expected: list[tuple[int, object]] = []
-    for job in jobs.values():
-        if job.name.startswith("fail-"):
-            continue
-        if job.run_at is not None:
-            if job.state == JobState.DEAD:
-                continue
-            expected.append((job.pk, job.run_at))
-        else:
-            from schedapp.claims import job_schedule
-
-            first = Execution.objects.filter(job_id=job.pk).order_by("scheduled_for").first()
-            if first is None:
-                problems.append(f"recurring job {job.name} never ran")
-                continue
-            until = beats_stopped_at - timedelta(seconds=10)
-            expected.append((job.pk, first.scheduled_for))
-            expected.extend(
-                (job.pk, t) for t in fire_times(job_schedule(job), first.scheduled_for, until=until)
-            )
-    lost = [(jobs[j].name, t) for j, t in expected if not executions.get((j, t))]
-    if lost:
-        problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
-
-    # 2. Every duplicate explained by a recorded fault
-    causes: Counter = Counter()
-    duplicates = 0
-    for (job_id, _when), group in executions.items():
-        if len(group) < 2:
-            continue
-        duplicates += len(group) - 1
-        tokens = sorted(e.token for e in group)
-        if len(set(tokens)) < len(tokens):
-            causes["same claim executed twice (door failed)"] += 1
-            problems.append(f"job {jobs[job_id].name}: one claim executed twice {tokens}")
-            continue
-        for token in tokens[:-1]:
-            run = runs_by_token.get((job_id, token))
-            if run is not None and run.stale:
-                causes["lease lost while running (completion stale)"] += 1
-            elif run is not None and run.status == RunStatus.LOST:
-                causes["lease expired (run lost: worker, beat or database fault)"] += 1
-            else:
-                causes["unexplained"] += 1
-                problems.append(
-                    f"job {jobs[job_id].name}: duplicate of token {token} "
-                    f"({run.status if run else 'no run'}) not explained"
-                )
-
-    # 3. No job left running on an expired lease; every one-off job finished
+    runs = list(JobRun.objects.all())
     now = db_now()
     stuck = [
         j.name
@@ -302,64 +495,52 @@ def check_history(counts: dict[str, int], faults: Faults, beats_stopped_at) -> l
     ]
     if unfinished:
         problems.append(f"one-off jobs not finished: {unfinished[:5]}")
-
-    # 4. Every dead job exhausted its retries
+    attempts: Counter = Counter(
+        r.job_id for r in runs if r.status in (RunStatus.FAILED, RunStatus.LOST) and not r.stale
+    )
     for job in jobs.values():
-        if job.state != JobState.DEAD:
-            continue
-        attempts = [
-            r
-            for r in runs_by_token.values()
-            if r.job_id == job.pk and r.status in (RunStatus.FAILED, RunStatus.LOST) and not r.stale
-        ]
-        if job.retry_count != job.max_retries or len(attempts) < job.max_retries + 1:
+        if job.state == JobState.DEAD and (
+            job.retry_count != job.max_retries or attempts[job.pk] < job.max_retries + 1
+        ):
             problems.append(
                 f"dead job {job.name} did not exhaust its retries "
-                f"({job.retry_count}/{job.max_retries}, {len(attempts)} attempts)"
+                f"({job.retry_count}/{job.max_retries}, {attempts[job.pk]} attempts)"
             )
-
-    # 5. Fencing held: a stale completion never applied, i.e. the job had moved on to a newer
-    # token (reclaimed, reaped or cancelled) and still has it. (A stale run can be the job's
-    # latest run: a reaper that dead-letters the job bumps the token without a new claim.)
-    for (job_id, token), run in runs_by_token.items():
-        if run.stale and jobs[job_id].token <= token:
+    # Fencing held: a stale completion never applied, i.e. the job had moved on to a newer
+    # token (reclaimed, reaped or cancelled) and still has it.
+    for run in runs:
+        if run.stale and jobs[run.job_id].token <= run.token:
             problems.append(
-                f"stale completion of {jobs[job_id].name} (token {token}) holds the "
-                f"job's current token {jobs[job_id].token}"
+                f"stale completion of {jobs[run.job_id].name} (token {run.token}) holds the "
+                f"job's current token {jobs[run.job_id].token}"
             )
-
-    lags = sorted(
-        (r.dispatched_at - r.due_at).total_seconds()
-        for r in runs_by_token.values()
-        if r.attempt == 1
-    )
-    rows = [
-        ("jobs", len(jobs), ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))),
-        ("occurrences checked", len(expected), ""),
-        ("executions", sum(len(g) for g in executions.values()), ""),
-        ("duplicates", duplicates, "; ".join(f"{v} {k}" for k, v in causes.items()) or "-"),
-        ("lost", len(lost), "must be 0"),
-        (
-            "runs lost / stale",
-            sum(r.status == RunStatus.LOST for r in runs_by_token.values()),
-            f"{sum(r.stale for r in runs_by_token.values())} stale completions (not applied)",
-        ),
-        ("dead jobs", sum(j.state == JobState.DEAD for j in jobs.values()), "always-failing"),
-        (
-            "faults injected",
-            sum(faults.counts.values()),
-            ", ".join(f"{k} {v}" for k, v in sorted(faults.counts.items())),
-        ),
-        (
-            "max dispatch lag",
-            f"{max(lags, default=0):.2f}s",
-            f"p50 {lags[len(lags) // 2] if lags else 0:.3f}s",
-        ),
-    ]
-    width = max(len(r[0]) for r in rows)
-    for name, value, note in rows:
-        print(f"  {name:<{width}}  {value!s:>8}  {note}")
     return problems
+
+
+def check_history(
+    faults: list[oracle.Fault], beats_stopped_at: datetime, t0: float
+) -> tuple[dict[str, Any], list[str]]:
+    """The oracle's figures and every problem found, as sentences."""
+    history = collect(beats_stopped_at)
+    verdict = oracle.judge(
+        history["executions"], faults, history["claims"], history["expected"], slack=SLACK
+    )
+    names = history["names"]
+    problems = [f"recurring job {name} never ran" for name in history["never_ran"]]
+    problems += [
+        "unexplained duplicate: " + oracle.describe(d, t0) + f" [{names.get(d.newer.job)}]"
+        for d in verdict.unexplained
+    ]
+    if verdict.lost:
+        lost = [(names[j], t) for j, t in verdict.lost]
+        problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
+    problems += bookkeeping_problems()
+    figures = oracle.summary(verdict, faults)
+    figures["occurrences"] = len(history["expected"])
+    figures["clock_offset_ms"] = round(history["clock_offset"] * 1000, 3)
+    figures["duplicate_lines"] = [oracle.describe(d, t0) for d in verdict.duplicates]
+    figures["passed"] = not problems
+    return figures, problems
 
 
 # --- scenarios ------------------------------------------------------------------------------
@@ -373,43 +554,64 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no
         time.sleep(0.5)
 
 
-def run_chaos(duration: float, seed: int, workdir: Path) -> list[str]:
+def run_chaos(
+    duration: float, seed: int, workdir: Path, profile: str = "mix", faults_on: bool = True
+) -> tuple[dict[str, Any], list[str]]:
+    """One seeded run: the figures of its history and every problem found."""
     rng = random.Random(seed)
-    h = Harness(workdir)
-    h.start_servers()
+    kinds: tuple[str, ...] = FAULT_KINDS if faults_on else ()
+    if profile == "prefetch":  # one process, Celery's default prefetch, long jobs: no faults
+        h = Harness(workdir, beats=1, workers=1, concurrency=1, prefetch=(4,), proxy=True)
+        kinds = ()
+    elif profile == "broker":  # long jobs running through one Redis outage longer than a lease
+        h = Harness(workdir, beats=1, workers=1, concurrency=2, prefetch=(1,), proxy=True)
+        kinds = ("broker_outage",)
+    else:
+        h = Harness(workdir, prefetch=(4, 1), proxy=True)
     try:
+        h.start_servers()
         h.start_processes()
-        counts = schedule_mix(duration, scale=duration / 120, rng=rng)
+        if profile == "prefetch":
+            counts = schedule_prefetch_mix(rng)
+        elif profile == "broker":
+            counts = schedule_long_mix()
+        else:
+            counts = schedule_mix(duration, scale=duration / 120, rng=rng)
         from schedapp.db import db_now, reset_connection
         from schedapp.models import Job, JobRun, JobState
 
-        faults = Faults()
+        t0 = time.time()
         started = time.monotonic()
-        print(f"chaos: seed {seed}, {duration:.0f}s of faults, jobs {counts}")
+        restarts = []
+        print(f"chaos: seed {seed}, {duration:.0f}s of faults, jobs {counts}", flush=True)
         next_fault = started + 5 + rng.uniform(2, 6)
         while time.monotonic() - started < duration:
-            if time.monotonic() >= next_fault:
-                inject(h, rng.choice(FAULT_KINDS), rng, faults, started)
-                next_fault = time.monotonic() + rng.uniform(3, 9)
+            if kinds and time.monotonic() >= next_fault:
+                inject(h, rng.choice(kinds), rng)
+                next_fault = time.monotonic() + rng.uniform(2, 6)
+                if profile == "broker":
+                    next_fault = float("inf")  # one outage
             for name in h.supervise():
-                faults.log.append(f"{time.monotonic() - started:7.1f}s restarted {name}")
+                restarts.append(f"{time.time() - t0:7.1f}s restarted {name}")
             time.sleep(0.5)
-        reset_connection()  # ours may have died with a PostgreSQL restart
+        assert h.proxy is not None
+        h.proxy.clear()  # a lost reply or a stall still armed would fire after the faults
+        reset_connection()
         h.supervise()
 
         def settled() -> bool:
             reset_connection()
             try:
-                once_open = (
+                return not (
                     Job.objects.filter(run_at__isnull=False)
                     .exclude(state__in=[JobState.SUCCEEDED, JobState.DEAD])
                     .exists()
                 )
-                return not once_open
             except Exception:
                 return False
 
-        wait_until(settled, timeout=120, what="every one-off job to finish")
+        wait_until(settled, timeout=180, what="every one-off job to finish")
+        time.sleep(LEASE + 2)  # a copy still buffered somewhere runs now, if there is one
         beats_stopped_at = db_now()
         for beat in h.beats:
             beat.stop()
@@ -425,13 +627,57 @@ def run_chaos(duration: float, seed: int, workdir: Path) -> list[str]:
         )
         for worker in h.workers:
             worker.stop()
+        faults = sorted(h.faults + proxy_faults(h.proxy), key=lambda f: f.start)
         print("faults:")
-        for line in faults.log:
+        for f in faults:
+            print(f"  {f.start - t0:7.1f}s {f.kind} {f.target} {f.duration:.1f}s {f.detail}")
+        for line in restarts:
             print("  " + line)
-        print("history:")
-        return check_history(counts, faults, beats_stopped_at)
+        print(f"proxy faults armed: {len(h.armed)}, fired: {len(proxy_faults(h.proxy))}")
+        figures, problems = check_history(faults, beats_stopped_at, t0)
+        figures["proxy_faults_armed"] = h.armed
+        print("duplicates:")
+        for line in figures["duplicate_lines"]:
+            print("  " + line)
+        figures.update(seed=seed, minutes=round(duration / 60, 2), jobs=counts, profile=profile)
+        print_table([figures])
+        return figures, problems
     finally:
         h.stop()
+
+
+def print_table(runs: list[dict[str, Any]]) -> str:
+    """The per-seed table (Markdown), printed and returned."""
+    kinds = sorted({k for r in runs for k in r["faults"]})
+    headers = [
+        "seed",
+        "minutes",
+        "executions",
+        "duplicates",
+        "attributed",
+        "unexplained",
+        "lost",
+        "passed",
+        "faults per kind",
+    ]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in runs:
+        per_kind = ", ".join(f"{k} {r['faults'][k]}" for k in kinds if k in r["faults"])
+        cells = [
+            r["seed"],
+            r["minutes"],
+            r["executions"],
+            r["duplicates"],
+            r["attributed"],
+            r["unexplained"],
+            r["lost"],
+            "yes" if r["passed"] else "NO",
+            per_kind or "-",
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
 
 
 def run_redis_outage(workdir: Path) -> list[str]:
@@ -571,43 +817,109 @@ def run_postgres_outage(workdir: Path) -> list[str]:
     return problems
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds 10``: seeds 1 to 10; ``--seeds 3,5,8``: those."""
+    if "," in text:
+        return [int(x) for x in text.split(",") if x]
+    return list(range(1, int(text) + 1))
+
+
+def run_seeds(seeds: list[int], args: argparse.Namespace) -> int:
+    """One process per seed (Django's settings are read once per process); the table of all
+    of them goes to bench/results/chaos.json."""
+    runs, codes = [], []
+    for seed in seeds:
+        out = Path(tempfile.mkstemp(prefix=f"chaos-{seed}-", suffix=".json")[1])
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.chaos",
+            "--duration",
+            str(args.duration),
+            "--seed",
+            str(seed),
+            "--profile",
+            args.profile,
+            "--out",
+            str(out),
+        ]
+        if args.defect:
+            argv += ["--defect", args.defect]
+        codes.append(subprocess.call(argv, cwd=ROOT))
+        try:
+            runs.append(json.loads(out.read_text()))
+        except ValueError:
+            runs.append({"seed": seed, "crashed": True})
+        out.unlink(missing_ok=True)
+    done = [r for r in runs if "crashed" not in r]
+    print(f"\nchaos seeds {seeds}: exit codes {codes}")
+    table = print_table(done) if done else ""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "chaos.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python -m bench.chaos", *sys.argv[1:]]),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "lease_seconds": LEASE,
+                "slack_seconds": SLACK,
+                "defect": args.defect or None,
+                "runs": runs,
+                "table": table,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(f"written {RESULTS / 'chaos.json'}")
+    return 1 if any(codes) else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--scenario", default="chaos", choices=["chaos", "redis-outage", "postgres-outage"]
     )
-    parser.add_argument("--duration", type=float, default=120)
+    parser.add_argument("--duration", type=float, default=120, help="seconds of faults")
+    parser.add_argument("--minutes", type=float, help="minutes of faults (overrides --duration)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--seeds", default="", help="comma-separated: several chaos runs")
+    parser.add_argument("--seeds", default="", help="N (seeds 1..N) or a,b,c: one run each")
+    parser.add_argument(
+        "--profile",
+        default="mix",
+        choices=["mix", "prefetch", "broker"],
+        help="mix: every fault kind; prefetch: one worker with Celery's default prefetch, "
+        "long jobs, no fault; broker: long jobs running through one Redis outage",
+    )
+    parser.add_argument("--defect", default="", help="put a known defect back (bench/defects.py)")
+    parser.add_argument("--out", default="", help="write this run's figures here (JSON)")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
-    if len(seeds) > 1:  # one process per run: Django's settings are read once per process
-        import subprocess
+    if args.minutes is not None:
+        args.duration = args.minutes * 60
+    if args.defect:
+        from bench.defects import DEFECTS
 
-        codes = [
-            subprocess.call(
-                [sys.executable, __file__, "--duration", str(args.duration), "--seed", str(seed)]
-            )
-            for seed in seeds
-        ]
-        print(f"chaos seeds {seeds}: exit codes {codes}")
-        return 1 if any(codes) else 0
-    failed = False
-    for seed in seeds if args.scenario == "chaos" else [0]:
-        workdir = Path(tempfile.mkdtemp(prefix="schedapp-chaos-"))
-        if args.scenario == "chaos":
-            problems = run_chaos(args.duration, seed, workdir)
-        elif args.scenario == "redis-outage":
-            problems = run_redis_outage(workdir)
-        else:
-            problems = run_postgres_outage(workdir)
-        for problem in problems:
-            print(f"PROBLEM: {problem}")
-        print(
-            f"{args.scenario} seed {seed}: {'FAILED' if problems else 'passed'} (logs in {workdir})"
-        )
-        failed = failed or bool(problems)
-    return 1 if failed else 0
+        if args.defect not in DEFECTS:
+            parser.error(f"--defect must be one of {', '.join(DEFECTS)}")
+        os.environ["CHAOS_DEFECT"] = args.defect  # the workers inherit it
+    if args.seeds:
+        return run_seeds(seed_list(args.seeds), args)
+    workdir = Path(tempfile.mkdtemp(prefix="schedapp-chaos-"))
+    if args.scenario == "chaos":
+        figures, problems = run_chaos(args.duration, args.seed, workdir, args.profile)
+        figures["problems"] = problems
+        if args.out:
+            Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
+    elif args.scenario == "redis-outage":
+        problems = run_redis_outage(workdir)
+    else:
+        problems = run_postgres_outage(workdir)
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    print(
+        f"{args.scenario} seed {args.seed}: {'FAILED' if problems else 'passed'} "
+        f"(logs in {workdir})"
+    )
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

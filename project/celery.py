@@ -37,3 +37,11 @@ if os.environ.get("PROJECT_TRACE_HEADER"):
     def _trace(headers: dict | None = None, **_: object) -> None:
         if headers is not None:
             headers["trace_id"] = f"{os.environ['PROJECT_TRACE_HEADER']}-{headers.get('id')}"
+
+
+# The chaos check's proof that it catches defects: a defect of the first worker protocol put
+# back on purpose (bench/defects.py). Never set outside the chaos runs and their tests.
+if os.environ.get("CHAOS_DEFECT"):
+    from bench.defects import install
+
+    install(os.environ["CHAOS_DEFECT"])

@@ -90,8 +90,12 @@ class Fleet:
         self.procs: list[Proc] = []
         self._count = 0
 
-    def _env(self, extra: dict[str, Any] | None) -> dict[str, str]:
+    def _env(self, extra: dict[str, Any] | None, name: str = "") -> dict[str, str]:
+        """The environment of process ``name``: its database connections carry its name as
+        their application_name (libpq's PGAPPNAME), so a proxy fault can target it."""
         env = dict(self.env)
+        if name:
+            env.setdefault("PGAPPNAME", name)
         for key, value in (extra or {}).items():
             env[key] = str(value)
         return env
@@ -113,7 +117,7 @@ class Fleet:
                 "-s",
                 str(self.tmp_path / f"{name}.db"),
             ],
-            self._env(settings),
+            self._env(settings, name),
             self.tmp_path / f"{name}.log",
         )
         self.procs.append(proc)
@@ -150,7 +154,7 @@ class Fleet:
             "--without-mingle",
             *(extra_args or []),
         ]
-        proc = Proc(name, argv, self._env(settings), self.tmp_path / f"{name}.log")
+        proc = Proc(name, argv, self._env(settings, name), self.tmp_path / f"{name}.log")
         self.procs.append(proc)
         if wait:
             proc.wait_for(" ready.", timeout=60)

@@ -292,6 +292,31 @@ def test_delay_adds_latency_per_round_trip_until_its_duration_ends(pg_proxy: PgP
     assert pg_proxy.stats()["delayed"] >= 3
 
 
+def test_stall_after_stops_the_client_right_after_its_statement_with_its_locks_held(
+    pg_proxy: PgProxy,
+) -> None:
+    marker = uuid.uuid4().hex
+    with via(pg_proxy) as stalled, psycopg.connect(conninfo(), autocommit=True) as direct:
+        direct.execute(f"INSERT INTO {TABLE} (marker) VALUES (%s)", (marker,))
+        # Given a 1.5 s stall after the next statement that locks the probe rows
+        pg_proxy.stall_after(b"for update", 1.5)
+        stalled.execute(f"SELECT id FROM {TABLE} WHERE marker = %s FOR UPDATE", (marker,))
+        # Then its reply came back, but its next statement (the COMMIT) waits for the stall:
+        thread, out = in_thread(stalled.commit)
+        time.sleep(0.5)
+        assert thread.is_alive()
+        # meanwhile the row lock is still held in the server (the transaction is open)
+        locked = direct.execute(
+            f"SELECT id FROM {TABLE} WHERE marker = %s FOR UPDATE SKIP LOCKED", (marker,)
+        ).fetchall()
+        assert locked == []
+        thread.join(10)
+        assert "error" not in out
+    (event,) = [e for e in pg_proxy.events() if e["kind"] == "stall"]
+    assert event["seconds"] == 1.5 and "FOR UPDATE" in event["statement"]
+    assert pg_proxy.stats()["stalls"] == 1
+
+
 def test_blackhole_hangs_a_statement_and_new_connections_until_it_ends(pg_proxy: PgProxy) -> None:
     with via(pg_proxy, autocommit=True) as conn:
         round_trip(conn)

@@ -51,6 +51,7 @@ class Connection:
         self.cut_statement = ""
         self.cut_reply: list[str] = []
         self.prepared: dict[bytes, bytes] = {}  # named prepared statement -> its text
+        self.stall_for = 0.0  # a stall fired: hold the client's next messages this long
 
     def matches(self, glob: str | None) -> bool:
         return glob is None or fnmatch.fnmatchcase(self.app or "", glob)
@@ -156,9 +157,17 @@ class Connection:
                     return
                 server.sendall(buf if send_end == size else buf[:send_end])
             del buf[:pos]
+            if self.stall_for:
+                stall, self.stall_for = self.stall_for, 0.0
+                proxy._hold(self, stall)
 
     def _inspect_client(self, buf: bytearray, pos: int, end: int) -> None:
         mtype = buf[pos]
+        if self.proxy._stall is not None and mtype in (wire.QUERY, wire.PARSE):
+            text = bytes(buf[pos + 5 : end - 1])
+            if mtype == wire.PARSE:
+                text = wire.cstring(buf, wire.cstring(buf, pos + 5, end)[1], end)[0]
+            self.stall_for = self.proxy._claim_stall(self, text) or self.stall_for
         if mtype in wire.ANSWERED_BY_READY:
             if mtype == wire.QUERY and self.proxy._cut is not None:
                 self._maybe_cut(mtype, bytes(buf[pos + 5 : end - 1]))

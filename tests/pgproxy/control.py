@@ -3,7 +3,7 @@
 Protocol: the client connects to the socket, writes one JSON object per line
 (``{"op": "cut_after", "pattern": "COMMIT", "times": 1, "app": null}``) and reads one JSON line
 back per request: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``.
-Operations are PgProxy's methods (cut_after, delay, blackhole, reset_all, clear, stats,
+Operations are PgProxy's methods (cut_after, stall_after, delay, blackhole, reset_all, clear, stats,
 events) with the same keyword arguments; ``pattern`` travels as a latin-1 string, and
 ``"regex": <flags>`` makes it a regex compiled with those flags (absent: the default COMMIT
 statement). The reply comes once the fault is armed, so the caller can act on it at once.
@@ -30,7 +30,16 @@ from typing import Any
 from .proxy import COMMIT, Address, Pattern, PgProxy, with_address
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATIONS = ("cut_after", "delay", "blackhole", "reset_all", "clear", "stats", "events")
+OPERATIONS = (
+    "cut_after",
+    "stall_after",
+    "delay",
+    "blackhole",
+    "reset_all",
+    "clear",
+    "stats",
+    "events",
+)
 
 
 class ControlServer:
@@ -116,6 +125,27 @@ class ProxyControl:
             return
         text = pattern.pattern.decode("latin-1")
         self.call("cut_after", pattern=text, regex=pattern.flags, times=times, app=app)
+
+    def stall_after(
+        self, pattern: Pattern, seconds: float, times: int = 1, app: str | None = None
+    ) -> None:
+        if isinstance(pattern, bytes):
+            self.call(
+                "stall_after",
+                pattern=pattern.decode("latin-1"),
+                seconds=seconds,
+                times=times,
+                app=app,
+            )
+            return
+        self.call(
+            "stall_after",
+            pattern=pattern.pattern.decode("latin-1"),
+            regex=pattern.flags,
+            seconds=seconds,
+            times=times,
+            app=app,
+        )
 
     def delay(self, seconds: float, duration: float | None = None, app: str | None = None) -> None:
         self.call("delay", seconds=seconds, duration=duration, app=app)

@@ -42,6 +42,19 @@ class _Cut:
         return self.pattern.search(text) is not None
 
 
+@dataclass
+class _Stall:
+    pattern: Pattern  # bytes: lower-cased
+    seconds: float
+    remaining: int
+    app: str | None
+
+    def matches(self, text: bytes) -> bool:
+        if isinstance(self.pattern, bytes):
+            return self.pattern in text.lower()
+        return self.pattern.search(text) is not None
+
+
 @dataclass(frozen=True)
 class _Delay:
     seconds: float
@@ -78,9 +91,10 @@ class PgProxy:
         self._ids = itertools.count(1)
         self._cut: _Cut | None = None
         self._delay: _Delay | None = None
+        self._stall: _Stall | None = None
         self._partition: _Partition | None = None
         self._stats = dict.fromkeys(
-            ("connections", "cuts", "delayed", "partitions", "held", "resets"), 0
+            ("connections", "cuts", "delayed", "partitions", "held", "resets", "stalls"), 0
         )
         self._events: deque[dict[str, Any]] = deque(maxlen=10_000)
         self._seq = itertools.count(1)
@@ -145,6 +159,19 @@ class PgProxy:
         with self._cond:
             self._cut = _Cut(pattern, times, app)
 
+    def stall_after(
+        self, pattern: Pattern, seconds: float, times: int = 1, app: str | None = None
+    ) -> None:
+        """Forward the next ``times`` statements matching ``pattern`` and their replies, then
+        hold everything else that client sends for ``seconds``: the client is stopped right
+        after that statement (e.g. a beat between its claim and its COMMIT, locks held)."""
+        if not pattern or times < 1:
+            raise ValueError("stall_after needs a non-empty pattern and times >= 1")
+        if isinstance(pattern, bytes):
+            pattern = pattern.lower()
+        with self._cond:
+            self._stall = _Stall(pattern, seconds, times, app)
+
     def delay(self, seconds: float, duration: float | None = None, app: str | None = None) -> None:
         """Hold every client->server chunk of messages ``seconds`` for ``duration`` seconds.
 
@@ -192,6 +219,7 @@ class PgProxy:
         """Disarm every fault: held messages go on, a pending partition reset is cancelled."""
         with self._cond:
             self._cut = None
+            self._stall = None
             self._delay = None
             self._end_partition_timer()
             self._partition = None
@@ -270,6 +298,34 @@ class PgProxy:
                 self._cut = None
         conn.cut_statement = f"{chr(mtype)}: {text[:200].decode('utf-8', 'replace')}"
         return True
+
+    def _claim_stall(self, conn: Connection, text: bytes) -> float | None:
+        """The stall's seconds if ``text`` on ``conn`` fires it (recorded as an event)."""
+        stall = self._stall
+        if stall is None or not stall.matches(text) or not conn.matches(stall.app):
+            return None
+        with self._cond:
+            if self._stall is not stall or stall.remaining <= 0:
+                return None
+            stall.remaining -= 1
+            if stall.remaining == 0:
+                self._stall = None
+            self._stats["stalls"] += 1
+            self._event(
+                "stall",
+                conn=conn.id,
+                app=conn.app,
+                seconds=stall.seconds,
+                statement=text[:200].decode("utf-8", "replace"),
+            )
+        return stall.seconds
+
+    def _hold(self, conn: Connection, seconds: float) -> None:
+        """Wait ``seconds`` (less if the connection closes meanwhile)."""
+        until = time.monotonic() + seconds
+        with self._cond:
+            while not conn.closed and (left := until - time.monotonic()) > 0:
+                self._cond.wait(left)
 
     def _fire_cut(self, conn: Connection) -> None:
         with self._cond:

@@ -1,0 +1,213 @@
+"""The chaos run's oracle: pure functions over the histories a run leaves behind.
+
+Two histories, on one clock (every process of a run lives on one host, and times read from
+the database are converted to this host's clock by the harness before they get here):
+
+* the **executions** the task itself recorded (``project.models.Execution``: which claim of
+  which occurrence ran, on which worker node, when it started), not schedapp's run rows;
+* the **faults** the harness injected (kind, the node hit, start and end).
+
+A *duplicate* is a second execution of one occurrence. Each must be blamed on a fault that
+could have caused it, or the run fails: "its earlier run was marked lost" explains every bug
+away (DESIGN lesson 21). A second execution needs the earlier claim's lease to have been lost,
+and a lease is lost only if the worker holding it stopped renewing it for a whole lease:
+
+* the fault hit the node that ran the **older** claim (the lease that was lost), or that
+  node's database link, or every node's ("*");
+* it is of a kind that can stop renewals for a whole lease: the node killed, or frozen or cut
+  off from the database for at least the job's lease. A broker outage, Celery's prefetch, a
+  lost reply after a COMMIT, latency, a shorter freeze or partition, or anything done to a beat
+  never explains a duplicate;
+* it was under way in the window before the lease was found lost: the lease expired at some X
+  with X - lease <= the fault's span's end and its start <= X, and the job was claimed again
+  at ``anchor`` >= X, at most ``slack`` after X (the reaper's delay, the retry backoff). So the
+  fault must overlap [anchor - lease - slack, anchor]. ``anchor`` is the first claim of the
+  job after the older one (from the run rows' dispatch times: only a time, never a verdict),
+  or the newer execution's start when no claim time is known.
+
+Two executions under the same claim (token) are never explained: the door admits a claim once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+# Faults that take a worker away outright, whatever their duration.
+KILLS = frozenset({"kill_worker"})
+# Faults that stop renewals only while they last: they explain a duplicate when they lasted
+# at least the lease.
+SPANS = frozenset({"freeze_worker", "partition_worker", "db_outage"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # kill_worker, freeze_worker, partition_worker, broker_outage, lost_reply, ...
+    target: str  # the node hit ("worker3", "beat2"), or "*": every node
+    start: float  # seconds since the epoch, the run's one clock
+    end: float  # == start for an instant (a kill, a lost reply)
+    detail: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Execution:
+    job: int
+    occurrence: Any  # the occurrence's scheduled time (anything hashable)
+    token: int  # the claim it ran under
+    node: str  # the worker node that ran it ("worker3")
+    started: float
+    lease: float  # the job's lease, seconds
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    older: Execution  # the execution whose lease must have been lost
+    newer: Execution
+    anchor: float  # when the job was claimed again after ``older``'s claim
+    fault: Fault | None  # the fault blamed; None: unexplained
+    reason: str = ""
+
+    @property
+    def explained(self) -> bool:
+        return self.fault is not None
+
+
+@dataclass
+class Verdict:
+    executions: int = 0
+    duplicates: list[Duplicate] = field(default_factory=list)
+    lost: list[tuple[int, Any]] = field(default_factory=list)
+
+    @property
+    def attributed(self) -> int:
+        return sum(d.explained for d in self.duplicates)
+
+    @property
+    def unexplained(self) -> list[Duplicate]:
+        return [d for d in self.duplicates if not d.explained]
+
+    @property
+    def passed(self) -> bool:
+        return not self.unexplained and not self.lost
+
+
+def can_lose_lease(fault: Fault, lease: float) -> bool:
+    """Whether ``fault`` can stop a worker renewing a lease of ``lease`` seconds long enough
+    for it to expire."""
+    if fault.kind in KILLS:
+        return True
+    return fault.kind in SPANS and fault.duration >= lease
+
+
+def blame(
+    older: Execution, anchor: float, faults: Iterable[Fault], slack: float
+) -> tuple[Fault | None, str]:
+    """The fault that explains why ``older``'s lease was lost before ``anchor`` (the earliest
+    such), or None and why not."""
+    window = (anchor - older.lease - slack, anchor)
+    near = [f for f in faults if f.start <= window[1] and f.end >= window[0]]
+    on_node = [f for f in near if f.target in (older.node, "*")]
+    able = [f for f in on_node if can_lose_lease(f, older.lease)]
+    if able:
+        return min(able, key=lambda f: f.start), ""
+    if on_node:
+        kinds = ", ".join(sorted({f"{f.kind} ({f.duration:.1f}s)" for f in on_node}))
+        lease = f"{older.lease:g}s"
+        return None, f"only faults that cannot lose a {lease} lease hit {older.node}: {kinds}"
+    if near:
+        nodes = ", ".join(sorted({f"{f.kind} on {f.target}" for f in near}))
+        return None, f"no fault hit {older.node} in the window; other nodes: {nodes}"
+    return None, f"no fault at all in [{window[0]:.1f}, {window[1]:.1f}]"
+
+
+def first_claim_after(claims: Sequence[tuple[int, float]], token: int) -> float | None:
+    """The time of the first claim of a job after its claim ``token`` (claims: (token, time))."""
+    later = [at for t, at in claims if t > token]
+    return min(later) if later else None
+
+
+def find_duplicates(
+    executions: Iterable[Execution],
+    faults: Sequence[Fault],
+    claims: Mapping[int, Sequence[tuple[int, float]]],
+    slack: float,
+) -> list[Duplicate]:
+    """Every execution of an occurrence beyond its first, each blamed on a fault or not.
+
+    The executions of one occurrence are ordered by claim: each one's predecessor is the
+    claim whose lease had to be lost for it to run."""
+    by_occurrence: dict[tuple[int, Any], list[Execution]] = defaultdict(list)
+    for e in executions:
+        by_occurrence[(e.job, e.occurrence)].append(e)
+    found = []
+    for (job, _), group in sorted(by_occurrence.items(), key=lambda kv: str(kv[0])):
+        group.sort(key=lambda e: (e.token, e.started))
+        for older, newer in pairwise(group):
+            if older.token == newer.token:
+                found.append(
+                    Duplicate(older, newer, newer.started, None, "one claim executed twice")
+                )
+                continue
+            anchor = first_claim_after(claims.get(job, ()), older.token)
+            if anchor is None or anchor > newer.started:
+                anchor = newer.started
+            fault, reason = blame(older, anchor, faults, slack)
+            found.append(Duplicate(older, newer, anchor, fault, reason))
+    return found
+
+
+def lost_occurrences(
+    expected: Iterable[tuple[int, Any]], executions: Iterable[Execution]
+) -> list[tuple[int, Any]]:
+    """Occurrences that should have run and never started once."""
+    ran = {(e.job, e.occurrence) for e in executions}
+    return [key for key in expected if key not in ran]
+
+
+def judge(
+    executions: Sequence[Execution],
+    faults: Sequence[Fault],
+    claims: Mapping[int, Sequence[tuple[int, float]]],
+    expected: Iterable[tuple[int, Any]],
+    slack: float,
+) -> Verdict:
+    """The whole verdict of one run: duplicates (blamed or not) and lost occurrences."""
+    return Verdict(
+        executions=len(executions),
+        duplicates=find_duplicates(executions, faults, claims, slack),
+        lost=lost_occurrences(expected, executions),
+    )
+
+
+def summary(verdict: Verdict, faults: Sequence[Fault]) -> dict[str, Any]:
+    """The figures of one run, for the results file and the table."""
+    return {
+        "executions": verdict.executions,
+        "duplicates": len(verdict.duplicates),
+        "attributed": verdict.attributed,
+        "unexplained": len(verdict.unexplained),
+        "lost": len(verdict.lost),
+        "blamed_on": dict(Counter(d.fault.kind for d in verdict.duplicates if d.fault)),
+        "faults": dict(sorted(Counter(f.kind for f in faults).items())),
+        "passed": verdict.passed,
+    }
+
+
+def describe(d: Duplicate, t0: float = 0.0) -> str:
+    """One line per duplicate: what ran twice, and the fault blamed or why none could be."""
+    head = (
+        f"job {d.newer.job} occurrence {d.newer.occurrence}: token {d.older.token} on "
+        f"{d.older.node} (started {d.older.started - t0:.1f}s), token {d.newer.token} on "
+        f"{d.newer.node} (started {d.newer.started - t0:.1f}s, claimed {d.anchor - t0:.1f}s)"
+    )
+    if d.fault is None:
+        return f"{head}: UNEXPLAINED: {d.reason}"
+    f = d.fault
+    return f"{head}: {f.kind} of {f.target} at {f.start - t0:.1f}s for {f.duration:.1f}s"

@@ -1,0 +1,64 @@
+"""The strict chaos check catches a defect put back on purpose.
+
+A worker with Celery's default prefetch holds long one-offs in its buffer for longer than
+their lease. With the first protocol's defect (bench/defects.py: leases renewed only for
+requests being executed) a buffered run loses its lease, is dispatched again, and both copies
+run: no fault explains that duplicate, so the run fails. With the protocol as it is, the same
+run passes. Each run has its own PostgreSQL cluster, Redis and proxy (bench/chaos.py), so the
+two run side by side."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e]
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.chaos", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_the_oracle_fails_a_run_with_the_prefetch_defect_and_passes_it_without():
+    args = ("--profile", "prefetch", "--duration", "15", "--seed", "1")
+    with_defect = start(*args, "--defect", "unrenewed-reserved")
+    without = start(*args)
+    bad_out, _ = with_defect.communicate(timeout=300)
+    good_out, _ = without.communicate(timeout=300)
+    # With the defect: the run fails, and only on duplicates no injected fault explains
+    assert with_defect.returncode == 1, bad_out
+    problems = [line for line in bad_out.splitlines() if line.startswith("PROBLEM:")]
+    assert problems, bad_out
+    assert all("unexplained duplicate" in line for line in problems), problems
+    # Without it: the same jobs, the same worker, no duplicate at all
+    assert without.returncode == 0, good_out
+    assert "| 0 | 0 | 0 | 0 | yes |" in good_out  # duplicates, attributed, unexplained, lost
+
+
+@pytest.mark.slow
+def test_the_oracle_fails_a_run_with_the_broker_outage_defect_and_passes_it_without():
+    # Two 20 s jobs (8 s leases) running while Redis is down for 12-16 s: with leases renewed
+    # only on Celery's heartbeat (which needs the broker) both run twice, and a broker outage
+    # never explains a duplicate.
+    args = ("--profile", "broker", "--duration", "30", "--seed", "1")
+    with_defect = start(*args, "--defect", "broker-heartbeat")
+    without = start(*args)
+    bad_out, _ = with_defect.communicate(timeout=300)
+    good_out, _ = without.communicate(timeout=300)
+    assert with_defect.returncode == 1, bad_out
+    problems = [line for line in bad_out.splitlines() if line.startswith("PROBLEM:")]
+    assert problems, bad_out
+    assert all("unexplained duplicate" in line for line in problems), problems
+    assert all("broker_outage" in line for line in problems), problems
+    assert without.returncode == 0, good_out
+    assert "| 0 | 0 | 0 | 0 | yes |" in good_out

@@ -1,0 +1,208 @@
+"""The chaos oracle on synthetic histories: every duplicate is blamed on a fault that could
+cause it (the node that held the lost lease, a fault able to lose a lease, in the window before
+the job was claimed again), or the run fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.chaos_oracle import (
+    Execution,
+    Fault,
+    blame,
+    can_lose_lease,
+    find_duplicates,
+    judge,
+    lost_occurrences,
+    summary,
+)
+
+LEASE = 8.0
+SLACK = 10.0
+
+
+def execution(token: int, node: str, started: float, job: int = 1, occurrence: str = "t0"):
+    return Execution(job, occurrence, token, node, started, LEASE)
+
+
+def pair(anchor: float = 100.0, old_node: str = "worker1", new_node: str = "worker2"):
+    """Claim 1 ran on ``old_node`` at 80 s; claim 2 was made at ``anchor`` and ran at +1 s."""
+    executions = [execution(1, old_node, 80.0), execution(2, new_node, anchor + 1.0)]
+    claims = {1: [(1, 79.0), (2, anchor)]}
+    return executions, claims
+
+
+def kill(node: str, at: float) -> Fault:
+    return Fault("kill_worker", node, at, at)
+
+
+def test_a_duplicate_after_the_older_claims_worker_was_killed_is_attributed_to_the_kill():
+    executions, claims = pair()
+    (dup,) = find_duplicates(executions, [kill("worker1", 90.0)], claims, SLACK)
+    assert dup.explained
+    assert dup.fault == kill("worker1", 90.0)
+    assert (dup.older.token, dup.newer.token, dup.anchor) == (1, 2, 100.0)
+
+
+def test_a_duplicate_with_no_fault_at_all_is_unexplained():
+    executions, claims = pair()
+    verdict = judge(executions, [], claims, expected=[(1, "t0")], slack=SLACK)
+    assert not verdict.passed
+    assert (len(verdict.duplicates), verdict.attributed, len(verdict.unexplained)) == (1, 0, 1)
+    assert "no fault at all" in verdict.unexplained[0].reason
+
+
+def test_a_kill_of_another_worker_does_not_explain_it():
+    executions, claims = pair()
+    (dup,) = find_duplicates(executions, [kill("worker2", 90.0)], claims, SLACK)
+    assert not dup.explained
+    assert "no fault hit worker1" in dup.reason
+
+
+def test_the_newer_claims_worker_being_hit_does_not_explain_it():
+    # The lease that had to be lost is the older claim's: blaming the node that ran the
+    # second copy would explain away a reaper that takes back live leases.
+    executions, claims = pair(old_node="worker1", new_node="worker2")
+    faults = [Fault("freeze_worker", "worker2", 85.0, 99.0)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert not dup.explained
+
+
+@pytest.mark.parametrize(
+    ("at", "explained"),
+    [
+        (100.0 - LEASE - SLACK - 0.01, False),  # ended just before the window
+        (100.0 - LEASE - SLACK + 0.01, True),  # just inside it
+        (100.0, True),  # at the re-claim itself
+        (100.01, False),  # after the re-claim: it cannot have caused it
+    ],
+)
+def test_the_window_is_one_lease_plus_the_slack_before_the_job_was_claimed_again(at, explained):
+    executions, claims = pair(anchor=100.0)
+    (dup,) = find_duplicates(executions, [kill("worker1", at)], claims, SLACK)
+    assert dup.explained is explained
+
+
+def test_a_span_fault_counts_if_any_part_of_it_is_in_the_window():
+    executions, claims = pair(anchor=100.0)
+    # a long freeze that began well before the window and lasted into it
+    faults = [Fault("freeze_worker", "worker1", 60.0, 100.0 - LEASE - SLACK + 1.0)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert dup.explained
+
+
+@pytest.mark.parametrize(
+    ("kind", "duration", "able"),
+    [
+        ("kill_worker", 0.0, True),
+        ("freeze_worker", LEASE, True),
+        ("freeze_worker", LEASE - 0.1, False),  # shorter than the lease
+        ("partition_worker", 2 * LEASE, True),
+        ("partition_worker", 1.0, False),
+        ("db_outage", LEASE + 1, True),
+        ("broker_outage", 10 * LEASE, False),  # never, however long
+        ("prefetch", 10 * LEASE, False),
+        ("lost_reply", 0.0, False),
+        ("latency", 10 * LEASE, False),
+        ("kill_beat", 0.0, False),
+        ("freeze_beat", 10 * LEASE, False),
+        ("stall_claim", 10 * LEASE, False),
+    ],
+)
+def test_only_a_kill_or_a_freeze_or_partition_as_long_as_the_lease_can_lose_it(
+    kind, duration, able
+):
+    fault = Fault(kind, "worker1", 90.0, 90.0 + duration)
+    assert can_lose_lease(fault, LEASE) is able
+    executions, claims = pair()
+    (dup,) = find_duplicates(executions, [fault], claims, SLACK)
+    assert dup.explained is able
+
+
+def test_a_fault_on_every_node_hits_the_older_claims_worker_too():
+    executions, claims = pair()
+    faults = [Fault("db_outage", "*", 88.0, 88.0 + LEASE + 2)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert dup.explained
+
+
+def test_a_broker_outage_during_the_window_is_named_but_does_not_explain():
+    executions, claims = pair()
+    faults = [Fault("broker_outage", "*", 85.0, 99.0), Fault("freeze_worker", "worker1", 90, 91)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert not dup.explained
+    assert "broker_outage" in dup.reason and "freeze_worker" in dup.reason
+
+
+def test_the_same_claim_executed_twice_is_never_explained():
+    executions = [execution(1, "worker1", 80.0), execution(1, "worker2", 95.0)]
+    (dup,) = find_duplicates(executions, [kill("worker1", 90.0)], {1: [(1, 79.0)]}, SLACK)
+    assert not dup.explained
+    assert dup.reason == "one claim executed twice"
+
+
+def test_the_anchor_is_the_first_claim_after_the_older_one_not_the_executing_one():
+    # Claim 2's message was lost (never executed); claim 3 ran. The lease lost is claim 1's,
+    # and the job was claimed again at claim 2's time: the window ends there.
+    executions = [execution(1, "worker1", 80.0), execution(3, "worker2", 140.0)]
+    claims = {1: [(1, 79.0), (2, 100.0), (3, 130.0)]}
+    (dup,) = find_duplicates(executions, [kill("worker1", 90.0)], claims, SLACK)
+    assert (dup.anchor, dup.explained) == (100.0, True)
+    # a kill after claim 2 cannot have lost claim 1's lease
+    (dup,) = find_duplicates(executions, [kill("worker1", 110.0)], claims, SLACK)
+    assert not dup.explained
+
+
+def test_a_frozen_workers_buffered_copy_running_last_is_blamed_on_its_freeze():
+    # worker1 held claim 1 in its prefetch buffer, was frozen past the lease; claim 2 ran on
+    # worker2 during the freeze, and claim 1's copy ran when worker1 woke up: by start time
+    # the frozen worker's copy is the second one, by claim it is the first.
+    executions = [execution(1, "worker1", 121.0), execution(2, "worker2", 102.0)]
+    claims = {1: [(1, 85.0), (2, 100.0)]}
+    faults = [Fault("freeze_worker", "worker1", 90.0, 120.0)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert dup.explained and dup.older.node == "worker1"
+
+
+def test_three_executions_are_two_duplicates_each_blamed_on_its_own_fault():
+    executions = [
+        execution(1, "worker1", 10.0),
+        execution(2, "worker2", 40.0),
+        execution(3, "worker3", 70.0),
+    ]
+    claims = {1: [(1, 9.0), (2, 30.0), (3, 60.0)]}
+    verdict = judge(executions, [kill("worker1", 20.0)], claims, [(1, "t0")], SLACK)
+    first, second = verdict.duplicates
+    assert first.explained and not second.explained  # worker2 was never hit
+    assert summary(verdict, [kill("worker1", 20.0)])["unexplained"] == 1
+
+
+def test_an_occurrence_that_never_started_is_lost_and_fails_the_run():
+    executions = [execution(1, "worker1", 10.0, occurrence="t0")]
+    expected = [(1, "t0"), (1, "t1"), (2, "t0")]
+    assert lost_occurrences(expected, executions) == [(1, "t1"), (2, "t0")]
+    verdict = judge(executions, [], {}, expected, SLACK)
+    assert not verdict.passed and verdict.duplicates == []
+
+
+def test_blame_names_the_earliest_capable_fault():
+    older = execution(1, "worker1", 80.0)
+    faults = [kill("worker1", 95.0), Fault("partition_worker", "worker1", 85.0, 85.0 + LEASE)]
+    fault, _ = blame(older, 100.0, faults, SLACK)
+    assert fault is not None and fault.kind == "partition_worker"
+
+
+def test_summary_counts_faults_per_kind_and_what_was_blamed():
+    executions, claims = pair()
+    faults = [kill("worker1", 90.0), Fault("broker_outage", "*", 20.0, 30.0)]
+    figures = summary(judge(executions, faults, claims, [(1, "t0")], SLACK), faults)
+    assert figures == {
+        "executions": 2,
+        "duplicates": 1,
+        "attributed": 1,
+        "unexplained": 0,
+        "lost": 0,
+        "blamed_on": {"kill_worker": 1},
+        "faults": {"broker_outage": 1, "kill_worker": 1},
+        "passed": True,
+    }
