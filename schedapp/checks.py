@@ -212,11 +212,14 @@ def _is_solar(spec: Any) -> bool:
 def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``SCHEDAPP_JOBS`` and ``@periodic`` declarations a beat would refuse at its start: a
     task that is unknown to the Celery app or not allowed is an error here, not a log line
-    at beat start (and so is any other invalid field)."""
+    at beat start (and so is any other invalid field). ``beat_schedule`` entries are
+    ``check_beat_schedule``'s (W011), except a name declared twice."""
     from .declared import declared_values
 
     found: list[checks.CheckMessage] = []
     for name, spec in _declarations().items():
+        if "_unmapped" in spec or spec.get("_keep_phase"):
+            continue  # a beat_schedule entry: check_beat_schedule reports it (W011)
         try:
             declared_values(name, spec)
         except ValidationError as exc:
@@ -241,23 +244,44 @@ _TASK_HINT = (
 )
 
 
-def check_beat_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``CELERY_BEAT_SCHEDULE`` entries beside the LeaseScheduler are never run by it."""
-    conf = _celery_conf()
+def _lease_scheduler_configured(conf: Any) -> bool:
     scheduler = conf.beat_scheduler
     path = (
         scheduler if isinstance(scheduler, str) else f"{scheduler.__module__}:{scheduler.__name__}"
     )
-    if not conf.beat_schedule or path.replace(".LeaseScheduler", ":LeaseScheduler") != (
-        "schedapp.beat:LeaseScheduler"
-    ):
+    return path.replace(".LeaseScheduler", ":LeaseScheduler") == "schedapp.beat:LeaseScheduler"
+
+
+@_outermost
+def check_beat_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``beat_schedule`` entries (``CELERY_BEAT_SCHEDULE``, ``add_periodic_task``) that the
+    LeaseScheduler cannot run. It syncs every entry at beat start as a declared job, mapped
+    as ``importer.map_beat_entry`` maps it; an entry that cannot be mapped (a custom schedule
+    class, no task) or whose job would be invalid (a task not registered or not allowed) is
+    reported then and skipped: this check says so before the beat starts."""
+    conf = _celery_conf()
+    if not conf.beat_schedule or not _lease_scheduler_configured(conf):
         return []
-    return [
-        checks.Warning(
-            f"CELERY_BEAT_SCHEDULE has {len(conf.beat_schedule)} entries, which "
-            "schedapp's LeaseScheduler does not run.",
-            hint="Import them once with `manage.py schedapp_import --from-settings`, or move "
-            "them to SCHEDAPP_JOBS.",
-            id="schedapp.W011",
-        )
-    ]
+    from .declared import beat_schedule_declarations, declared_values
+
+    found: list[checks.CheckMessage] = []
+    for name, spec in beat_schedule_declarations().items():
+        try:
+            declared_values(name, spec)
+        except ValidationError as exc:
+            reasons = [
+                f"{key.removeprefix(f'{name}.')}: {' '.join(messages)}"
+                for key, messages in exc.message_dict.items()
+            ]
+            found.append(
+                checks.Warning(
+                    f"beat_schedule entry {name!r} is not run by schedapp's LeaseScheduler: "
+                    + "; ".join(reasons),
+                    hint="Declare it with a crontab, a solar or an interval schedule and a task "
+                    "registered with the Celery app and allowed by SCHEDAPP_ALLOWED_TASKS (or "
+                    "move it to SCHEDAPP_JOBS).",
+                    obj=name,
+                    id="schedapp.W011",
+                )
+            )
+    return found

@@ -1,5 +1,5 @@
 """System checks of the configuration: optional dependencies it needs, jobs declared in code,
-and a ``CELERY_BEAT_SCHEDULE`` the LeaseScheduler would not run.
+and ``CELERY_BEAT_SCHEDULE`` entries the LeaseScheduler cannot run.
 
 A missing package is simulated with ``sys.modules[name] = None`` (an import then fails as if
 it were not installed); Celery's configuration is patched on the app the checks read.
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from celery import schedules
 from django.test import override_settings
 
 from schedapp import checks, declared
@@ -223,11 +224,36 @@ def test_manage_py_check_fails_on_a_declared_job_with_an_unknown_task():
 ENTRY = {"add": {"task": "project.tasks.add", "schedule": 30.0, "args": (1, 2)}}
 
 
-def test_beat_schedule_beside_the_lease_scheduler_is_reported(celery_conf):
+def test_a_mappable_beat_schedule_entry_is_not_reported(celery_conf):
+    """The LeaseScheduler syncs it at beat start: nothing to warn about."""
     celery_conf(beat_schedule=ENTRY, beat_scheduler="schedapp.beat:LeaseScheduler")
+    assert checks.check_beat_schedule() == []
+    assert declared_errors({}) == {}
+
+
+class _OddHours(schedules.crontab):
+    """A crontab subclass that decides for itself when it is due."""
+
+    def is_due(self, last_run_at):  # pragma: no cover - never called
+        return super().is_due(last_run_at)
+
+
+def test_a_custom_schedule_class_is_reported_once(celery_conf):
+    entries = {**ENTRY, "odd": {"task": "project.tasks.add", "schedule": _OddHours(minute="7")}}
+    celery_conf(beat_schedule=entries, beat_scheduler="schedapp.beat:LeaseScheduler")
     found = checks.check_beat_schedule()
     assert ids(found) == ["schedapp.W011"]
-    assert "schedapp_import --from-settings" in found[0].hint
+    assert found[0].obj == "odd"
+    assert "'odd'" in found[0].msg and "_OddHours" in found[0].msg
+    assert declared_errors({}) == {}  # not also an error of the declared jobs' check
+
+
+def test_a_beat_schedule_entry_with_an_unknown_task_is_reported(celery_conf):
+    entries = {"typo": {"task": "project.tasks.add_typo", "schedule": 30.0}}
+    celery_conf(beat_schedule=entries, beat_scheduler="schedapp.beat:LeaseScheduler")
+    found = checks.check_beat_schedule()
+    assert ids(found) == ["schedapp.W011"]
+    assert "'typo'" in found[0].msg and "task" in found[0].msg
 
 
 def test_beat_schedule_with_another_scheduler_or_empty_is_not(celery_conf):
