@@ -34,9 +34,8 @@ from django.db import connection, transaction
 
 from . import api
 from .exceptions import JobStateError
-from .forms import model_default
-from .models import Job, JobSource, JobState
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, validate_job
+from .models import Job, JobSource, JobState, field_default
+from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 log = logging.getLogger("schedapp.declared")
 
@@ -103,7 +102,7 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         )
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
-    values = {f: model_default(f) for f in JOB_FIELDS}
+    values = {f: field_default(f) for f in JOB_FIELDS}
     values.update(run_at=None, cron="", interval=None, interval_anchor=None, name=name)
     unknown = sorted(set(spec) - set(JOB_FIELDS))
     if unknown:
@@ -190,9 +189,7 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
     if job.source != JobSource.DECLARED:
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         return
-    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
-    if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
-        changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+    changes = changed_fields(job, values)
     if changes:
         with transaction.atomic():
             api.update(job.pk, **changes)

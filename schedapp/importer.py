@@ -38,7 +38,7 @@ from .db import db_now
 from .exceptions import ScheduleError
 from .models import Job, JobSource
 from .schedules import Interval, Schedule, next_fire_time, parse_cron
-from .validation import JOB_FIELDS, SCHEDULE_FIELDS, celery_app, validate_job
+from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 CARRIED_OPTIONS = ("queue", "priority")
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
@@ -328,9 +328,7 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
         merged.update(item.spec)
         cleaned = validate_job(merged)
-        changes = {f: v for f, v in cleaned.items() if getattr(existing, f) != v}
-        if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
-            changes.update({f: cleaned[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+        changes = changed_fields(existing, cleaned)
         if not changes:
             report.unchanged.append(item.name)
             return

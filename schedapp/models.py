@@ -228,6 +228,11 @@ class Job(models.Model):
         return self.run_at is None
 
 
+def field_default(name: str) -> Any:
+    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
+    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
+
+
 def schedule_of(fields: Mapping[str, Any]) -> Schedule:
     """The schedule of a job's stored fields (a model's ``__dict__``, a row read as a dict)."""
     run_at = fields.get("run_at")

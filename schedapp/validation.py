@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict
 
 from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
-from .models import MAX_PRIORITY, MIN_PRIORITY, schedule_of
+from .models import MAX_PRIORITY, MIN_PRIORITY, field_default, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -43,30 +43,50 @@ from .schedules import (
 MAX_INT = 2**31 - 1
 NAME_MAX = 200
 SCHEDULE_FIELDS = ("run_at", "cron", "interval")
-# Fields a job accepts, beyond task/args/kwargs/schedule: ``schedule(**policy)`` takes these.
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's editable fields other than its task: what ``api.schedule`` takes as options.
+
+    The one list of a job's fields: ``JOB_FIELDS`` is read from it, and the API, the admin
+    form, declared jobs and the importer all take their field list from ``JOB_FIELDS``.
+    None means "the default" for every option but the schedule ones.
+    """
+
+    args: Iterable[Any]
+    kwargs: Mapping[str, Any] | None
+    run_at: datetime | None
+    cron: str | None
+    interval: timedelta | float | None
+    interval_anchor: datetime | None
+    timezone: str | None
+    name: str | None
+    priority: int
+    queue: str | None
+    max_retries: int | None
+    jitter: int
+    lease_seconds: int | None
+    retry_backoff: timedelta | float | None
+    retry_backoff_max: timedelta | float | None
+    misfire_policy: str | None
+    misfire_grace: timedelta | float | None
+    misfire_max_catchup: int | None
+
+
+class JobChanges(JobOptions, total=False):
+    """What ``api.update`` takes: any option, and the task."""
+
+    task: str
+
+
+JOB_FIELDS: tuple[str, ...] = ("task", *JobOptions.__annotations__)
+# The options that shape what happens after a run (retries, misfires).
 POLICY_FIELDS = (
     "retry_backoff",
     "retry_backoff_max",
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",
-)
-JOB_FIELDS = (
-    "task",
-    "args",
-    "kwargs",
-    "run_at",
-    "cron",
-    "interval",
-    "interval_anchor",
-    "timezone",
-    "name",
-    "priority",
-    "queue",
-    "max_retries",
-    "jitter",
-    "lease_seconds",
-    *POLICY_FIELDS,
 )
 # Fields whose checks depend on their own values only: judged once per distinct combination
 # when many jobs share them (they usually do: the defaults).
@@ -114,29 +134,26 @@ def name_taken(name: str) -> str:
 
 
 def job_defaults() -> dict[str, Any]:
-    """Every optional field's value when the caller gives none (or None)."""
-    from django.conf import settings as django_settings
+    """Every optional field's value when the caller gives none (or None): the model's
+    defaults (several read SCHEDAPP_* settings), no schedule and no name."""
+    defaults = {f: field_default(f) for f in JOB_FIELDS if f != "task"}
+    defaults.update(run_at=None, cron=None, interval=None, name=None)
+    del defaults["interval_anchor"]
+    return defaults
 
-    s = get_settings()
-    return {
-        "args": [],
-        "kwargs": {},
-        "run_at": None,
-        "cron": None,
-        "interval": None,
-        "timezone": django_settings.TIME_ZONE or "UTC",
-        "name": None,
-        "priority": 0,
-        "queue": "",
-        "max_retries": s.DEFAULT_MAX_RETRIES,
-        "jitter": 0,
-        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
-        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
-        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
-        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
-        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
-        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
-    }
+
+def changed_fields(job: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``values`` that differ from ``job``'s, with the whole schedule (and its
+    zone) when any part of it changed: a new schedule replaces the old one whole, so an update
+    must say all of it. What the admin, declared jobs and the importer pass to
+    ``api.update``."""
+    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
+    if any(f in changes for f in _WHOLE_SCHEDULE):
+        changes.update({f: values[f] for f in _WHOLE_SCHEDULE})
+    return changes
+
+
+_WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, "timezone")
 
 
 def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
