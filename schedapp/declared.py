@@ -189,6 +189,10 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
     if job.source != JobSource.DECLARED:
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         return
+    if values.get("interval_anchor") is None:
+        # Not declared: the phase the job took at its first occurrence stays (a new schedule
+        # still gets a new one, as changed_fields then says the whole schedule).
+        values = {k: v for k, v in values.items() if k != "interval_anchor"}
     changes = changed_fields(job, values)
     if changes:
         with transaction.atomic():
