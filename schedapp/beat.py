@@ -20,6 +20,7 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from . import metrics
+from .sql import query
 
 log = logging.getLogger("schedapp.beat")
 # Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
@@ -290,10 +291,7 @@ def _guard_idle_transactions(seconds: float) -> None:
     def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                    [f"{int(seconds * 1000)}ms"],
-                )
+                cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
 
     connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
     if connection.connection is not None:

@@ -35,6 +35,7 @@ from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from .db import db_now, is_postgresql, notify_due
 from .models import Job, JobSource
 from .schedules import Once, Schedule, first_fire_time
+from .sql import query
 from .validation import (
     Checked,
     JobValidator,
@@ -295,11 +296,6 @@ class _CopyWriter(_Writer):
         self.sql = f"COPY {quote(table)} ({columns}) FROM STDIN (FORMAT {rows.format})"
         self.by_xid: dict[str, _Chunk] = {}
         # The last id this session drew is a chunk's last job: COPY draws ids in row order.
-        self.last_row = (
-            f"SELECT id, xmin::text FROM {quote(table)} "
-            f"WHERE id = (SELECT currval(pg_get_serial_sequence('{table}', 'id')))"
-        )
-        self.table = quote(table)
 
     def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
         head = next(rows, None)
@@ -345,7 +341,7 @@ class _CopyWriter(_Writer):
     def _record(self, first: int, rows: list[Row]) -> None:
         """Note the chunk's last id and its savepoint's transaction id (its rows' ``xmin``)."""
         with connection.cursor() as cursor:
-            cursor.execute(self.last_row)
+            cursor.execute(query("bulk_last_row"))
             last_id, xid = cursor.fetchone()
         self._chunk(first, rows, last_id, xid)
         self.by_xid[xid] = self.chunks[-1]
@@ -355,10 +351,7 @@ class _CopyWriter(_Writer):
         chunks still see these names), report the clashes."""
         for _attempt in range(_RETRIES):
             with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT name, id, xmin::text FROM {self.table} WHERE name = ANY(%s)",
-                    [[row[1] for row in rows]],
-                )
+                cursor.execute(query("bulk_names_taken"), [[row[1] for row in rows]])
                 found = {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
             survivors, errors = self._sort_out(rows, found)
             kept: list[Row] = []
@@ -378,10 +371,7 @@ class _CopyWriter(_Writer):
         if chunk is None:
             return None  # written by another, committed transaction: an existing job
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT count(*) FROM {self.table} WHERE id BETWEEN %s AND %s AND xmin::text = %s",
-                [job_id, chunk.last_id, xid],
-            )
+            cursor.execute(query("bulk_rows_of_chunk"), [job_id, chunk.last_id, xid])
             (from_here_on,) = cursor.fetchone()
         return chunk.index_at(chunk.count - from_here_on)
 

@@ -28,17 +28,9 @@ from django.db.models.functions import Now
 from . import policies
 from .db import call_function, db_now, is_postgresql, notify_due
 from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
-from .models import (
-    ACTIVE_RUN_STATUSES,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    Job,
-    JobRun,
-    JobState,
-    RunStatus,
-    schedule_of,
-)
+from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus, schedule_of
 from .schedules import Interval, Schedule, next_fire_time, parse_cron
+from .sql import query
 
 log = logging.getLogger("schedapp.claims")
 
@@ -115,70 +107,7 @@ def job_schedule(job: Job) -> Schedule:
 
 
 # --- claim -----------------------------------------------------------------------------------
-
-# The due slice, highest priority first, earliest first within a priority. A btree cannot
-# deliver "priority DESC, next_run_at" restricted to next_run_at <= now() as one range, so we
-# take the bounded set of priority levels (MIN_PRIORITY..MAX_PRIORITY, ten probes at most,
-# however many jobs there are) and a range scan of each level's due jobs, in order, until the
-# batch is full. Rows are locked as they are read (SKIP LOCKED: other beats take the next
-# ones); the MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select
-# (PostgreSQL bug #15715). Claim, lease, fencing token and run rows: one statement.
-# A CTE ``levels(priority)``, highest first (overview.py uses it too).
-DUE_LEVELS_SQL = f"""
-    levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))"""
-
-_CLAIM_SQL = f"""
-WITH {DUE_LEVELS_SQL},
-due AS MATERIALIZED (
-    SELECT d.id
-    FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
-    CROSS JOIN LATERAL (
-        SELECT j.id FROM schedapp_job j
-        WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
-        ORDER BY j.next_run_at
-        LIMIT %(limit)s
-        FOR UPDATE OF j SKIP LOCKED
-    ) AS d
-    LIMIT %(limit)s
-),
-claimed AS (
-    UPDATE schedapp_job AS j
-    SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds), updated_at = now()
-    FROM due WHERE j.id = due.id
-    RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
-              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
-              j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
-              j.misfire_max_catchup, j.priority,
-              extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
-              (j.run_at IS NULL AND j.retry_count = 0
-               AND now() - j.next_run_at > j.misfire_grace) AS late
-),
-runs AS (
-    INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
-                                 dispatched_at, task_id, status, heartbeats, stale, worker,
-                                 admission, error, traceback)
-    SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
-           'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', '', ''
-    FROM claimed c WHERE NOT c.late
-    RETURNING id, job_id
-)
-SELECT r.id AS run_id, c.* FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
-ORDER BY c.priority DESC, c.next_run_at
-"""
-
-_NEXT_DUE_SQL = f"""
-WITH {DUE_LEVELS_SQL}
-SELECT now(),
-       (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
-            SELECT j.next_run_at FROM schedapp_job j
-            WHERE j.state = 'scheduled' AND j.priority = l.priority
-            ORDER BY j.next_run_at LIMIT 1) x
-        WHERE l.priority IS NOT NULL),
-       (SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
-        ORDER BY lease_expires_at LIMIT 1)
-"""
-
+# The statements are in sql/queries.sql (claim_due_jobs, next_due, restamp_leases).
 
 def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
@@ -225,9 +154,7 @@ def _restamp_leases(job_ids: list[int]) -> None:
     if is_postgresql():
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + "
-                "make_interval(secs => lease_seconds) WHERE id = ANY(%s) AND state = 'running'",
-                [job_ids],
+query("restamp_leases"), [job_ids]
             )
         return
     now = datetime.now(UTC)
@@ -239,7 +166,7 @@ def _restamp_leases(job_ids: list[int]) -> None:
 
 def _claim_postgresql(beat: str, limit: int) -> list[dict]:
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, {"limit": limit, "beat": beat})
+        cursor.execute(query("claim_due_jobs"), {"limit": limit, "beat": beat})
         names = [c.name for c in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -437,7 +364,7 @@ def seconds_until_due() -> tuple[datetime, float] | None:
     """The database's now, and seconds from it until the next due job or lease expiry."""
     if is_postgresql():
         with connection.cursor() as cursor:
-            cursor.execute(_NEXT_DUE_SQL)
+            cursor.execute(query("next_due"))
             now, next_due, next_expiry = cursor.fetchone()
     else:
         now = db_now()
@@ -601,7 +528,7 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
     """
     if is_postgresql():
         ((verdict,),) = call_function(
-            "SELECT schedapp_admit_run(%s, %s, %s, %s)", [job_id, token, worker, admission]
+            query("admit_run"), [job_id, token, worker, admission]
         )
         return DoorVerdict(verdict)
     return _admit_portable(job_id, token, worker, admission)
@@ -680,7 +607,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
         return Renewal()
     if is_postgresql():
         rows = call_function(
-            "SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)",
+            query("renew_leases"),
             [[j for j, _ in held], [t for _, t in held]],
         )
     else:
@@ -794,9 +721,7 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
     args = _success_args(job_id, token, headers)
     if args is None:
         return False
-    ((applied,),) = call_function(
-        "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)", args
-    )
+    ((applied,),) = call_function(query("succeed_run"), args)
     return bool(applied)
 
 
@@ -841,11 +766,7 @@ def complete_successes(
         batch = [(i, a) for i, a in batch if a is not None]
         if batch:
             columns = [list(col) for col in zip(*(a for _, a in batch), strict=True)]
-            rows = call_function(
-                "SELECT idx, applied FROM schedapp_succeed_runs("
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                columns,
-            )
+            rows = call_function(query("succeed_runs"), columns)
             applied = {batch[idx - 1][0] for idx, ok in rows if ok}
     return [
         CompletionResult(Completion.APPLIED)

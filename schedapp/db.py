@@ -23,6 +23,8 @@ from django.db import (
     connections,
 )
 
+from .sql import query
+
 try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
     import psycopg
 except ImportError:  # pragma: no cover - exercised by the packaging check
@@ -51,7 +53,7 @@ def db_now() -> datetime:
     """The database server's current time (transaction time on PostgreSQL)."""
     with connection.cursor() as cursor:
         if is_postgresql():
-            cursor.execute("SELECT now()")
+            cursor.execute(query("now"))
             value = cursor.fetchone()[0]
         else:  # SQLite: one machine, so its clock is the only clock there is
             return datetime.now(UTC)
@@ -134,9 +136,8 @@ def notify_due(when: datetime | None = None, delay_seconds: float | None = None)
         return
     with connection.cursor() as cursor:
         if when is not None:
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
+            cursor.execute(query("notify_at"), [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
         else:
             cursor.execute(
-                "SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text)",
-                [NOTIFY_CHANNEL, float(delay_seconds or 0.0)],
+                query("notify_after"), [NOTIFY_CHANNEL, float(delay_seconds or 0.0)]
             )

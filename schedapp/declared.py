@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from . import api
 from .exceptions import JobStateError
 from .models import Job, JobSource, JobState, field_default
+from .sql import query
 from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 log = logging.getLogger("schedapp.declared")
@@ -153,7 +154,7 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+                cursor.execute(query("advisory_lock"), [_LOCK_KEY])
         existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
         for name, spec in decls.items():
             try:

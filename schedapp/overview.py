@@ -22,57 +22,14 @@ from django.db import connection
 from django.db.models import Count, Min
 from django.db.models.functions import Now
 
-from .claims import DUE_LEVELS_SQL
 from .db import db_now, is_postgresql
 from .models import Job, JobState, Node
+from .sql import query
 
 BACKLOG_CAP = 100_000
 LAG_SAMPLE = 20_000
 NODE_FRESH_SECONDS = 60
 LAG_WINDOW_MINUTES = 5
-
-# Due jobs, per priority level (the bounded range of levels), each level's due range read in
-# the due partial index's order. Bounded by %(cap)s rows.
-_BACKLOG_SQL = f"""
-WITH {DUE_LEVELS_SQL}
-SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM levels l CROSS JOIN LATERAL (
-            SELECT 1 FROM schedapp_job j
-            WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
-            LIMIT %(cap)s) x
-        WHERE l.priority IS NOT NULL LIMIT %(cap)s) due),
-    (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
-        SELECT j.next_run_at FROM schedapp_job j
-        WHERE j.state = 'scheduled' AND j.priority = l.priority
-        ORDER BY j.next_run_at LIMIT 1) x
-     WHERE l.priority IS NOT NULL)
-"""
-
-# Dispatch lag (dispatched_at - due_at) per minute over the newest runs.
-_LAG_SQL = """
-SELECT date_trunc('minute', r.dispatched_at) AS minute,
-       count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
-       max(lag)
-FROM (SELECT dispatched_at,
-             extract(epoch FROM dispatched_at - due_at) AS lag
-      FROM schedapp_jobrun
-      ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
-GROUP BY ROLLUP (minute)
-ORDER BY minute NULLS FIRST
-"""
-
-
-_STATUS_SQL = """
-SELECT r.status, count(*)
-FROM (SELECT status, dispatched_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s)
-GROUP BY r.status ORDER BY r.status
-"""
-
 
 @dataclass(frozen=True)
 class Lag:
@@ -167,7 +124,7 @@ def backlog(cap: int = BACKLOG_CAP) -> tuple[int, datetime | None]:
     """(scheduled jobs already due, counted up to ``cap``; the oldest next_run_at)."""
     if is_postgresql():
         with connection.cursor() as cursor:
-            cursor.execute(_BACKLOG_SQL, {"cap": cap})
+            cursor.execute(query("backlog"), {"cap": cap})
             due, oldest = cursor.fetchone()
         return int(due), oldest
     scheduled = Job.objects.filter(state=JobState.SCHEDULED)
@@ -183,7 +140,7 @@ def dispatch_lag(
     if not is_postgresql():
         return None, []
     with connection.cursor() as cursor:
-        cursor.execute(_LAG_SQL, {"sample": sample, "minutes": minutes})
+        cursor.execute(query("dispatch_lag"), {"sample": sample, "minutes": minutes})
         rows = cursor.fetchall()
     total: Lag | None = None
     per_minute: list[Lag] = []
@@ -207,7 +164,7 @@ def recent_statuses(minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE)
     if not is_postgresql():
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(_STATUS_SQL, {"sample": sample, "minutes": minutes})
+        cursor.execute(query("recent_statuses"), {"sample": sample, "minutes": minutes})
         return {status: int(count) for status, count in cursor.fetchall()}
 
 

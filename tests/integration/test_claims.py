@@ -19,6 +19,7 @@ from schedapp.claims import (
 )
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.sql import query
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -294,7 +295,7 @@ def test_the_claim_query_walks_the_due_index_not_the_table():
     due_jobs(5)
     with connection.cursor() as cursor, transaction.atomic():
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + claims._CLAIM_SQL, {"limit": 10, "beat": "b"})
+        cursor.execute("EXPLAIN " + query("claim_due_jobs"), {"limit": 10, "beat": "b"})
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "schedapp_job_due" in plan
     assert "Seq Scan on schedapp_job" not in plan
