@@ -12,7 +12,6 @@ import os
 import socket
 import time
 import uuid
-from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +19,7 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from . import metrics
-from .sql import query
+from .store import Listener, get_store
 
 log = logging.getLogger("schedapp.beat")
 # Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
@@ -38,7 +37,7 @@ class LeaseScheduler(Scheduler):
     def __init__(self, app: Celery, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._dispatcher: Any = None
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._listener_tried = 0.0
         self._failures = 0
         self._broker_down = False  # a publish failed: probe the broker before claiming again
@@ -66,7 +65,9 @@ class LeaseScheduler(Scheduler):
 
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
-        _guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
+        # A stalled beat (SIGSTOPped, swapped out inside a claim) would otherwise hold row locks
+        # that hide those jobs from every other beat and from the reaper until it woke up.
+        get_store().guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
         self._ensure_listener()
         metrics.start_metrics_server()
         self._sync_declared_jobs()
@@ -74,7 +75,7 @@ class LeaseScheduler(Scheduler):
             "beat %s started: schedapp.beat:LeaseScheduler, sharing the due jobs with every "
             "beat on %s (batch %d, %s)",
             self.beat_id,
-            _database_label(),
+            get_store().label(),
             self.settings.BATCH_SIZE,
             "woken by LISTEN/NOTIFY" if self._listener is not None else "polling",
             extra={"action": "beat_start", "beat": self.beat_id},
@@ -254,7 +255,7 @@ class LeaseScheduler(Scheduler):
         if self._listener is not None or time.monotonic() - self._listener_tried < 5.0:
             return
         self._listener_tried = time.monotonic()
-        self._listener = _Listener.open()
+        self._listener = get_store().listen()
 
     def _maybe_update_node(self) -> None:
         now = time.monotonic()
@@ -279,104 +280,3 @@ class LeaseScheduler(Scheduler):
             log.exception(
                 "could not sync declared jobs: %s", exc, extra={"action": "declared_sync_failed"}
             )
-
-
-def _guard_idle_transactions(seconds: float) -> None:
-    """Have PostgreSQL end this beat's transactions that stall (a SIGSTOPped or swapped-out
-    beat inside a claim): its row locks would otherwise hide those jobs from every other beat
-    and from the reaper until it woke up."""
-    from django.db import connection
-    from django.db.backends.signals import connection_created
-
-    def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
-
-    connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
-    if connection.connection is not None:
-        configure(connection=connection)
-
-
-class _Listener:
-    """A dedicated PostgreSQL connection LISTENing for ``schedapp`` notifications."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    @classmethod
-    def open(cls) -> _Listener | None:
-        """Connected exactly as Django connects (TLS, certificates, ``options``, service
-        files: every ``OPTIONS`` entry), autocommit, LISTENing."""
-        from django.db import connection
-
-        from .db import NOTIFY_CHANNEL
-
-        if connection.vendor != "postgresql":
-            return None
-        try:
-            import psycopg
-
-            params = connection.get_connection_params()
-            params.setdefault("connect_timeout", 5)
-            conn = psycopg.connect(**{**params, "autocommit": True})
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            return cls(conn)
-        except Exception as exc:  # fall back to polling
-            log.warning(
-                "cannot LISTEN for new jobs (%s); polling instead",
-                exc,
-                extra={"action": "listen_failed"},
-            )
-            return None
-
-    def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
-        """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db``.
-
-        Returns None if the connection broke (the caller sleeps the rest without it).
-        """
-        deadline = time.monotonic() + timeout
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                # Close each generator before the next: a suspended one holds the lock.
-                with closing(self.conn.notifies(timeout=remaining, stop_after=1)) as notes:
-                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db for n in notes)
-                if woken:
-                    self._drain()
-                    return True
-            return False
-        except Exception as exc:
-            log.warning("notification connection lost: %s", exc, extra={"action": "listen_lost"})
-            self.close()
-            return None
-
-    def _drain(self) -> None:
-        """Consume notifications already received: one wake-up serves them all."""
-        with closing(self.conn.notifies(timeout=0.001, stop_after=100_000)) as notes:
-            for _ in notes:
-                pass
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:
-            pass
-
-
-def _due(payload: str) -> float:
-    try:
-        return float(payload)
-    except ValueError:
-        return 0.0  # unknown payload: wake
-
-
-def _database_label() -> str:
-    """Where the beats meet, for the start-up line: vendor, host, port and database name."""
-    from django.db import connection
-
-    settings = connection.settings_dict
-    if connection.vendor != "postgresql":
-        return f"{connection.vendor} {settings.get('NAME')}"
-    host = settings.get("HOST") or "localhost"
-    port = settings.get("PORT") or 5432
-    return f"postgresql://{host}:{port}/{settings.get('NAME')}"

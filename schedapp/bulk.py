@@ -32,10 +32,11 @@ from django.db import IntegrityError, connection, transaction
 
 from . import policies
 from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
-from .db import db_now, is_postgresql, notify_due
+from .db import db_now, notify_due
 from .models import Job, JobSource
 from .schedules import Once, Schedule, first_fire_time
 from .sql import query
+from .store import get_store
 from .validation import (
     Checked,
     JobValidator,
@@ -65,7 +66,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
     with transaction.atomic():
         now = db_now()
         writer: _Writer
-        if is_postgresql():
+        if get_store().copies_rows:
             rows = ENCODERS[COPY_FORMAT](now)
             ingest = _Ingest(now, rows)
             writer = _CopyWriter(ingest, rows)

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 
 from . import api
 from .exceptions import JobStateError
 from .models import Job, JobSource, JobState, field_default
-from .sql import query
+from .store import get_store
 from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 log = logging.getLogger("schedapp.declared")
@@ -152,9 +152,7 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     decls = declarations() if decls is None else decls
     report = SyncReport()
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(query("advisory_lock"), [_LOCK_KEY])
+        get_store().lock(_LOCK_KEY)  # one beat at a time
         existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
         for name, spec in decls.items():
             try:

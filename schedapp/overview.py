@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Count
 from django.db.models.functions import Now
 
-from .db import db_now, is_postgresql
+from .db import db_now
 from .models import Job, JobState, Node
-from .sql import query
+from .store import get_store
 
 BACKLOG_CAP = 100_000
 LAG_SAMPLE = 20_000
@@ -122,26 +121,14 @@ def state_counts() -> dict[str, int]:
 
 def backlog(cap: int = BACKLOG_CAP) -> tuple[int, datetime | None]:
     """(scheduled jobs already due, counted up to ``cap``; the oldest next_run_at)."""
-    if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(query("backlog"), {"cap": cap})
-            due, oldest = cursor.fetchone()
-        return int(due), oldest
-    scheduled = Job.objects.filter(state=JobState.SCHEDULED)
-    due = scheduled.filter(next_run_at__lte=Now()).order_by().values("id")[:cap].count()
-    oldest = scheduled.aggregate(m=Min("next_run_at"))["m"]
-    return due, oldest
+    return get_store().backlog(cap)
 
 
 def dispatch_lag(
     minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE
 ) -> tuple[Lag | None, list[Lag]]:
     """(lag over the whole window, lag per minute), from the newest ``sample`` runs."""
-    if not is_postgresql():
-        return None, []
-    with connection.cursor() as cursor:
-        cursor.execute(query("dispatch_lag"), {"sample": sample, "minutes": minutes})
-        rows = cursor.fetchall()
+    rows = get_store().dispatch_lag(minutes, sample)
     total: Lag | None = None
     per_minute: list[Lag] = []
     for minute, runs, p50, p95, worst in rows:
@@ -161,11 +148,7 @@ def dispatch_lag(
 
 def recent_statuses(minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE) -> dict[str, int]:
     """Runs claimed in the last ``minutes`` by status (from the newest ``sample`` runs)."""
-    if not is_postgresql():
-        return {}
-    with connection.cursor() as cursor:
-        cursor.execute(query("recent_statuses"), {"sample": sample, "minutes": minutes})
-        return {status: int(count) for status, count in cursor.fetchall()}
+    return get_store().recent_statuses(minutes, sample)
 
 
 def live_nodes(now: datetime, fresh_seconds: int = NODE_FRESH_SECONDS) -> list[NodeInfo]:

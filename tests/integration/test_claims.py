@@ -20,6 +20,7 @@ from schedapp.claims import (
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.sql import query
+from schedapp.store import PostgreSQLStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +71,7 @@ def test_two_open_claim_transactions_never_return_the_same_job():
     # When connection A claims 10 and keeps its transaction open...
     def claim_and_hold():
         with transaction.atomic():
-            rows = claims._claim_postgresql("beat-A", 10)
+            rows, _now = PostgreSQLStore().claim("beat-A", 10)
             first_claimed.set()
             release_first.wait(10)
         return {r["id"] for r in rows}
