@@ -266,6 +266,7 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
         {"cron": "*/5 * * * *", "timezone": "America/New_York"},
     ],
 )
+@pytest.mark.postgresql
 def test_a_recurring_success_is_one_statement(schedule, monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
