@@ -18,7 +18,13 @@ from typing import Any
 from celery import Celery
 from celery.beat import Scheduler
 
-from . import metrics
+from . import conf, metrics
+from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
+from .db import CONNECTION_ERRORS, reset_connection, with_retries
+from .declared import sync_declared_jobs
+from .dispatch import Dispatcher
+from .models import Node
+from .nodes import record_node
 from .store import Listener, get_store
 
 log = logging.getLogger("schedapp.beat")
@@ -60,9 +66,6 @@ class LeaseScheduler(Scheduler):
     # --- celery.beat.Scheduler interface --------------------------------------------------
 
     def setup_schedule(self) -> None:
-        from . import conf
-        from .dispatch import Dispatcher
-
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         # A stalled beat (SIGSTOPped, swapped out inside a claim) would otherwise hold row locks
@@ -85,8 +88,6 @@ class LeaseScheduler(Scheduler):
         """One unit of work; never raises (Celery's beat loop exits on any exception from
         ``tick``): an unreachable database or broker, or an error nobody foresaw, is logged
         and backed off from, and the beat goes on."""
-        from .db import CONNECTION_ERRORS, reset_connection
-
         if self._dispatcher is None:  # created lazily, then ticked: set up now
             self.setup_schedule()
         self.stats["ticks"] += 1
@@ -128,8 +129,6 @@ class LeaseScheduler(Scheduler):
         if self._listener is not None:
             self._listener.close()
         try:
-            from .models import Node
-
             Node.objects.filter(name=self.beat_id).delete()
         except Exception:  # shutting down; the row ages out of the overview
             pass
@@ -147,8 +146,6 @@ class LeaseScheduler(Scheduler):
     # --- one unit of work -----------------------------------------------------------------
 
     def _work(self) -> float:
-        from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
-
         if self._broker_down:
             # Claiming now would only record and release a batch again: ask the broker first.
             if not self._dispatcher.probe():
@@ -262,17 +259,12 @@ class LeaseScheduler(Scheduler):
         if now - self._last_node_update < self.settings.NODE_HEARTBEAT:
             return
         self._last_node_update = now
-        from .nodes import record_node
-
         metrics.heartbeat("beat")
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
 
     def _sync_declared_jobs(self) -> None:
         """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
         declaration is reported and never stops the beat."""
-        from .db import with_retries
-        from .declared import sync_declared_jobs
-
         try:
             report = with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
             log.info("declared jobs: %s", report, extra={"action": "declared_sync"})

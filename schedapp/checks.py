@@ -7,6 +7,9 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
+from .conf import get_settings
+from .validation import celery_app
+
 
 def register() -> None:
     checks.register(check_serialization, "schedapp")
@@ -16,8 +19,6 @@ def register() -> None:
 
 
 def _celery_conf() -> Any:
-    from .validation import celery_app
-
     return celery_app().conf
 
 
@@ -82,8 +83,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def check_allowlist(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import get_settings
-
     if "*" in get_settings().ALLOWED_TASKS:
         return [
             checks.Warning(

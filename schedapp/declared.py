@@ -33,6 +33,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import api
+from .conf import get_settings
 from .exceptions import JobStateError
 from .models import Job, JobSource, JobState, field_default
 from .store import get_store
@@ -76,8 +77,6 @@ def _resolve_task(entry: Mapping[str, Any]) -> str:
 
 def declarations() -> dict[str, dict[str, Any]]:
     """Every declared job, by name: ``SCHEDAPP_JOBS`` and ``@periodic`` merged."""
-    from .conf import get_settings
-
     celery_app().loader.import_default_modules()  # load tasks modules, so @periodic ran
     found: dict[str, dict[str, Any]] = {}
     for name, spec in (get_settings().JOBS or {}).items():

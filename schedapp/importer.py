@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import schedules as celery_schedules
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -90,8 +92,6 @@ class ImportReport:
 
 
 def beat_schedule_from_settings() -> Mapping[str, Any]:
-    from django.conf import settings
-
     schedule = getattr(settings, BEAT_SCHEDULE, None)
     if schedule is None:
         schedule = celery_app().conf.beat_schedule
@@ -120,8 +120,6 @@ def crontab_expression(schedule: Any) -> str:
 
 
 def _app_timezone() -> str:
-    from django.conf import settings
-
     zone = celery_app().conf.timezone or settings.TIME_ZONE or "UTC"
     return str(getattr(zone, "key", zone))
 
@@ -134,19 +132,18 @@ def map_celery_schedule(
     ``timezone`` is the Celery app's zone, which a crontab runs in; None reads it from the
     settings, and only when a crontab needs it.
     """
-    from celery.schedules import crontab, schedule, solar
-
-    if isinstance(value, solar):
+    if isinstance(value, celery_schedules.solar):
         return None, "solar schedules (sunrise, sunset ...) have no cron equivalent"
-    for base in (crontab, schedule):  # crontab and solar subclass schedule
+    # crontab and solar subclass schedule
+    for base in (celery_schedules.crontab, celery_schedules.schedule):
         if isinstance(value, base) and _times_its_own_way(value, base):
             return None, (
                 f"{type(value).__name__} decides when it is due by its own code (a custom "
                 f"subclass of celery's {base.__name__}); its fire times have no equivalent"
             )
-    if isinstance(value, crontab):
+    if isinstance(value, celery_schedules.crontab):
         return {"cron": crontab_expression(value), "timezone": timezone or _app_timezone()}, None
-    if isinstance(value, schedule):
+    if isinstance(value, celery_schedules.schedule):
         return {"interval": value.run_every}, None
     if isinstance(value, timedelta):
         return {"interval": value}, None
@@ -203,10 +200,9 @@ def map_beat_entry(name: str, entry: Any, timezone: str | None = None) -> Candid
 def _relative(entry: Mapping[str, Any]) -> bool:
     """Whether Celery rounds this entry's runs: a schedule object's own flag wins over the
     entry's (beat applies ``relative`` only when it builds the schedule from a number)."""
-    from celery.schedules import schedule
-
     value = entry.get("schedule")
-    return bool(value.relative if isinstance(value, schedule) else entry.get("relative"))
+    relative = isinstance(value, celery_schedules.schedule)
+    return bool(value.relative if relative else entry.get("relative"))
 
 
 def from_beat_schedule(entries: Mapping[str, Any]) -> list[Candidate]:

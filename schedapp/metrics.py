@@ -36,6 +36,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from . import overview
+from .conf import get_settings
+
 log = logging.getLogger("schedapp.metrics")
 
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -204,8 +207,6 @@ def process_exited(pid: int) -> None:
 
 
 def metrics_port() -> int | None:
-    from .conf import get_settings
-
     port = get_settings().METRICS_PORT
     return int(port) if port else None
 
@@ -244,8 +245,6 @@ class FleetCollector:
     """Gauges read from the database at scrape time: the same for every process."""
 
     def collect(self) -> Iterator[Any]:
-        from . import overview
-
         data = overview.collect()
         jobs = GaugeMetricFamily("schedapp_jobs", "Jobs by state.", labels=["state"])
         for state, count in data.counts.items():

@@ -12,6 +12,8 @@ from datetime import timedelta
 
 from celery import shared_task
 
+from .prune import prune_runs as prune
+
 DEFAULT_OLDER_THAN = 30 * 86400
 
 
@@ -23,8 +25,6 @@ def prune_runs(
     pause: float = 0.0,
 ) -> dict[str, object]:
     """Delete runs finished more than ``older_than_seconds`` ago, in short batches."""
-    from .prune import prune_runs as prune
-
     result = prune(
         timedelta(seconds=older_than_seconds),
         batch_size=batch_size,

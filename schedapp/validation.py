@@ -23,11 +23,13 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any, TypedDict
 
+from celery import current_app
+from celery.utils.imports import symbol_by_name
 from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
-from .models import MAX_PRIORITY, MIN_PRIORITY, field_default, schedule_of
+from .models import MAX_PRIORITY, MIN_PRIORITY, JobSource, field_default, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -172,8 +174,6 @@ def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict
 
 def source_problem(source: Any) -> str | None:
     """Why ``source`` is not a job's source ("api", "admin", ...), or None."""
-    from .models import JobSource
-
     if source not in JobSource.values:
         return f"{source!r} is not one of {JobSource.values}."
     return None
@@ -183,11 +183,7 @@ def celery_app() -> Any:
     """The Celery app jobs are validated against and published through."""
     path = get_settings().CELERY_APP
     if path:
-        from celery.utils.imports import symbol_by_name
-
         return symbol_by_name(path)
-    from celery import current_app
-
     return current_app._get_current_object()
 
 

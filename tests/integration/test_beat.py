@@ -30,7 +30,7 @@ def test_a_tick_that_fails_unexpectedly_backs_off_instead_of_ending_the_beat(mon
         labels = {"kind": "unexpected"}
         return REGISTRY.get_sample_value("schedapp_beat_errors_total", labels) or 0.0
 
-    monkeypatch.setattr(claims, "claim_due_jobs", broken)
+    monkeypatch.setattr(beat, "claim_due_jobs", broken)
     before = errors()
     started = time.monotonic()
     try:
