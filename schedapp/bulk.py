@@ -76,7 +76,10 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
         pending = iter(specs)
         start = 0
         while not ingest.stopped:
-            writer.write_chunk(start, ingest.rows(pending, start, chunk_size))
+            # A chunk is read and validated before its COPY starts: ``specs`` may query the
+            # database (a queryset's iterator, a clock), which it cannot do mid-COPY.
+            chunk = list(ingest.rows(pending, start, chunk_size))
+            writer.write_chunk(start, iter(chunk))
             if ingest.consumed < chunk_size:
                 break
             start += ingest.consumed
