@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,11 +24,13 @@ import psutil
 import psycopg
 import redis
 
+from project import harness
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 PYTHON = sys.executable
-CELERY = str(Path(sys.executable).parent / "celery")
+CELERY = harness.CELERY
 
 PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -189,88 +190,8 @@ def bench_env(db: str, redis_db: int, settings: str = OURS_SETTINGS,
     return env
 
 
-@dataclass
-class Proc:
-    """A subprocess in its own session (so stopping it reaches only its own children)."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    stmt_path: Path | None = None
-    cpu_mark: float = 0.0
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.log():
-                return
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited early:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name}: {text!r} not seen in {timeout}s:\n{self.log()[-3000:]}")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the process and its children (a worker's pool)."""
-        try:
-            proc = psutil.Process(self.pid)
-            total = sum(proc.cpu_times()[:2])
-            for child in proc.children(recursive=True):
-                try:
-                    total += sum(child.cpu_times()[:2])
-                except psutil.NoSuchProcess:
-                    pass
-            return total
-        except psutil.NoSuchProcess:
-            return 0.0
-
-    def mark_cpu(self) -> None:
-        self.cpu_mark = self.cpu_seconds()
-
-    def memory(self) -> dict[str, float]:
-        """Resident set now and its peak since the process started (``VmHWM``), in MB."""
-        out = {"rss_mb": 0.0, "peak_rss_mb": 0.0}
-        try:
-            text = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return out
-        for line in text.splitlines():
-            if line.startswith("VmRSS:"):
-                out["rss_mb"] = int(line.split()[1]) / 1024
-            elif line.startswith("VmHWM:"):
-                out["peak_rss_mb"] = int(line.split()[1]) / 1024
-        return out
-
-    def statements(self) -> dict[str, int]:
-        """Statements the process has executed so far, by kind (see ``beat_counting``)."""
-        if self.stmt_path is None or not self.stmt_path.exists():
-            return {}
-        try:
-            return json.loads(self.stmt_path.read_text())
-        except ValueError:  # caught mid-write: the next read is whole
-            time.sleep(0.05)
-            return json.loads(self.stmt_path.read_text())
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.alive():
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(timeout=10)
+# One harness for the tests, the benchmarks and the demo (project/harness.py).
+Proc = harness.Proc
 
 
 def run_dir(name: str) -> Path:
@@ -284,47 +205,32 @@ def start_beat(name: str, scheduler: str, env: dict[str, str], logs: Path,
     """A real ``celery beat`` process; with ``count_statements`` it runs through
     ``bench.beat_counting``, which counts the SQL statements it executes."""
     log_path = logs / f"{name}.log"
-    stmt_path = logs / f"{name}.stmts.json" if count_statements else None
-    args = ["-A", "project", "beat", "-S", scheduler, "-l", "INFO",
-            "-s", str(logs / f"{name}-schedule")]
-    if count_statements:
-        argv = [PYTHON, "-m", "bench.beat_counting", *args]
-        env = {**env, "BENCH_STMT_FILE": str(stmt_path)}
-    else:
-        argv = [CELERY, *args]
-    return _spawn(name, argv, env, log_path, stmt_path)
+    if not count_statements:
+        return harness.start_beat(name, env, logs, scheduler, append=False)
+    stmt_path = logs / f"{name}.stmts.json"
+    if stmt_path.exists():
+        stmt_path.unlink()
+    argv = [PYTHON, "-m", "bench.beat_counting",
+            *harness.beat_args(logs / f"{name}-schedule", scheduler)]
+    env = {**env, "BENCH_STMT_FILE": str(stmt_path)}
+    return Proc(name, argv, env, log_path, append=False, stmt_path=stmt_path)
 
 
 def start_worker(name: str, env: dict[str, str], logs: Path, concurrency: int = 2,
                  pool: str = "prefork") -> Proc:
-    argv = [CELERY, "-A", "project", "worker", "-l", "WARNING", "-n", f"{name}@%h",
-            "-P", pool, "-c", str(concurrency), "--without-gossip", "--without-mingle",
-            "--heartbeat-interval=2"]
-    return _spawn(name, argv, env, logs / f"{name}.log", None)
-
-
-def _spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path,
-           stmt_path: Path | None) -> Proc:
-    if stmt_path is not None and stmt_path.exists():
-        stmt_path.unlink()
-    with open(log_path, "wb") as log:  # the child keeps its own descriptor
-        popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    return Proc(name, popen, log_path, stmt_path)
+    argv = [CELERY, *harness.worker_args(name, concurrency=concurrency, pool=pool,
+                                         loglevel="WARNING", heartbeat=2)]
+    return Proc(name, argv, env, logs / f"{name}.log", append=False)
 
 
 def stop_all(procs: Iterable[Proc]) -> None:
     for proc in procs:
-        proc.stop()
+        proc.stop(timeout=20.0)
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
+    """The predicate's value: true once it held, its last (false) value at the timeout."""
+    return harness.wait_until(predicate, timeout, interval, raise_on_timeout=False)
 
 
 def sleep_until(epoch: float) -> None:

@@ -95,10 +95,10 @@ def time_claims(repeat: int) -> dict[str, Any]:
 def explain() -> str:
     from django.db import connection, transaction
 
-    from schedapp.claims import _CLAIM_SQL
+    from schedapp.sql import query
 
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + _CLAIM_SQL,
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("claim_due_jobs"),
                        {"limit": DUE_NOW, "beat": "explain"})
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)

@@ -11,8 +11,8 @@ import logging
 import random
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -28,6 +28,8 @@ from .validation import (
     JOB_FIELDS,
     SCHEDULE_DETAIL_FIELDS,
     SCHEDULE_FIELDS,
+    JobChanges,
+    JobOptions,
     celery_app,
     job_defaults,
     name_taken,
@@ -75,50 +77,30 @@ def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> No
     job.next_run_at = first + policies.compute_jitter(job.jitter, rng)
 
 
-def schedule(
-    task: str,
-    *,
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    run_at: datetime | None = None,
-    cron: str | None = None,
-    interval: timedelta | float | None = None,
-    timezone: str | None = None,
-    name: str | None = None,
-    priority: int = 0,
-    queue: str | None = None,
-    max_retries: int | None = None,
-    jitter: int = 0,
-    lease_seconds: int | None = None,
-    source: str = JobSource.API,
-    **policy: Any,
-) -> Job:
+class ScheduleOptions(JobOptions, total=False):
+    """What ``schedule`` takes beside the task: a job's options, and who creates it."""
+
+    source: str
+
+
+def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
     """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, every
     ``interval``, or at a solar event (``solar_event`` with ``latitude`` and ``longitude``,
     Celery's ``solar``). A ``run_at`` in the past runs at the next tick.
 
-    ``policy`` takes ``retry_backoff``, ``retry_backoff_max``, ``misfire_policy``,
-    ``misfire_grace`` and ``misfire_max_catchup``; and Celery's semantics: ``cron_day_or``
-    (False: both day fields must match, as Celery's crontab), ``not_before`` and
-    ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
-    (apply_async's queue, routing_key, exchange, priority, expires, headers). ``source``
-    records who created the job (``"api"``, ``"admin"``, ``"declared"``, ``"imported"``).
+    The options are ``JobOptions``'s: the schedule, ``name``, ``priority``, ``queue``,
+    ``max_retries``, ``jitter``, ``lease_seconds``, ``retry_backoff``, ``retry_backoff_max``,
+    ``misfire_policy``, ``misfire_grace`` and ``misfire_max_catchup``; Celery's semantics:
+    ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
+    and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
+    (apply_async's queue, routing_key, exchange, priority, expires, headers). Any left out (or
+    None) takes its default. ``source`` records who created the job (``"api"``, ``"admin"``,
+    ``"declared"``, ``"imported"``).
     """
-    given = dict(
-        args=list(args) if isinstance(args, list | tuple) else args,
-        kwargs=kwargs,
-        run_at=run_at,
-        cron=cron,
-        interval=interval,
-        timezone=timezone,
-        name=name,
-        priority=priority,
-        queue=queue,
-        max_retries=max_retries,
-        jitter=jitter,
-        lease_seconds=lease_seconds,
-        **policy,
-    )
+    given: dict[str, Any] = dict(options)
+    source = given.pop("source", JobSource.API)
+    args = given.get("args", [])
+    given["args"] = list(args) if isinstance(args, list | tuple) else args
     values = validate_job(_spec(task, given))
     job = Job(**values, source=_source(source))
     with transaction.atomic():
@@ -171,7 +153,7 @@ def _locked(job: JobRef) -> Job:
     return Job.objects.select_for_update().get(pk=job.pk if isinstance(job, Job) else job)
 
 
-def update(job: JobRef, **changes: Any) -> Job:
+def update(job: JobRef, **changes: Unpack[JobChanges]) -> Job:
     """Change a job's fields. A new schedule replaces the old one (give only the new kind)
     and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
     from its next occurrence."""

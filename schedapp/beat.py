@@ -12,14 +12,20 @@ import os
 import socket
 import time
 import uuid
-from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
 from celery.beat import Scheduler
 
-from . import metrics
+from . import conf, metrics
+from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
+from .db import CONNECTION_ERRORS, reset_connection, with_retries
+from .declared import sync_declared_jobs
+from .dispatch import Dispatcher
+from .models import Node
+from .nodes import record_node
+from .store import Listener, get_store
 
 log = logging.getLogger("schedapp.beat")
 # Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
@@ -37,7 +43,7 @@ class LeaseScheduler(Scheduler):
     def __init__(self, app: Celery, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._dispatcher: Any = None
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         self._listener_tried = 0.0
         self._failures = 0
         self._broker_down = False  # a publish failed: probe the broker before claiming again
@@ -60,12 +66,11 @@ class LeaseScheduler(Scheduler):
     # --- celery.beat.Scheduler interface --------------------------------------------------
 
     def setup_schedule(self) -> None:
-        from . import conf
-        from .dispatch import Dispatcher
-
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
-        _guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
+        # A stalled beat (SIGSTOPped, swapped out inside a claim) would otherwise hold row locks
+        # that hide those jobs from every other beat and from the reaper until it woke up.
+        get_store().guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
         self._ensure_listener()
         metrics.start_metrics_server()
         self._sync_declared_jobs()
@@ -73,7 +78,7 @@ class LeaseScheduler(Scheduler):
             "beat %s started: schedapp.beat:LeaseScheduler, sharing the due jobs with every "
             "beat on %s (batch %d, %s)",
             self.beat_id,
-            _database_label(),
+            get_store().label(),
             self.settings.BATCH_SIZE,
             "woken by LISTEN/NOTIFY" if self._listener is not None else "polling",
             extra={"action": "beat_start", "beat": self.beat_id},
@@ -83,8 +88,6 @@ class LeaseScheduler(Scheduler):
         """One unit of work; never raises (Celery's beat loop exits on any exception from
         ``tick``): an unreachable database or broker, or an error nobody foresaw, is logged
         and backed off from, and the beat goes on."""
-        from .db import CONNECTION_ERRORS, reset_connection
-
         if self._dispatcher is None:  # created lazily, then ticked: set up now
             self.setup_schedule()
         self.stats["ticks"] += 1
@@ -126,8 +129,6 @@ class LeaseScheduler(Scheduler):
         if self._listener is not None:
             self._listener.close()
         try:
-            from .models import Node
-
             Node.objects.filter(name=self.beat_id).delete()
         except Exception:  # shutting down; the row ages out of the overview
             pass
@@ -145,8 +146,6 @@ class LeaseScheduler(Scheduler):
     # --- one unit of work -----------------------------------------------------------------
 
     def _work(self) -> float:
-        from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
-
         if self._broker_down:
             # Claiming now would only record and release a batch again: ask the broker first.
             if not self._dispatcher.probe():
@@ -253,24 +252,19 @@ class LeaseScheduler(Scheduler):
         if self._listener is not None or time.monotonic() - self._listener_tried < 5.0:
             return
         self._listener_tried = time.monotonic()
-        self._listener = _Listener.open()
+        self._listener = get_store().listen()
 
     def _maybe_update_node(self) -> None:
         now = time.monotonic()
         if now - self._last_node_update < self.settings.NODE_HEARTBEAT:
             return
         self._last_node_update = now
-        from .nodes import record_node
-
         metrics.heartbeat("beat")
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
 
     def _sync_declared_jobs(self) -> None:
         """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
         declaration is reported and never stops the beat."""
-        from .db import with_retries
-        from .declared import sync_declared_jobs
-
         try:
             report = with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
             log.info("declared jobs: %s", report, extra={"action": "declared_sync"})
@@ -278,107 +272,3 @@ class LeaseScheduler(Scheduler):
             log.exception(
                 "could not sync declared jobs: %s", exc, extra={"action": "declared_sync_failed"}
             )
-
-
-def _guard_idle_transactions(seconds: float) -> None:
-    """Have PostgreSQL end this beat's transactions that stall (a SIGSTOPped or swapped-out
-    beat inside a claim): its row locks would otherwise hide those jobs from every other beat
-    and from the reaper until it woke up."""
-    from django.db import connection
-    from django.db.backends.signals import connection_created
-
-    def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                    [f"{int(seconds * 1000)}ms"],
-                )
-
-    connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
-    if connection.connection is not None:
-        configure(connection=connection)
-
-
-class _Listener:
-    """A dedicated PostgreSQL connection LISTENing for ``schedapp`` notifications."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    @classmethod
-    def open(cls) -> _Listener | None:
-        """Connected exactly as Django connects (TLS, certificates, ``options``, service
-        files: every ``OPTIONS`` entry), autocommit, LISTENing."""
-        from django.db import connection
-
-        from .db import NOTIFY_CHANNEL
-
-        if connection.vendor != "postgresql":
-            return None
-        try:
-            import psycopg
-
-            params = connection.get_connection_params()
-            params.setdefault("connect_timeout", 5)
-            conn = psycopg.connect(**{**params, "autocommit": True})
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            return cls(conn)
-        except Exception as exc:  # fall back to polling
-            log.warning(
-                "cannot LISTEN for new jobs (%s); polling instead",
-                exc,
-                extra={"action": "listen_failed"},
-            )
-            return None
-
-    def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
-        """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db``.
-
-        Returns None if the connection broke (the caller sleeps the rest without it).
-        """
-        deadline = time.monotonic() + timeout
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                # Close each generator before the next: a suspended one holds the lock.
-                with closing(self.conn.notifies(timeout=remaining, stop_after=1)) as notes:
-                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db for n in notes)
-                if woken:
-                    self._drain()
-                    return True
-            return False
-        except Exception as exc:
-            log.warning("notification connection lost: %s", exc, extra={"action": "listen_lost"})
-            self.close()
-            return None
-
-    def _drain(self) -> None:
-        """Consume notifications already received: one wake-up serves them all."""
-        with closing(self.conn.notifies(timeout=0.001, stop_after=100_000)) as notes:
-            for _ in notes:
-                pass
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:
-            pass
-
-
-def _due(payload: str) -> float:
-    try:
-        return float(payload)
-    except ValueError:
-        return 0.0  # unknown payload: wake
-
-
-def _database_label() -> str:
-    """Where the beats meet, for the start-up line: vendor, host, port and database name."""
-    from django.db import connection
-
-    settings = connection.settings_dict
-    if connection.vendor != "postgresql":
-        return f"{connection.vendor} {settings.get('NAME')}"
-    host = settings.get("HOST") or "localhost"
-    port = settings.get("PORT") or 5432
-    return f"postgresql://{host}:{port}/{settings.get('NAME')}"

@@ -31,10 +31,12 @@ from django.db import IntegrityError, connection, transaction
 
 from . import policies
 from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
-from .db import db_now, is_postgresql, notify_due
+from .db import db_now, notify_due
 from .exceptions import ScheduleError
 from .models import Job, JobSource
 from .schedules import Once, Schedule, first_fire_time
+from .sql import query
+from .store import get_store
 from .validation import (
     Checked,
     JobValidator,
@@ -67,7 +69,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
     with transaction.atomic():
         now = db_now()
         writer: _Writer
-        if is_postgresql():
+        if get_store().copies_rows:
             rows = ENCODERS[COPY_FORMAT](now)
             ingest = _Ingest(now, rows)
             writer = _CopyWriter(ingest, rows)
@@ -305,11 +307,6 @@ class _CopyWriter(_Writer):
         self.sql = f"COPY {quote(table)} ({columns}) FROM STDIN (FORMAT {rows.format})"
         self.by_xid: dict[str, _Chunk] = {}
         # The last id this session drew is a chunk's last job: COPY draws ids in row order.
-        self.last_row = (
-            f"SELECT id, xmin::text FROM {quote(table)} "
-            f"WHERE id = (SELECT currval(pg_get_serial_sequence('{table}', 'id')))"
-        )
-        self.table = quote(table)
 
     def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
         head = next(rows, None)
@@ -357,7 +354,7 @@ class _CopyWriter(_Writer):
     def _record(self, first: int, rows: list[Row]) -> None:
         """Note the chunk's last id and its savepoint's transaction id (its rows' ``xmin``)."""
         with connection.cursor() as cursor:
-            cursor.execute(self.last_row)
+            cursor.execute(query("bulk_last_row"))
             last_id, xid = cursor.fetchone()
         self._chunk(first, rows, last_id, xid)
         self.by_xid[xid] = self.chunks[-1]
@@ -367,10 +364,7 @@ class _CopyWriter(_Writer):
         chunks still see these names), report the clashes."""
         for _attempt in range(_RETRIES):
             with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT name, id, xmin::text FROM {self.table} WHERE name = ANY(%s)",
-                    [[row[1] for row in rows]],
-                )
+                cursor.execute(query("bulk_names_taken"), [[row[1] for row in rows]])
                 found = {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
             survivors, errors = self._sort_out(rows, found)
             kept: list[Row] = []
@@ -390,10 +384,7 @@ class _CopyWriter(_Writer):
         if chunk is None:
             return None  # written by another, committed transaction: an existing job
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT count(*) FROM {self.table} WHERE id BETWEEN %s AND %s AND xmin::text = %s",
-                [job_id, chunk.last_id, xid],
-            )
+            cursor.execute(query("bulk_rows_of_chunk"), [job_id, chunk.last_id, xid])
             (from_here_on,) = cursor.fetchone()
         return chunk.index_at(chunk.count - from_here_on)
 

@@ -12,6 +12,8 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import connections
 
 from . import extras
+from .conf import get_settings
+from .validation import celery_app
 
 
 def register() -> None:
@@ -25,8 +27,6 @@ def register() -> None:
 
 
 def _celery_conf() -> Any:
-    from .validation import celery_app
-
     return celery_app().conf
 
 
@@ -94,8 +94,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def check_allowlist(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from .conf import get_settings
-
     if "*" in get_settings().ALLOWED_TASKS:
         return [
             checks.Warning(

@@ -13,32 +13,22 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import reduce
-from operator import or_
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db import transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from . import policies
-from .db import call_function, db_now, is_postgresql, notify_due
+from .db import notify_due
 from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
-from .models import (
-    ACTIVE_RUN_STATUSES,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    Job,
-    JobRun,
-    JobState,
-    RunStatus,
-    schedule_of,
-)
+from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus, schedule_of
 from .schedules import Interval, Schedule, next_fire_time, parse_cron
+from .store import DoorVerdict, get_store, insert_runs, pairs
 
 log = logging.getLogger("schedapp.claims")
 
@@ -116,70 +106,7 @@ def job_schedule(job: Job) -> Schedule:
 
 
 # --- claim -----------------------------------------------------------------------------------
-
-# The due slice, highest priority first, earliest first within a priority. A btree cannot
-# deliver "priority DESC, next_run_at" restricted to next_run_at <= now() as one range, so we
-# take the bounded set of priority levels (MIN_PRIORITY..MAX_PRIORITY, ten probes at most,
-# however many jobs there are) and a range scan of each level's due jobs, in order, until the
-# batch is full. Rows are locked as they are read (SKIP LOCKED: other beats take the next
-# ones); the MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select
-# (PostgreSQL bug #15715). Claim, lease, fencing token and run rows: one statement.
-# A CTE ``levels(priority)``, highest first (overview.py uses it too).
-DUE_LEVELS_SQL = f"""
-    levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))"""
-
-_CLAIM_SQL = f"""
-WITH {DUE_LEVELS_SQL},
-due AS MATERIALIZED (
-    SELECT d.id
-    FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
-    CROSS JOIN LATERAL (
-        SELECT j.id FROM schedapp_job j
-        WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
-        ORDER BY j.next_run_at
-        LIMIT %(limit)s
-        FOR UPDATE OF j SKIP LOCKED
-    ) AS d
-    LIMIT %(limit)s
-),
-claimed AS (
-    UPDATE schedapp_job AS j
-    SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds), updated_at = now()
-    FROM due WHERE j.id = due.id
-    RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
-              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
-              j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
-              j.misfire_max_catchup, j.priority, j.cron_day_or, j.solar_event, j.latitude,
-              j.longitude, j.not_before, j.expires_at, j.message_options::text AS message_options,
-              extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
-              (j.run_at IS NULL AND j.retry_count = 0
-               AND now() - j.next_run_at > j.misfire_grace) AS late
-),
-runs AS (
-    INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
-                                 dispatched_at, task_id, status, heartbeats, stale, worker,
-                                 admission, error, traceback)
-    SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
-           'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', '', ''
-    FROM claimed c WHERE NOT c.late
-    RETURNING id, job_id
-)
-SELECT r.id AS run_id, c.* FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
-ORDER BY c.priority DESC, c.next_run_at
-"""
-
-_NEXT_DUE_SQL = f"""
-WITH {DUE_LEVELS_SQL}
-SELECT now(),
-       (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
-            SELECT j.next_run_at FROM schedapp_job j
-            WHERE j.state = 'scheduled' AND j.priority = l.priority
-            ORDER BY j.next_run_at LIMIT 1) x
-        WHERE l.priority IS NOT NULL),
-       (SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
-        ORDER BY lease_expires_at LIMIT 1)
-"""
+# The statements are in sql/queries.sql (claim_due_jobs, next_due, restamp_leases).
 
 
 def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> ClaimResult:
@@ -193,140 +120,23 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
     already expired when it is granted.
     """
     result = ClaimResult()
-    portable = not is_postgresql()
+    store = get_store()
     started = time.monotonic()
     with transaction.atomic():
         result.reap = _reap(limit, rng)
-        # PostgreSQL's claim statement reads now() itself; the portable path needs it here.
-        now = db_now() if portable else None
-        rows = _claim_portable(beat, limit, now) if now else _claim_postgresql(beat, limit)
+        rows, now = store.claim(beat, limit)
         result.claimed = len(rows)
         late = [r for r in rows if r["late"]]
         ready = [r for r in rows if not r["late"]]
-        if late and now is None:
-            now = db_now()  # the transaction's time, the same as the claim's now()
-        if portable:
-            _insert_runs(beat, ready, now)  # type: ignore[arg-type]
         if late:
-            result.skipped_misfires, result.quarantined = _apply_misfires(
-                beat,
-                late,
-                now,  # type: ignore[arg-type]
-                rng,
-            )
+            now = now or store.now()  # the transaction's time, the same as the claim's now()
+            result.skipped_misfires, result.quarantined = _apply_misfires(beat, late, now, rng)
             ready.extend(r for r in late if r.get("run_id"))
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
-            _restamp_leases([r["id"] for r in ready])
+            store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
     result.runs = [_claimed_run(r) for r in ready]
     return result
-
-
-def _restamp_leases(job_ids: list[int]) -> None:
-    """Leases from the clock now (not from the transaction's start), just before commit."""
-    if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + "
-                "make_interval(secs => lease_seconds) WHERE id = ANY(%s) AND state = 'running'",
-                [job_ids],
-            )
-        return
-    now = datetime.now(UTC)
-    for job_id, lease in Job.objects.filter(id__in=job_ids).values_list("id", "lease_seconds"):
-        Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
-            lease_expires_at=now + timedelta(seconds=lease)
-        )
-
-
-def _claim_postgresql(beat: str, limit: int) -> list[dict]:
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, {"limit": limit, "beat": beat})
-        names = [c.name for c in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-_CLAIM_FIELDS = (
-    "id",
-    "token",
-    "name",
-    "task",
-    "args",
-    "kwargs",
-    "queue",
-    "scheduled_for",
-    "next_run_at",
-    "retry_count",
-    "lease_seconds",
-    "jitter",
-    "run_at",
-    "cron",
-    "timezone",
-    "interval",
-    "interval_anchor",
-    "misfire_policy",
-    "misfire_max_catchup",
-    "misfire_grace",
-    "cron_day_or",
-    "solar_event",
-    "latitude",
-    "longitude",
-    "not_before",
-    "expires_at",
-    "message_options",
-)
-
-
-def _claim_portable(beat: str, limit: int, now: datetime) -> list[dict]:
-    """The same claim through the ORM, for databases without the PostgreSQL path (SQLite,
-    whose IMMEDIATE transactions serialise beats instead of SKIP LOCKED)."""
-    rows = list(
-        Job.objects.select_for_update(skip_locked=True)
-        .filter(state=JobState.SCHEDULED, next_run_at__lte=now)
-        .order_by("-priority", "next_run_at")
-        .values(*_CLAIM_FIELDS)[:limit]
-    )
-    for row in rows:
-        Job.objects.filter(id=row["id"], token=row["token"]).update(
-            state=JobState.RUNNING,
-            token=F("token") + 1,
-            claimed_by=beat,
-            lease_expires_at=now + timedelta(seconds=row["lease_seconds"]),
-            updated_at=now,
-        )
-        row["token"] += 1
-        row["args"] = json.dumps(row["args"])
-        row["kwargs"] = json.dumps(row["kwargs"])
-        row["message_options"] = json.dumps(row["message_options"])
-        row["lateness"] = (now - row["next_run_at"]).total_seconds()
-        row["late"] = (
-            row["run_at"] is None
-            and row["retry_count"] == 0
-            and now - row["next_run_at"] > row["misfire_grace"]
-        )
-    return rows
-
-
-def _insert_runs(beat: str, rows: list[dict], now: datetime) -> None:
-    if not rows:
-        return
-    runs = JobRun.objects.bulk_create(
-        [
-            JobRun(
-                job_id=r["id"],
-                token=r["token"],
-                attempt=r["retry_count"] + 1,
-                scheduled_for=r["scheduled_for"],
-                due_at=r["next_run_at"],
-                claimed_by=beat,
-                dispatched_at=now,
-                task_id=task_id_for(r["id"], r["token"]),
-            )
-            for r in rows
-        ]
-    )
-    for row, run in zip(rows, runs, strict=True):
-        row["run_id"] = run.pk
 
 
 def _apply_misfires(
@@ -374,7 +184,7 @@ def _apply_misfires(
         )
         row["scheduled_for"] = plan.run_for
         to_run.append(row)
-    _insert_runs(beat, to_run, now)
+    insert_runs(beat, to_run, now)
     return skipped, quarantined
 
 
@@ -450,24 +260,7 @@ def _schedule_ref(row: dict) -> ScheduleRef | None:
 
 def seconds_until_due() -> tuple[datetime, float] | None:
     """The database's now, and seconds from it until the next due job or lease expiry."""
-    if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(_NEXT_DUE_SQL)
-            now, next_due, next_expiry = cursor.fetchone()
-    else:
-        now = db_now()
-        next_due = (
-            Job.objects.filter(state=JobState.SCHEDULED)
-            .order_by("next_run_at")
-            .values_list("next_run_at", flat=True)
-            .first()
-        )
-        next_expiry = (
-            Job.objects.filter(state=JobState.RUNNING)
-            .order_by("lease_expires_at")
-            .values_list("lease_expires_at", flat=True)
-            .first()
-        )
+    now, next_due, next_expiry = get_store().next_due()
     times = [t for t in (next_due, next_expiry) if t is not None]
     if not times:
         return None
@@ -475,12 +268,6 @@ def seconds_until_due() -> tuple[datetime, float] | None:
 
 
 # --- after publishing ------------------------------------------------------------------------
-
-
-def _pairs(
-    claims: Iterable[tuple[int, int]], job_field: str = "id", token_field: str = "token"
-) -> Q:
-    return reduce(or_, (Q(**{job_field: j, token_field: t}) for j, t in claims), Q(pk__in=[]))
 
 
 def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
@@ -492,10 +279,10 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
     if not claims:
         return 0
     with transaction.atomic():
-        released = Job.objects.filter(_pairs(claims), state=JobState.RUNNING).update(
+        released = Job.objects.filter(pairs(claims), state=JobState.RUNNING).update(
             state=JobState.SCHEDULED, token=F("token") + 1, claimed_by="", lease_expires_at=None
         )
-        JobRun.objects.filter(_pairs(claims, "job_id"), status=RunStatus.DISPATCHED).update(
+        JobRun.objects.filter(pairs(claims, "job_id"), status=RunStatus.DISPATCHED).update(
             status=RunStatus.LOST, finished_at=Now(), error=f"not published: {reason}"
         )
         return released
@@ -526,11 +313,11 @@ def _reap(limit: int, rng: policies.Rng) -> ReapResult:
         return ReapResult()
     claims = [(j.id, j.token) for j in expired]
     started = dict(
-        JobRun.objects.filter(_pairs(claims, "job_id"), status=RunStatus.RUNNING).values_list(
+        JobRun.objects.filter(pairs(claims, "job_id"), status=RunStatus.RUNNING).values_list(
             "job_id", "scheduled_for"
         )
     )
-    JobRun.objects.filter(_pairs(claims, "job_id"), status__in=ACTIVE_RUN_STATUSES).update(
+    JobRun.objects.filter(pairs(claims, "job_id"), status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.LOST,
         finished_at=Now(),
         error="lease expired: the worker or beat holding it stopped renewing it",
@@ -577,36 +364,6 @@ def _reap(limit: int, rng: policies.Rng) -> ReapResult:
 # its own work done and changes nothing.
 
 
-class DoorVerdict(StrEnum):
-    """The door's answer for one delivered message; the values are the metric labels."""
-
-    ADMITTED = "admitted"
-    STALE_TOKEN = "stale_token"  # claimed again, cancelled or reaped since this message
-    LEASE_EXPIRED = "lease_expired"  # the lease ran out before the message arrived
-    JOB_PAUSED = "job_paused"
-    JOB_STATE = "job_state"  # the job is no longer running (e.g. dead, succeeded)
-    DUPLICATE = "duplicate"  # the run already started under another admission, or finished
-    UNKNOWN = "unknown"  # no such run
-    ERROR = "error"  # the claim could not be checked (database unreachable): not executed
-
-    @property
-    def explanation(self) -> str:
-        return _DOOR_EXPLANATIONS[self]
-
-
-_DOOR_EXPLANATIONS = {
-    DoorVerdict.ADMITTED: "admitted",
-    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
-    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived; it will be dispatched again",
-    DoorVerdict.JOB_PAUSED: "the job is paused",
-    DoorVerdict.JOB_STATE: "the job is no longer running",
-    DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery)",
-    DoorVerdict.UNKNOWN: "no such run",
-    DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
-    "dispatched again",
-}
-
-
 def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
     extending the lease unless five sixths of it are left (the job row is then not written);
@@ -616,60 +373,7 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
     the reply was lost) is admitted again; another delivery of the same message is not.
     On PostgreSQL this is the function ``schedapp_admit_run`` (migration 0006).
     """
-    if is_postgresql():
-        ((verdict,),) = call_function(
-            "SELECT schedapp_admit_run(%s, %s, %s, %s)", [job_id, token, worker, admission]
-        )
-        return DoorVerdict(verdict)
-    return _admit_portable(job_id, token, worker, admission)
-
-
-def _admit_portable(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-    """``schedapp_admit_run`` through the ORM (SQLite's IMMEDIATE transactions serialise it)."""
-    with transaction.atomic():
-        now = db_now()
-        job = (
-            Job.objects.select_for_update()
-            .filter(id=job_id)
-            .values("token", "state", "lease_expires_at", "lease_seconds")
-            .first()
-        )
-        runs = JobRun.objects.filter(job_id=job_id, token=token)
-        run = runs.values("status", "admission").first()
-        if job is None or run is None:
-            return DoorVerdict.UNKNOWN
-        lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
-        if job["token"] != token:
-            verdict = DoorVerdict.STALE_TOKEN
-        elif job["state"] == JobState.PAUSED:
-            verdict = DoorVerdict.JOB_PAUSED
-        elif job["state"] != JobState.RUNNING:
-            verdict = DoorVerdict.JOB_STATE
-        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
-            verdict = DoorVerdict.ADMITTED
-        elif run["status"] != RunStatus.DISPATCHED:
-            verdict = DoorVerdict.DUPLICATE
-        elif not lease_valid:
-            verdict = DoorVerdict.LEASE_EXPIRED
-        else:
-            verdict = DoorVerdict.ADMITTED
-        if verdict is DoorVerdict.ADMITTED:
-            runs.update(
-                status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
-            )
-            lease = timedelta(seconds=job["lease_seconds"])
-            if job["lease_expires_at"] < now + lease * 5 / 6:  # as schedapp_admit_run decides
-                Job.objects.filter(id=job_id).update(lease_expires_at=now + lease)
-        elif run["status"] == RunStatus.DISPATCHED:
-            runs.update(
-                status=RunStatus.SKIPPED,
-                finished_at=now,
-                worker=worker,
-                error=f"delivered but not executed: {verdict.explanation}",
-            )
-            if verdict is DoorVerdict.JOB_PAUSED:
-                Job.objects.filter(id=job_id).update(claimed_by="", lease_expires_at=None)
-        return verdict
+    return get_store().admit(job_id, token, worker, admission)
 
 
 @dataclass(frozen=True)
@@ -682,9 +386,6 @@ class Renewal:
     lost: set[tuple[int, int]] = field(default_factory=set)
 
 
-_FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
-
-
 def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     """Extend every lease ``(job_id, token)`` a worker holds from now, in one statement.
 
@@ -695,56 +396,12 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     """
     if not held:
         return Renewal()
-    if is_postgresql():
-        rows = call_function(
-            "SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)",
-            [[j for j, _ in held], [t for _, t in held]],
-        )
-    else:
-        rows = _renew_portable(held)
+    rows = get_store().renew(held)
     result = Renewal()
     sets = {"renewed": result.renewed, "finished": result.finished, "lost": result.lost}
     for job_id, token, outcome in rows:
         sets[outcome].add((job_id, token))
     return result
-
-
-def _renew_portable(held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
-    with transaction.atomic():
-        now = db_now()
-        current = list(
-            Job.objects.select_for_update()
-            .filter(
-                _pairs(held),
-                lease_expires_at__isnull=False,
-                state__in=[JobState.RUNNING, JobState.PAUSED],
-            )
-            .values_list("id", "token", "lease_seconds")
-        )
-        for job_id, _token, lease in current:
-            Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
-        renewed = {(j, t) for j, t, _ in current}
-        if renewed:
-            JobRun.objects.filter(_pairs(renewed, "job_id"), status=RunStatus.RUNNING).update(
-                heartbeats=F("heartbeats") + 1, heartbeat_at=now
-            )
-        runs = {
-            (j, t): (status, stale)
-            for j, t, status, stale in JobRun.objects.filter(_pairs(held, "job_id")).values_list(
-                "job_id", "token", "status", "stale"
-            )
-        }
-    out = []
-    for key in held:
-        status, stale = runs.get(key, (None, False))
-        if key in renewed:
-            outcome = "renewed"
-        elif status in _FINISHED_NORMALLY and not stale:
-            outcome = "finished"
-        else:
-            outcome = "lost"
-        out.append((*key, outcome))
-    return out
 
 
 # --- completion ------------------------------------------------------------------------------
@@ -790,7 +447,7 @@ def complete_run(
     ``allow_unstarted`` lets a run that never passed the door fail (its task is not
     registered on the worker that received it).
     """
-    if outcome == SUCCEEDED and headers is not None and is_postgresql():
+    if outcome == SUCCEEDED and headers is not None:
         if _succeed_fast(job_id, token, headers):
             return CompletionResult(Completion.APPLIED)
     return _complete(
@@ -811,10 +468,7 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
     args = _success_args(job_id, token, headers)
     if args is None:
         return False
-    ((applied,),) = call_function(
-        "SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)", args
-    )
-    return bool(applied)
+    return get_store().succeed_run(args)
 
 
 def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
@@ -854,17 +508,12 @@ def complete_successes(
     under way): the common case of all of them in one round trip and one commit
     (``schedapp_succeed_runs``); any other case each on the general path."""
     applied: set[int] = set()
-    if is_postgresql():
-        batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
-        batch = [(i, a) for i, a in batch if a is not None]
-        if batch:
-            columns = [list(col) for col in zip(*(a for _, a in batch), strict=True)]
-            rows = call_function(
-                "SELECT idx, applied FROM schedapp_succeed_runs("
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                columns,
-            )
-            applied = {batch[idx - 1][0] for idx, ok in rows if ok}
+    batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
+    batch = [(i, a) for i, a in batch if a is not None]
+    if batch:
+        columns = [list(col) for col in zip(*(a for _, a in batch), strict=True)]
+        rows = get_store().succeed_runs(columns)
+        applied = {batch[idx - 1][0] for idx, ok in rows if ok}
     return [
         CompletionResult(Completion.APPLIED)
         if i in applied

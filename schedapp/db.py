@@ -1,4 +1,5 @@
-"""Database plumbing shared by beats and worker hooks: the clock, and surviving outages.
+"""Database plumbing shared by beats and worker hooks: the clock, and surviving outages
+(what differs between databases is in ``schedapp.store``).
 
 Every time a lease or a due check compares with comes from the database server, so beats and
 workers on different hosts never disagree about what is due or expired.
@@ -8,25 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
 
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    connection,
-    connections,
-)
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
-    import psycopg
-except ImportError:  # pragma: no cover - exercised by the packaging check
-    psycopg = None  # type: ignore[assignment]
+from .store import get_store
 
 log = logging.getLogger("schedapp.db")
 T = TypeVar("T")
@@ -36,46 +25,14 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
 def is_postgresql() -> bool:
-    return _vendor() == "postgresql"
-
-
-@lru_cache(maxsize=1)
-def _vendor() -> str:
-    """The default database's vendor, read once: it is fixed for the process, and every
-    access to ``django.db.connection`` goes through a thread-local proxy (the worker's hot
-    path asks several times per execution)."""
-    return connection.vendor
+    """Whether the store is PostgreSQL's (code that differs by database belongs in
+    ``schedapp.store``; this is for what only shows it, such as the admin)."""
+    return get_store().name == "postgresql"
 
 
 def db_now() -> datetime:
     """The database server's current time (transaction time on PostgreSQL)."""
-    with connection.cursor() as cursor:
-        if is_postgresql():
-            cursor.execute("SELECT now()")
-            value = cursor.fetchone()[0]
-        else:  # SQLite: one machine, so its clock is the only clock there is
-            return datetime.now(UTC)
-    return value.astimezone(UTC)
-
-
-def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """Run one of schedapp's hot statements (a PL/pgSQL function call) on Django's connection,
-    through a plain psycopg cursor kept per connection: the worker makes two such calls per
-    execution, and Django's cursor wrapper would cost more than the call itself. Errors are
-    Django's, as from any other query (``with_retries`` reconnects on them)."""
-    db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, then plain attributes
-    db.ensure_connection()
-    raw = db.connection
-    with db.wrap_database_errors:
-        cursor = _hot_cursors.get(raw)
-        if cursor is None or cursor.closed:
-            cursor = _hot_cursors[raw] = psycopg.Cursor(raw)
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-# One plain cursor per psycopg connection (weak keys: a closed connection takes its cursor).
-_hot_cursors: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+    return get_store().now()
 
 
 def reset_connection() -> None:
@@ -121,22 +78,10 @@ def with_retries(
     raise AssertionError("unreachable")
 
 
-NOTIFY_CHANNEL = "schedapp"
-
-
 def notify_due(when: datetime | None = None, delay_seconds: float | None = None) -> None:
     """Wake sleeping beats (PostgreSQL NOTIFY, sent when the transaction commits).
 
     The payload is the due time as epoch seconds in the database's clock, so a beat can ignore
     jobs due after it would wake anyway. A no-op on databases without LISTEN/NOTIFY.
     """
-    if not is_postgresql():
-        return
-    with connection.cursor() as cursor:
-        if when is not None:
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
-        else:
-            cursor.execute(
-                "SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text)",
-                [NOTIFY_CHANNEL, float(delay_seconds or 0.0)],
-            )
+    get_store().notify(when, delay_seconds)

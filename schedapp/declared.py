@@ -30,22 +30,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 
 from . import api
+from .conf import get_settings
 from .exceptions import JobStateError
-from .models import Job, JobSource, JobState
-from .validation import (
-    JOB_FIELDS,
-    SCHEDULE_DETAIL_FIELDS,
-    SCHEDULE_FIELDS,
-    celery_app,
-    model_default,
-    validate_job,
-)
+from .models import Job, JobSource, JobState, field_default
+from .store import get_store
+from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 log = logging.getLogger("schedapp.declared")
 
@@ -83,16 +79,39 @@ def _resolve_task(entry: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else _default_task_name(target)
 
 
+def housekeeping_declarations() -> dict[str, dict[str, Any]]:
+    """The housekeeping jobs as declarations (empty with ``SCHEDAPP_HOUSEKEEPING = False``)."""
+    s = get_settings()
+    if not s.HOUSEKEEPING:
+        return {}
+    results: dict[str, Any] = {}
+    if s.RESULT_RETENTION is not None:
+        keep = s.RESULT_RETENTION
+        results["older_than_seconds"] = (
+            keep.total_seconds() if isinstance(keep, timedelta) else float(keep)
+        )
+    return {
+        "schedapp-prune-runs": {
+            "task": "schedapp.prune_runs",
+            "cron": s.HOUSEKEEPING_CRON,
+            "timezone": "UTC",
+            "kwargs": {"older_than_seconds": s.RUN_RETENTION.total_seconds()},
+        },
+        "schedapp-cleanup-results": {
+            "task": "schedapp.cleanup_results",
+            "cron": s.HOUSEKEEPING_CRON,
+            "timezone": "UTC",
+            "kwargs": results,
+        },
+    }
+
+
 def declarations() -> dict[str, dict[str, Any]]:
     """Every declared job, by name: ``SCHEDAPP_JOBS`` and ``@periodic`` merged."""
-    from .conf import get_settings
-
     celery_app().loader.import_default_modules()  # load tasks modules, so @periodic ran
     found: dict[str, dict[str, Any]] = {}
     for name, spec in (get_settings().JOBS or {}).items():
         found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
-    from .tasks import housekeeping_declarations
-
     for name, spec in housekeeping_declarations().items():  # a declaration of yours wins
         found.setdefault(name, spec)
     for name, spec in beat_schedule_declarations().items():
@@ -142,7 +161,7 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     if "_unmapped" in spec:
         raise ValidationError({f"{name}.schedule": [spec["_unmapped"]]})
     spec = {k: v for k, v in spec.items() if not k.startswith("_")}
-    values = {f: model_default(f) for f in JOB_FIELDS}
+    values = {f: field_default(f) for f in JOB_FIELDS}
     values.update(run_at=None, cron="", interval=None, interval_anchor=None, name=name)
     values.update(solar_event="", message_options={})
     unknown = sorted(set(spec) - set(JOB_FIELDS))
@@ -192,9 +211,7 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     decls = declarations() if decls is None else decls
     report = SyncReport()
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        get_store().lock(_LOCK_KEY)  # one beat at a time
         existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
         for name, spec in decls.items():
             try:
@@ -245,9 +262,11 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
     if job.source != JobSource.DECLARED:
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         return
-    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
-    if any(f in changes for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")):
-        changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+    if values.get("interval_anchor") is None:
+        # Not declared: the phase the job took at its first occurrence stays (a new schedule
+        # still gets a new one, as changed_fields then says the whole schedule).
+        values = {k: v for k, v in values.items() if k != "interval_anchor"}
+    changes = changed_fields(job, values)
     if changes:
         with transaction.atomic():
             api.update(job.pk, **changes)

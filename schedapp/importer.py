@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import schedules as celery_schedules
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -44,14 +46,7 @@ from .db import db_now
 from .exceptions import ScheduleError
 from .models import Job, JobSource
 from .schedules import Interval, Schedule, next_fire_time, parse_cron, parse_solar, with_window
-from .validation import (
-    JOB_FIELDS,
-    MESSAGE_OPTIONS,
-    SCHEDULE_DETAIL_FIELDS,
-    SCHEDULE_FIELDS,
-    celery_app,
-    validate_job,
-)
+from .validation import JOB_FIELDS, MESSAGE_OPTIONS, celery_app, changed_fields, validate_job
 
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"
@@ -109,8 +104,6 @@ class ImportReport:
 
 
 def beat_schedule_from_settings() -> Mapping[str, Any]:
-    from django.conf import settings
-
     schedule = getattr(settings, BEAT_SCHEDULE, None)
     if schedule is None:
         schedule = celery_app().conf.beat_schedule
@@ -139,8 +132,6 @@ def crontab_expression(schedule: Any) -> str:
 
 
 def _app_timezone() -> str:
-    from django.conf import settings
-
     zone = celery_app().conf.timezone or settings.TIME_ZONE or "UTC"
     return str(getattr(zone, "key", zone))
 
@@ -156,24 +147,23 @@ def map_celery_schedule(
     schedule's own) anchors an interval at the boundary Celery rounds to, from ``now`` (the
     instant beat starts; default: the clock).
     """
-    from celery.schedules import crontab, schedule, solar
-
-    for base in (crontab, solar, schedule):  # crontab and solar subclass schedule
+    # crontab and solar subclass schedule
+    for base in (celery_schedules.crontab, celery_schedules.solar, celery_schedules.schedule):
         if isinstance(value, base) and _times_its_own_way(value, base):
             return None, (
                 f"{type(value).__name__} decides when it is due by its own code (a custom "
                 f"subclass of celery's {base.__name__}); schedapp cannot reproduce its fire "
                 "times and refuses it rather than guess (declare it as a cron or an interval)"
             )
-    if isinstance(value, solar):
+    if isinstance(value, celery_schedules.solar):
         return {"solar_event": value.event, "latitude": value.lat, "longitude": value.lon}, None
-    if isinstance(value, crontab):
+    if isinstance(value, celery_schedules.crontab):
         return {
             "cron": crontab_expression(value),
             "timezone": timezone or _app_timezone(),
             "cron_day_or": False,
         }, None
-    if isinstance(value, schedule):
+    if isinstance(value, celery_schedules.schedule):
         every, relative = value.run_every, bool(value.relative)
     elif isinstance(value, timedelta):
         every = value
@@ -462,10 +452,7 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         merged.update(not_before=None, expires_at=None, message_options={})
         merged.update(item.spec)
         cleaned = validate_job(merged)
-        changes = {f: v for f, v in cleaned.items() if getattr(existing, f) != v}
-        schedule_fields = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")
-        if any(f in changes for f in schedule_fields):
-            changes.update({f: cleaned[f] for f in schedule_fields})
+        changes = changed_fields(existing, cleaned)
         if not changes:
             report.unchanged.append(item.name)
             return

@@ -30,6 +30,9 @@ try:  # schedapp[metrics]; without it every metric below is a no-op
 except ImportError:
     prometheus_client = None  # type: ignore[assignment]
 
+from . import overview
+from .conf import get_settings
+
 log = logging.getLogger("schedapp.metrics")
 
 AVAILABLE = prometheus_client is not None
@@ -249,8 +252,6 @@ def process_exited(pid: int) -> None:
 
 
 def metrics_port() -> int | None:
-    from .conf import get_settings
-
     port = get_settings().METRICS_PORT
     return int(port) if port else None
 
@@ -297,8 +298,6 @@ class FleetCollector:
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
-
-        from . import overview
 
         data = overview.collect()
         jobs = GaugeMetricFamily("schedapp_jobs", "Jobs by state.", labels=["state"])

@@ -18,7 +18,7 @@ from django.db.models import Q
 
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
-from .policies import MISFIRE_POLICIES
+from .policies import MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES
 from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
 
 
@@ -52,12 +52,6 @@ def _default_misfire_grace() -> timedelta:
 
 def _default_max_catchup() -> int:
     return get_settings().DEFAULT_MISFIRE_MAX_CATCHUP
-
-
-# Claim priority: higher is claimed first. A bounded range (Celery and Oban use 0-9) keeps a
-# claim's cost independent of how many distinct priorities exist: the claim probes each level.
-MIN_PRIORITY = 0
-MAX_PRIORITY = 9
 
 
 class JobState(models.TextChoices):
@@ -264,6 +258,11 @@ class Job(models.Model):
     @property
     def is_recurring(self) -> bool:
         return self.run_at is None
+
+
+def field_default(name: str) -> Any:
+    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
+    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
 
 
 def schedule_of(fields: Mapping[str, Any]) -> Schedule:

@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
-from django.db.models import Count, Min
+from django.db.models import Count
 from django.db.models.functions import Now
 
-from .claims import DUE_LEVELS_SQL
-from .db import db_now, is_postgresql
+from .db import db_now
 from .dispatch import Dispatcher
 from .models import Job, JobState, Node
+from .store import get_store
 from .validation import celery_app
 
 BACKLOG_CAP = 100_000
@@ -36,48 +35,6 @@ LAG_SAMPLE = 20_000
 NODE_FRESH_SECONDS = 60
 LAG_WINDOW_MINUTES = 5
 QUEUE_SAMPLE = 20_000
-
-# Due jobs, per priority level (the bounded range of levels), each level's due range read in
-# the due partial index's order. Bounded by %(cap)s rows.
-_BACKLOG_SQL = f"""
-WITH {DUE_LEVELS_SQL}
-SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM levels l CROSS JOIN LATERAL (
-            SELECT 1 FROM schedapp_job j
-            WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
-            LIMIT %(cap)s) x
-        WHERE l.priority IS NOT NULL LIMIT %(cap)s) due),
-    (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
-        SELECT j.next_run_at FROM schedapp_job j
-        WHERE j.state = 'scheduled' AND j.priority = l.priority
-        ORDER BY j.next_run_at LIMIT 1) x
-     WHERE l.priority IS NOT NULL)
-"""
-
-# Dispatch lag (dispatched_at - due_at) per minute over the newest runs.
-_LAG_SQL = """
-SELECT date_trunc('minute', r.dispatched_at) AS minute,
-       count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
-       max(lag)
-FROM (SELECT dispatched_at,
-             extract(epoch FROM dispatched_at - due_at) AS lag
-      FROM schedapp_jobrun
-      ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
-GROUP BY ROLLUP (minute)
-ORDER BY minute NULLS FIRST
-"""
-
-
-_STATUS_SQL = """
-SELECT r.status, count(*)
-FROM (SELECT status, dispatched_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
-WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s)
-GROUP BY r.status ORDER BY r.status
-"""
 
 
 @dataclass(frozen=True)
@@ -182,26 +139,14 @@ def state_counts() -> dict[str, int]:
 
 def backlog(cap: int = BACKLOG_CAP) -> tuple[int, datetime | None]:
     """(scheduled jobs already due, counted up to ``cap``; the oldest next_run_at)."""
-    if is_postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(_BACKLOG_SQL, {"cap": cap})
-            due, oldest = cursor.fetchone()
-        return int(due), oldest
-    scheduled = Job.objects.filter(state=JobState.SCHEDULED)
-    due = scheduled.filter(next_run_at__lte=Now()).order_by().values("id")[:cap].count()
-    oldest = scheduled.aggregate(m=Min("next_run_at"))["m"]
-    return due, oldest
+    return get_store().backlog(cap)
 
 
 def dispatch_lag(
     minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE
 ) -> tuple[Lag | None, list[Lag]]:
     """(lag over the whole window, lag per minute), from the newest ``sample`` runs."""
-    if not is_postgresql():
-        return None, []
-    with connection.cursor() as cursor:
-        cursor.execute(_LAG_SQL, {"sample": sample, "minutes": minutes})
-        rows = cursor.fetchall()
+    rows = get_store().dispatch_lag(minutes, sample)
     total: Lag | None = None
     per_minute: list[Lag] = []
     for minute, runs, p50, p95, worst in rows:
@@ -221,11 +166,7 @@ def dispatch_lag(
 
 def recent_statuses(minutes: int = LAG_WINDOW_MINUTES, sample: int = LAG_SAMPLE) -> dict[str, int]:
     """Runs claimed in the last ``minutes`` by status (from the newest ``sample`` runs)."""
-    if not is_postgresql():
-        return {}
-    with connection.cursor() as cursor:
-        cursor.execute(_STATUS_SQL, {"sample": sample, "minutes": minutes})
-        return {status: int(count) for status, count in cursor.fetchall()}
+    return get_store().recent_statuses(minutes, sample)
 
 
 def live_nodes(now: datetime, fresh_seconds: int = NODE_FRESH_SECONDS) -> list[NodeInfo]:
@@ -250,14 +191,11 @@ def targeted_queues(sample: int = QUEUE_SAMPLE) -> dict[str, dict[str, int]]:
     """{queue: {task: jobs}} for the scheduled or running jobs among the newest ``sample``
     (one bounded read backwards on the primary key). A job's queue is its own, else where
     its task routes, resolved as the beat's publisher resolves it."""
-    table = Job._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT task, queue, count(*) FROM (SELECT task, queue, state FROM {table} "
-            "ORDER BY id DESC LIMIT %s) recent WHERE state IN (%s, %s) GROUP BY task, queue",
-            [sample, JobState.SCHEDULED, JobState.RUNNING],
-        )
-        rows = cursor.fetchall()
+    oldest = Job.objects.order_by("-id").values_list("id", flat=True)[sample - 1 : sample]
+    recent = Job.objects.filter(state__in=(JobState.SCHEDULED, JobState.RUNNING))
+    if oldest:
+        recent = recent.filter(id__gte=oldest[0])
+    rows = recent.values_list("task", "queue").annotate(n=Count("id")).order_by()
     router = Dispatcher(celery_app())
     targeted: dict[str, dict[str, int]] = {}
     for task, queue, count in rows:

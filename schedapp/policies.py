@@ -13,6 +13,12 @@ from datetime import datetime, timedelta
 
 from .schedules import Once, Schedule, count_fire_times, next_fire_time, recent_fire_times
 
+# Claim priority: higher is claimed first. A bounded range (Celery and Oban use 0-9) keeps a
+# claim's cost independent of how many distinct priorities exist: the claim probes each level.
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+
+
 RUN_ONCE = "run_once"
 SKIP = "skip"
 RUN_ALL = "run_all"

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from celery import shared_task
+
+from .prune import prune_runs as prune
 
 DEFAULT_OLDER_THAN = 30 * 86400
 
@@ -19,8 +20,6 @@ def prune_runs(
     pause: float = 0.0,
 ) -> dict[str, object]:
     """Delete runs finished more than ``older_than_seconds`` ago, in short batches."""
-    from .prune import prune_runs as prune
-
     result = prune(
         timedelta(seconds=older_than_seconds),
         batch_size=batch_size,
@@ -67,32 +66,3 @@ def cleanup_results(older_than_seconds: float | None = None, batch_size: int = 5
             if not ids:
                 return deleted
             deleted += TaskResult.objects.filter(id__in=ids).delete()[0]
-
-
-def housekeeping_declarations() -> dict[str, dict[str, Any]]:
-    """The housekeeping jobs as declarations (empty with ``SCHEDAPP_HOUSEKEEPING = False``)."""
-    from .conf import get_settings
-
-    s = get_settings()
-    if not s.HOUSEKEEPING:
-        return {}
-    results: dict[str, Any] = {}
-    if s.RESULT_RETENTION is not None:
-        keep = s.RESULT_RETENTION
-        results["older_than_seconds"] = (
-            keep.total_seconds() if isinstance(keep, timedelta) else float(keep)
-        )
-    return {
-        "schedapp-prune-runs": {
-            "task": "schedapp.prune_runs",
-            "cron": s.HOUSEKEEPING_CRON,
-            "timezone": "UTC",
-            "kwargs": {"older_than_seconds": s.RUN_RETENTION.total_seconds()},
-        },
-        "schedapp-cleanup-results": {
-            "task": "schedapp.cleanup_results",
-            "cron": s.HOUSEKEEPING_CRON,
-            "timezone": "UTC",
-            "kwargs": results,
-        },
-    }

@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fnmatch import fnmatchcase
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict
 
+from celery import current_app
+from celery.utils.imports import symbol_by_name
 from django.core.exceptions import ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
 from .message import RUN_HEADERS
-from .models import MAX_PRIORITY, MIN_PRIORITY, Job, schedule_of
+from .models import MAX_PRIORITY, MIN_PRIORITY, JobSource, field_default, schedule_of
 from .policies import MISFIRE_POLICIES
 from .schedules import (
     Cron,
@@ -55,33 +57,57 @@ RESERVED_HEADERS = frozenset(
     "lang task id shadow eta expires group group_index retries timelimit root_id parent_id "
     "argsrepr kwargsrepr origin ignore_result replaced_task_nesting stamped_headers stamps".split()
 ) | frozenset(RUN_HEADERS)
-# Fields a job accepts, beyond task/args/kwargs/schedule: ``schedule(**policy)`` takes these.
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's editable fields other than its task: what ``api.schedule`` takes as options.
+
+    The one list of a job's fields: ``JOB_FIELDS`` is read from it, and the API, the admin
+    form, declared jobs and the importer all take their field list from ``JOB_FIELDS``.
+    None means "the default" for every option but the schedule ones.
+    """
+
+    args: Iterable[Any]
+    kwargs: Mapping[str, Any] | None
+    run_at: datetime | None
+    cron: str | None
+    interval: timedelta | float | None
+    interval_anchor: datetime | None
+    solar_event: str | None
+    cron_day_or: bool
+    latitude: float | None
+    longitude: float | None
+    not_before: datetime | None
+    expires_at: datetime | None
+    message_options: Mapping[str, Any] | None
+    timezone: str | None
+    name: str | None
+    priority: int
+    queue: str | None
+    max_retries: int | None
+    jitter: int
+    lease_seconds: int | None
+    retry_backoff: timedelta | float | None
+    retry_backoff_max: timedelta | float | None
+    misfire_policy: str | None
+    misfire_grace: timedelta | float | None
+    misfire_max_catchup: int | None
+
+
+class JobChanges(JobOptions, total=False):
+    """What ``api.update`` takes: any option, and the task."""
+
+    task: str
+
+
+JOB_FIELDS: tuple[str, ...] = ("task", *JobOptions.__annotations__)
+# The options that shape what happens after a run (retries, misfires).
 POLICY_FIELDS = (
     "retry_backoff",
     "retry_backoff_max",
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",
-)
-JOB_FIELDS = (
-    "task",
-    "args",
-    "kwargs",
-    "run_at",
-    "cron",
-    "interval",
-    "interval_anchor",
-    "solar_event",
-    *SCHEDULE_DETAIL_FIELDS,
-    "message_options",
-    "timezone",
-    "name",
-    "priority",
-    "queue",
-    "max_retries",
-    "jitter",
-    "lease_seconds",
-    *POLICY_FIELDS,
 )
 # Fields whose checks depend on their own values only: judged once per distinct combination
 # when many jobs share them (they usually do: the defaults).
@@ -129,36 +155,26 @@ def name_taken(name: str) -> str:
 
 
 def job_defaults() -> dict[str, Any]:
-    """Every optional field's value when the caller gives none (or None)."""
-    from django.conf import settings as django_settings
+    """Every optional field's value when the caller gives none (or None): the model's
+    defaults (several read SCHEDAPP_* settings), no schedule and no name."""
+    defaults = {f: field_default(f) for f in JOB_FIELDS if f != "task"}
+    defaults.update(run_at=None, cron=None, interval=None, solar_event=None, name=None)
+    del defaults["interval_anchor"]
+    return defaults
 
-    s = get_settings()
-    return {
-        "args": [],
-        "kwargs": {},
-        "run_at": None,
-        "cron": None,
-        "interval": None,
-        "solar_event": None,
-        "cron_day_or": True,
-        "latitude": None,
-        "longitude": None,
-        "not_before": None,
-        "expires_at": None,
-        "message_options": {},
-        "timezone": django_settings.TIME_ZONE or "UTC",
-        "name": None,
-        "priority": 0,
-        "queue": "",
-        "max_retries": s.DEFAULT_MAX_RETRIES,
-        "jitter": 0,
-        "lease_seconds": s.DEFAULT_LEASE_SECONDS,
-        "retry_backoff": s.DEFAULT_RETRY_BACKOFF,
-        "retry_backoff_max": s.DEFAULT_RETRY_BACKOFF_MAX,
-        "misfire_policy": s.DEFAULT_MISFIRE_POLICY,
-        "misfire_grace": s.DEFAULT_MISFIRE_GRACE,
-        "misfire_max_catchup": s.DEFAULT_MISFIRE_MAX_CATCHUP,
-    }
+
+def changed_fields(job: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``values`` that differ from ``job``'s, with the whole schedule (and its
+    zone) when any part of it changed: a new schedule replaces the old one whole, so an update
+    must say all of it. What the admin, declared jobs and the importer pass to
+    ``api.update``."""
+    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
+    if any(f in changes for f in _WHOLE_SCHEDULE):
+        changes.update({f: values[f] for f in _WHOLE_SCHEDULE if f in values})
+    return changes
+
+
+_WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")
 
 
 def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,15 +191,8 @@ def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict
     return values
 
 
-def model_default(name: str) -> Any:
-    """A job field's default, as a new job would get it (several read SCHEDAPP_* settings)."""
-    return Job._meta.get_field(name).get_default()  # type: ignore[union-attr]
-
-
 def source_problem(source: Any) -> str | None:
     """Why ``source`` is not a job's source ("api", "admin", ...), or None."""
-    from .models import JobSource
-
     if source not in JobSource.values:
         return f"{source!r} is not one of {JobSource.values}."
     return None
@@ -193,11 +202,7 @@ def celery_app() -> Any:
     """The Celery app jobs are validated against and published through."""
     path = get_settings().CELERY_APP
     if path:
-        from celery.utils.imports import symbol_by_name
-
         return symbol_by_name(path)
-    from celery import current_app
-
     return current_app._get_current_object()
 
 

@@ -17,6 +17,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from django.conf import settings
+
+    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
+        # The suite on the portable store (project.settings_test_sqlite): what is about
+        # PostgreSQL itself (its locks, plans, functions, wire protocol) is not run there.
+        only_pg = pytest.mark.skip(reason="about PostgreSQL itself")
+        for item in items:
+            if "postgresql" in item.keywords:
+                item.add_marker(only_pg)
     if config.getoption("--runslow"):
         return
     skip_slow = pytest.mark.skip(reason="long run: use --runslow")

@@ -1,84 +1,21 @@
 """Real ``celery beat`` and ``celery worker`` processes for end-to-end tests.
 
 They run against the test database (the one pytest-django created) and a Redis database of
-their own, exactly as a user runs them: ``celery -A project beat -S schedapp.beat:...``.
+their own, exactly as a user runs them (``project/harness.py`` starts them, for the
+benchmarks and the demo too).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-CELERY = str(Path(sys.executable).parent / "celery")
+from project.harness import ROOT, Proc, start_beat, start_worker, wait_until
 
-
-class Proc:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # closed in stop()
-        self.popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: kill() reaches pool children
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.log():
-                return
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited early:\n{self.log()[-4000:]}")
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name}: {text!r} not seen in {timeout}s:\n{self.log()[-4000:]}")
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def signal_main(self, sig: int) -> None:
-        """Signal the main process only (e.g. SIGSTOP: pool children keep running)."""
-        self.popen.send_signal(sig)
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: main process and pool children, no cleanup."""
-        self.signal_group(signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.alive():
-            self.signal_group(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
+__all__ = ["ROOT", "Fleet", "Proc", "fleet_for", "wait_until"]
 
 
 class Fleet:
@@ -103,23 +40,7 @@ class Fleet:
     def beat(self, settings: dict[str, Any] | None = None, wait: bool = True) -> Proc:
         self._count += 1
         name = f"beat{self._count}"
-        proc = Proc(
-            name,
-            [
-                CELERY,
-                "-A",
-                "project",
-                "beat",
-                "-S",
-                "schedapp.beat:LeaseScheduler",
-                "-l",
-                "INFO",
-                "-s",
-                str(self.tmp_path / f"{name}.db"),
-            ],
-            self._env(settings, name),
-            self.tmp_path / f"{name}.log",
-        )
+        proc = start_beat(name, self._env(settings, name), self.tmp_path)
         self.procs.append(proc)
         if wait:
             proc.wait_for("schedapp.beat: beat ", timeout=30)
@@ -136,25 +57,15 @@ class Fleet:
     ) -> Proc:
         self._count += 1
         name = f"worker{self._count}"
-        argv = [
-            CELERY,
-            "-A",
-            "project",
-            "worker",
-            "-l",
-            "INFO",
-            "-n",
-            f"{name}@%h",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            f"--heartbeat-interval={heartbeat}",
-            "--without-gossip",
-            "--without-mingle",
-            *(extra_args or []),
-        ]
-        proc = Proc(name, argv, self._env(settings, name), self.tmp_path / f"{name}.log")
+        proc = start_worker(
+            name,
+            self._env(settings, name),
+            self.tmp_path,
+            concurrency=concurrency,
+            pool=pool,
+            heartbeat=heartbeat,
+            extra=extra_args,
+        )
         self.procs.append(proc)
         if wait:
             proc.wait_for(" ready.", timeout=60)
@@ -166,19 +77,6 @@ class Fleet:
 
     def logs(self) -> str:
         return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.2, message: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{message} not reached within {timeout}s (last: {value!r})")
-        time.sleep(interval)
 
 
 @contextmanager

@@ -20,16 +20,9 @@ from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
-from ..models import Job
+from ..models import Job, field_default
 from ..schedules import Once, fire_times
-from ..validation import (
-    JOB_FIELDS,
-    SCHEDULE_FIELDS,
-    model_default,
-    name_taken,
-    stored_schedule,
-    validate_job,
-)
+from ..validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
 
 FORM_FIELDS = [
     "name",
@@ -151,7 +144,7 @@ class JobForm(forms.ModelForm):
             elif self.instance.pk:
                 values[name] = getattr(self.instance, name)
             else:
-                values[name] = model_default(name)
+                values[name] = field_default(name)
         if values.get("args") is None:
             values["args"] = []
         if values.get("kwargs") is None:
@@ -222,7 +215,7 @@ def schedule_preview(
     Validated by ``validate_job`` itself, so the errors read like the API's; the fields other
     than the schedule get harmless placeholders.
     """
-    values: dict[str, Any] = {name: model_default(name) for name in JOB_FIELDS}
+    values: dict[str, Any] = {name: field_default(name) for name in JOB_FIELDS}
     values.update(
         task="preview",
         name="preview",

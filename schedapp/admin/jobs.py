@@ -64,10 +64,7 @@ _EDITABLE = (
             "description": "Give exactly one of cron, interval, run_at or a solar event.",
         },
     ),
-    (
-        "Delivery",
-        {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")},
-    ),
+    ("Delivery", {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")}),
     (
         "Retries and misfires",
         {

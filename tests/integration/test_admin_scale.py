@@ -12,57 +12,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from project import admin_data
+
 pytestmark = [pytest.mark.django_db]
-
-FILL_JOBS = """
-INSERT INTO schedapp_job (
-    name, task, args, kwargs, run_at, cron, timezone, interval, state, priority, queue,
-    max_retries, retry_backoff, retry_backoff_max, jitter, lease_seconds, misfire_policy,
-    misfire_grace, misfire_max_catchup, next_run_at, scheduled_for, retry_count, missed_runs,
-    claimed_by, lease_expires_at, token, source, last_run_at, last_status, last_error,
-    created_at, updated_at)
-SELECT
-    'job-' || i,
-    (ARRAY['project.tasks.record', 'project.tasks.noop', 'project.tasks.add'])[1 + i %% 3],
-    '[]', '{"label": "x"}', NULL,
-    CASE WHEN i %% 2 = 0 THEN '0 0 * * 1-5' ELSE '' END,
-    (ARRAY['Europe/Paris', 'UTC', 'America/New_York'])[1 + i %% 3],
-    CASE WHEN i %% 2 = 1 THEN make_interval(secs => 60 + i %% 600) END,
-    (ARRAY['running', 'dead', 'paused', 'scheduled', 'scheduled', 'scheduled', 'scheduled',
-           'scheduled', 'succeeded', 'cancelled'])[1 + i %% 10],
-    i %% 3, 'q' || (i %% 4), 3, interval '10 seconds', interval '1 hour', 0, 60, 'run_once',
-    interval '60 seconds', 100,
-    now() + make_interval(secs => i), now() + make_interval(secs => i), i %% 4, 0,
-    CASE WHEN i %% 10 = 0 THEN 'beat-' || (i %% 7) ELSE '' END,
-    CASE WHEN i %% 10 = 0 THEN now() + interval '60 seconds' END,
-    i, 'api', now() - interval '1 hour',
-    CASE WHEN i %% 4 = 0 THEN 'failed' ELSE 'succeeded' END,
-    CASE WHEN i %% 10 = 1 THEN 'RuntimeError: boom ' || i ELSE '' END,
-    now(), now()
-FROM generate_series(%(start)s, %(stop)s) AS i
-"""
-
-FILL_RUNS = """
-INSERT INTO schedapp_jobrun (
-    job_id, token, attempt, scheduled_for, due_at, claimed_by, dispatched_at,
-    started_at, finished_at, heartbeat_at, heartbeats, worker, admission, task_id, status,
-    stale, error, traceback)
-SELECT
-    j.id, 1000 + g.n, 1, now() - make_interval(secs => g.n), now() - make_interval(secs => g.n),
-    'beat-1', now(), now(), now() + interval '2 seconds', NULL, 0, 'worker1@host', '',
-    'schedapp:' || j.id || ':' || (1000 + g.n),
-    (ARRAY['succeeded', 'failed', 'lost', 'succeeded'])[1 + g.n %% 4], false,
-    CASE WHEN g.n %% 4 = 1 THEN 'RuntimeError: boom' ELSE '' END,
-    CASE WHEN g.n %% 4 = 1 THEN repeat('Traceback line\n', 50) ELSE '' END
-FROM (SELECT id, row_number() OVER (ORDER BY id) AS rn FROM schedapp_job) j
-JOIN generate_series(%(start)s, %(stop)s) AS g(n) ON j.rn = 1 + (g.n %% %(jobs)s)
-"""
-
 
 def fill(start: int, stop: int, jobs_total: int) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(FILL_JOBS, {"start": start, "stop": stop})
-        cursor.execute(FILL_RUNS, {"start": start, "stop": stop, "jobs": jobs_total})
+        admin_data.fill(cursor, start, stop, jobs=jobs_total)
 
 
 JOB_VIEWS = [
@@ -70,7 +26,7 @@ JOB_VIEWS = [
     "?state__exact=scheduled",
     "?state__exact=dead",
     "?task=project.tasks.noop",
-    "?queue=q2",
+    "?queue=low",
     "?queue=__default__",
     "?kind=cron",
     "?q=job-99",

@@ -12,6 +12,7 @@ from django.db import connection
 from schedapp import api, beat, claims, policies
 from schedapp.db import db_now
 from schedapp.models import Job
+from schedapp.store import get_store
 from schedapp.validation import celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +30,7 @@ def test_a_tick_that_fails_unexpectedly_backs_off_instead_of_ending_the_beat(mon
         labels = {"kind": "unexpected"}
         return REGISTRY.get_sample_value("schedapp_beat_errors_total", labels) or 0.0
 
-    monkeypatch.setattr(claims, "claim_due_jobs", broken)
+    monkeypatch.setattr(beat, "claim_due_jobs", broken)
     before = errors()
     started = time.monotonic()
     try:
@@ -47,7 +48,7 @@ def test_the_listen_connection_is_opened_with_djangos_options():
     options["application_name"] = "schedapp-listen-test"
     listener = None
     try:
-        listener = beat._Listener.open()
+        listener = get_store().listen()
         assert listener is not None
         with connection.cursor() as cursor:
             cursor.execute(

@@ -19,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from schedapp import api, bulk
 from schedapp.db import db_now
 from schedapp.models import Job
+from schedapp.store import PortableStore
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +30,7 @@ SOON = datetime(2030, 1, 1, tzinfo=UTC)
 @pytest.fixture(params=["copy-binary", "copy-text", "orm"])
 def writer(request, monkeypatch) -> str:
     if request.param == "orm":
-        monkeypatch.setattr(bulk, "is_postgresql", lambda: False)
+        monkeypatch.setattr(bulk, "get_store", PortableStore)
     else:
         monkeypatch.setattr(bulk, "COPY_FORMAT", request.param.removeprefix("copy-"))
     return request.param

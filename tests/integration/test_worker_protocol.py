@@ -284,20 +284,21 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
         {"cron": "*/5 * * * *", "timezone": "America/New_York"},
     ],
 )
+@pytest.mark.postgresql
 def test_a_recurring_success_is_one_statement(schedule, monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from schedapp import db
+    from schedapp.store import postgresql
 
     calls = []
-    call_function = db.call_function
+    call_function = postgresql.call_function
 
     def counted(sql, params):
         calls.append(sql)
         return call_function(sql, params)
 
-    monkeypatch.setattr(claims, "call_function", counted)
+    monkeypatch.setattr(postgresql, "call_function", counted)
 
     job = api.schedule("project.tasks.record", name="fast", **schedule)
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))

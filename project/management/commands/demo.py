@@ -23,11 +23,12 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
+from project import harness
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = harness.ROOT
 
 SAMPLES: list[dict[str, Any]] = [
     {
@@ -117,26 +118,13 @@ class Command(BaseCommand):
 
     def _start(self, port: int) -> list[subprocess.Popen]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        celery = [sys.executable, "-m", "celery", "-A", "project"]
+        celery = [sys.executable, "-m", "celery"]
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-
-        def beat(name: str) -> list[str]:
-            return [
-                *celery,
-                "beat",
-                "-S",
-                "schedapp.beat:LeaseScheduler",
-                "-l",
-                "INFO",
-                "-s",
-                str(log_dir / f"{name}.schedule"),
-            ]
-
         commands = {
-            "beat-1": beat("beat-1"),
-            "beat-2": beat("beat-2"),
-            "worker": [*celery, "worker", "-l", "INFO", "-c", "2", "-n", "demo-worker@%h"],
+            "beat-1": [*celery, *harness.beat_args(log_dir / "beat-1.schedule")],
+            "beat-2": [*celery, *harness.beat_args(log_dir / "beat-2.schedule")],
+            "worker": [*celery, *harness.worker_args("demo-worker", quiet=False)],
             "web": [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         }
         procs = []

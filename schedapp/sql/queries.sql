@@ -1,0 +1,160 @@
+-- schedapp's hand-written SQL, one named query a block, read by schedapp/sql/__init__.py.
+-- A block starts with "-- name: <name>"; the comment lines right after it say what it is for.
+-- {due_levels} stands for the due_levels block, {MAX_PRIORITY}/{MIN_PRIORITY} for the bounds
+-- of a job's priority (schedapp.policies). Parameters are Django's: %s or %(name)s.
+-- PostgreSQL only: the portable store (SQLite) says the same through the ORM.
+
+-- name: due_levels
+-- A CTE levels(priority): the bounded range of priority levels, highest first. A btree cannot
+-- deliver "priority DESC, next_run_at" restricted to next_run_at <= now() as one range, so the
+-- due slice is read as one range scan per level (ten probes at most, however many jobs).
+levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))
+
+-- name: claim_due_jobs
+-- The due slice, highest priority first, earliest first within a priority, until the batch is
+-- full. Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
+-- MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select (PostgreSQL
+-- bug #15715). Claim, lease, fencing token and run rows: one statement.
+WITH {due_levels},
+due AS MATERIALIZED (
+    SELECT d.id
+    FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM schedapp_job j
+        WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+        ORDER BY j.next_run_at
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE schedapp_job AS j
+    SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
+        lease_expires_at = now() + make_interval(secs => j.lease_seconds), updated_at = now()
+    FROM due WHERE j.id = due.id
+    RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
+              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
+              j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
+              j.misfire_max_catchup, j.priority, j.cron_day_or, j.solar_event, j.latitude,
+              j.longitude, j.not_before, j.expires_at, j.message_options::text AS message_options,
+              extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
+              (j.run_at IS NULL AND j.retry_count = 0
+               AND now() - j.next_run_at > j.misfire_grace) AS late
+),
+runs AS (
+    INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
+                                 dispatched_at, task_id, status, heartbeats, stale, worker,
+                                 admission, error, traceback)
+    SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
+           'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', '', ''
+    FROM claimed c WHERE NOT c.late
+    RETURNING id, job_id
+)
+SELECT r.id AS run_id, c.* FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
+ORDER BY c.priority DESC, c.next_run_at
+
+-- name: next_due
+-- The database's now, the earliest next_run_at of a scheduled job, the earliest lease expiry.
+WITH {due_levels}
+SELECT now(),
+       (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
+            SELECT j.next_run_at FROM schedapp_job j
+            WHERE j.state = 'scheduled' AND j.priority = l.priority
+            ORDER BY j.next_run_at LIMIT 1) x
+        WHERE l.priority IS NOT NULL),
+       (SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
+        ORDER BY lease_expires_at LIMIT 1)
+
+-- name: restamp_leases
+-- Leases from the clock now (not from the transaction's start), just before the claim commits.
+UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds)
+WHERE id = ANY(%s) AND state = 'running'
+
+-- name: now
+SELECT now()
+
+-- name: admit_run
+-- The door (migration 0006's function): job id, token, worker, admission.
+SELECT schedapp_admit_run(%s, %s, %s, %s)
+
+-- name: renew_leases
+-- One heartbeat for every lease a worker holds: job ids, tokens.
+SELECT job_id, token, outcome FROM schedapp_renew_leases(%s, %s)
+
+-- name: succeed_run
+-- The common success in one call: job, token, scheduled_for, next occurrence, one-off?, cron,
+-- timezone, interval, anchor.
+SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: succeed_runs
+-- Several successes in one call: the arguments of succeed_run, as arrays.
+SELECT idx, applied FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: notify_at
+-- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.
+SELECT pg_notify(%s, %s)
+
+-- name: notify_after
+-- Wake sleeping beats (sent at commit): channel, seconds from the database's now.
+SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text)
+
+-- name: idle_transaction_timeout
+-- End this session's transactions that stall longer than this (e.g. '30000ms').
+SELECT set_config('idle_in_transaction_session_timeout', %s, false)
+
+-- name: advisory_lock
+-- A transaction-scoped lock on one key (declared jobs' sync: one beat at a time).
+SELECT pg_advisory_xact_lock(%s)
+
+-- name: backlog
+-- Due jobs, counted per priority level in the due index's order up to %(cap)s rows, and the
+-- oldest next_run_at.
+WITH {due_levels}
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM levels l CROSS JOIN LATERAL (
+            SELECT 1 FROM schedapp_job j
+            WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+            LIMIT %(cap)s) x
+        WHERE l.priority IS NOT NULL LIMIT %(cap)s) due),
+    (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
+        SELECT j.next_run_at FROM schedapp_job j
+        WHERE j.state = 'scheduled' AND j.priority = l.priority
+        ORDER BY j.next_run_at LIMIT 1) x
+     WHERE l.priority IS NOT NULL)
+
+-- name: dispatch_lag
+-- Dispatch lag (dispatched_at - due_at) per minute over the newest %(sample)s runs.
+SELECT date_trunc('minute', r.dispatched_at) AS minute,
+       count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag),
+       max(lag)
+FROM (SELECT dispatched_at,
+             extract(epoch FROM dispatched_at - due_at) AS lag
+      FROM schedapp_jobrun
+      ORDER BY id DESC LIMIT %(sample)s) r
+WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s) AND r.lag IS NOT NULL
+GROUP BY ROLLUP (minute)
+ORDER BY minute NULLS FIRST
+
+-- name: recent_statuses
+-- Runs claimed in the last %(minutes)s minutes by status, from the newest %(sample)s runs.
+SELECT r.status, count(*)
+FROM (SELECT status, dispatched_at FROM schedapp_jobrun ORDER BY id DESC LIMIT %(sample)s) r
+WHERE r.dispatched_at >= now() - make_interval(mins => %(minutes)s)
+GROUP BY r.status ORDER BY r.status
+
+-- name: bulk_last_row
+-- The last job id this session drew (a COPY draws ids in row order) and its transaction id.
+SELECT id, xmin::text FROM schedapp_job
+WHERE id = (SELECT currval(pg_get_serial_sequence('schedapp_job', 'id')))
+
+-- name: bulk_names_taken
+-- Jobs holding any of these names, with the transaction that wrote each.
+SELECT name, id, xmin::text FROM schedapp_job WHERE name = ANY(%s)
+
+-- name: bulk_rows_of_chunk
+-- How many jobs from this id to a chunk's last one that chunk's savepoint wrote.
+SELECT count(*) FROM schedapp_job WHERE id BETWEEN %s AND %s AND xmin::text = %s

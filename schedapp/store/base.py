@@ -1,0 +1,149 @@
+"""The storage seam: what schedapp asks of its database beyond plain ORM reads and writes.
+
+Two implementations: ``postgresql`` (one statement per claim, PL/pgSQL functions on the
+worker's hot path, LISTEN/NOTIFY, COPY) and ``portable`` (the ORM, for SQLite, whose IMMEDIATE
+transactions serialise beats where PostgreSQL uses SKIP LOCKED). ``schedapp.store.get_store``
+picks one, in one place; the rest of schedapp never asks which database it is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from enum import StrEnum
+from functools import reduce
+from operator import or_
+from typing import Any, Protocol
+
+from django.db.models import Q
+
+from ..message import task_id_for
+from ..models import JobRun
+
+
+class DoorVerdict(StrEnum):
+    """The door's answer for one delivered message; the values are the metric labels."""
+
+    ADMITTED = "admitted"
+    STALE_TOKEN = "stale_token"  # claimed again, cancelled or reaped since this message
+    LEASE_EXPIRED = "lease_expired"  # the lease ran out before the message arrived
+    JOB_PAUSED = "job_paused"
+    JOB_STATE = "job_state"  # the job is no longer running (e.g. dead, succeeded)
+    DUPLICATE = "duplicate"  # the run already started under another admission, or finished
+    UNKNOWN = "unknown"  # no such run
+    ERROR = "error"  # the claim could not be checked (database unreachable): not executed
+
+    @property
+    def explanation(self) -> str:
+        return _DOOR_EXPLANATIONS[self]
+
+
+_DOOR_EXPLANATIONS = {
+    DoorVerdict.ADMITTED: "admitted",
+    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
+    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived; it will be dispatched again",
+    DoorVerdict.JOB_PAUSED: "the job is paused",
+    DoorVerdict.JOB_STATE: "the job is no longer running",
+    DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery)",
+    DoorVerdict.UNKNOWN: "no such run",
+    DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
+    "dispatched again",
+}
+
+
+class Listener(Protocol):
+    """A connection that wakes a sleeping beat when a job becomes due sooner."""
+
+    def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
+        """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db`` (epoch
+        seconds, database clock), None if the connection broke."""
+
+    def close(self) -> None: ...
+
+
+class Store(Protocol):
+    """The lease and clock operations whose SQL differs between databases. Every write here
+    is fenced and idempotent exactly as ``schedapp.claims`` documents."""
+
+    name: str
+    copies_rows: bool  # schedule_many may stream rows with COPY
+
+    def now(self) -> datetime:
+        """The database's clock (the transaction's time where it has one)."""
+
+    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
+        """Lock, lease and token up to ``limit`` due jobs, with a run row for each that is not
+        late (``row["run_id"]``); returns the rows and the claim's now (None: read it with
+        ``now()`` in the same transaction)."""
+
+    def restamp_leases(self, job_ids: list[int]) -> None:
+        """Leases of these claimed jobs from the clock now, just before the claim commits."""
+
+    def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
+        """(now, earliest next_run_at of a scheduled job, earliest lease expiry)."""
+
+    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+        """The door (``claims.admit_run``)."""
+
+    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+        """One heartbeat for every held lease: ``(job, token, renewed|finished|lost)``."""
+
+    def succeed_run(self, args: list[Any]) -> bool:
+        """The common success in one call; False: take the general path."""
+
+    def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
+        """Several successes in one call: ``(1-based index, applied)``; [] where unsupported."""
+
+    def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
+        """Wake sleeping beats when the transaction commits (a no-op without notifications)."""
+
+    def listen(self) -> Listener | None:
+        """A listener for those notifications (None: the beat polls)."""
+
+    def guard_idle_transactions(self, seconds: float) -> None:
+        """Have the server end this process's transactions that stall longer than this."""
+
+    def lock(self, key: int) -> None:
+        """A lock on ``key`` for the rest of the transaction."""
+
+    def backlog(self, cap: int) -> tuple[int, datetime | None]:
+        """(due scheduled jobs, counted up to ``cap``; the oldest next_run_at)."""
+
+    def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
+        """(minute or None for the whole window, runs, p50, p95, max); [] where unsupported."""
+
+    def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
+        """Runs claimed in the last ``minutes`` by status; {} where unsupported."""
+
+    def label(self) -> str:
+        """Where the beats meet, for log lines."""
+
+
+def pairs(
+    claims: Iterable[tuple[int, int]], job_field: str = "id", token_field: str = "token"
+) -> Q:
+    """``(job, token)`` pairs as one filter."""
+    return reduce(or_, (Q(**{job_field: j, token_field: t}) for j, t in claims), Q(pk__in=[]))
+
+
+def insert_runs(beat: str, rows: list[dict], now: datetime) -> None:
+    """A run row for each claimed row (its id into ``row["run_id"]``), through the ORM."""
+    if not rows:
+        return
+    runs = JobRun.objects.bulk_create(
+        [
+            JobRun(
+                job_id=r["id"],
+                token=r["token"],
+                attempt=r["retry_count"] + 1,
+                scheduled_for=r["scheduled_for"],
+                due_at=r["next_run_at"],
+                claimed_by=beat,
+                dispatched_at=now,
+                task_id=task_id_for(r["id"], r["token"]),
+            )
+            for r in rows
+        ]
+    )
+    for row, run in zip(rows, runs, strict=True):
+        row["run_id"] = run.pk

@@ -1,0 +1,238 @@
+"""The portable store: the ORM, for SQLite (the demo) and any database without the PostgreSQL
+path. SQLite's IMMEDIATE transactions take the database lock when they begin, so beats'
+claims are serialised where PostgreSQL lets them pass each other with SKIP LOCKED."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F, Min
+from django.db.models.functions import Now
+
+from ..models import Job, JobRun, JobState, RunStatus
+from .base import DoorVerdict, Listener, insert_runs, pairs
+
+_FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+_CLAIM_FIELDS = (
+    "id",
+    "token",
+    "name",
+    "task",
+    "args",
+    "kwargs",
+    "queue",
+    "scheduled_for",
+    "next_run_at",
+    "retry_count",
+    "lease_seconds",
+    "jitter",
+    "run_at",
+    "cron",
+    "timezone",
+    "interval",
+    "interval_anchor",
+    "misfire_policy",
+    "misfire_max_catchup",
+    "misfire_grace",
+    "cron_day_or",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+    "message_options",
+)
+
+
+def _claim(beat: str, limit: int, now: datetime) -> list[dict]:
+    """The claim statement of the PostgreSQL store, through the ORM."""
+    rows = list(
+        Job.objects.select_for_update(skip_locked=True)
+        .filter(state=JobState.SCHEDULED, next_run_at__lte=now)
+        .order_by("-priority", "next_run_at")
+        .values(*_CLAIM_FIELDS)[:limit]
+    )
+    for row in rows:
+        Job.objects.filter(id=row["id"], token=row["token"]).update(
+            state=JobState.RUNNING,
+            token=F("token") + 1,
+            claimed_by=beat,
+            lease_expires_at=now + timedelta(seconds=row["lease_seconds"]),
+            updated_at=now,
+        )
+        row["token"] += 1
+        row["args"] = json.dumps(row["args"])
+        row["kwargs"] = json.dumps(row["kwargs"])
+        row["message_options"] = json.dumps(row["message_options"])
+        row["lateness"] = (now - row["next_run_at"]).total_seconds()
+        row["late"] = (
+            row["run_at"] is None
+            and row["retry_count"] == 0
+            and now - row["next_run_at"] > row["misfire_grace"]
+        )
+    return rows
+
+
+class PortableStore:
+    name = "portable"
+    copies_rows = False
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)  # one machine, so its clock is the only clock there is
+
+    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
+        now = self.now()
+        rows = _claim(beat, limit, now)
+        insert_runs(beat, [r for r in rows if not r["late"]], now)
+        return rows, now
+
+    def restamp_leases(self, job_ids: list[int]) -> None:
+        now = datetime.now(UTC)
+        for job_id, lease in Job.objects.filter(id__in=job_ids).values_list("id", "lease_seconds"):
+            Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+                lease_expires_at=now + timedelta(seconds=lease)
+            )
+
+    def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
+        now = self.now()
+        next_due = (
+            Job.objects.filter(state=JobState.SCHEDULED)
+            .order_by("next_run_at")
+            .values_list("next_run_at", flat=True)
+            .first()
+        )
+        next_expiry = (
+            Job.objects.filter(state=JobState.RUNNING)
+            .order_by("lease_expires_at")
+            .values_list("lease_expires_at", flat=True)
+            .first()
+        )
+        return now, next_due, next_expiry
+
+    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+        return _admit(self.now(), job_id, token, worker, admission)
+
+    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+        return _renew(self.now(), held)
+
+    def succeed_run(self, args: list[Any]) -> bool:
+        return False
+
+    def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
+        return []
+
+    def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
+        pass  # no notifications: beats poll (at most a second apart)
+
+    def listen(self) -> Listener | None:
+        return None
+
+    def guard_idle_transactions(self, seconds: float) -> None:
+        pass
+
+    def lock(self, key: int) -> None:
+        pass  # IMMEDIATE transactions already hold the database's one write lock
+
+    def backlog(self, cap: int) -> tuple[int, datetime | None]:
+        scheduled = Job.objects.filter(state=JobState.SCHEDULED)
+        due = scheduled.filter(next_run_at__lte=Now()).order_by().values("id")[:cap].count()
+        oldest = scheduled.aggregate(m=Min("next_run_at"))["m"]
+        return due, oldest
+
+    def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
+        return []
+
+    def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
+        return {}
+
+    def label(self) -> str:
+        return f"{connection.vendor} {connection.settings_dict.get('NAME')}"
+
+
+def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+    """``schedapp_admit_run`` through the ORM (SQLite's IMMEDIATE transactions serialise it)."""
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .filter(id=job_id)
+            .values("token", "state", "lease_expires_at", "lease_seconds")
+            .first()
+        )
+        runs = JobRun.objects.filter(job_id=job_id, token=token)
+        run = runs.values("status", "admission").first()
+        if job is None or run is None:
+            return DoorVerdict.UNKNOWN
+        lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
+        if job["token"] != token:
+            verdict = DoorVerdict.STALE_TOKEN
+        elif job["state"] == JobState.PAUSED:
+            verdict = DoorVerdict.JOB_PAUSED
+        elif job["state"] != JobState.RUNNING:
+            verdict = DoorVerdict.JOB_STATE
+        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
+            verdict = DoorVerdict.ADMITTED
+        elif run["status"] != RunStatus.DISPATCHED:
+            verdict = DoorVerdict.DUPLICATE
+        elif not lease_valid:
+            verdict = DoorVerdict.LEASE_EXPIRED
+        else:
+            verdict = DoorVerdict.ADMITTED
+        if verdict is DoorVerdict.ADMITTED:
+            runs.update(
+                status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
+            )
+            lease = timedelta(seconds=job["lease_seconds"])
+            if job["lease_expires_at"] < now + lease * 5 / 6:  # as schedapp_admit_run decides
+                Job.objects.filter(id=job_id).update(lease_expires_at=now + lease)
+        elif run["status"] == RunStatus.DISPATCHED:
+            runs.update(
+                status=RunStatus.SKIPPED,
+                finished_at=now,
+                worker=worker,
+                error=f"delivered but not executed: {verdict.explanation}",
+            )
+            if verdict is DoorVerdict.JOB_PAUSED:
+                Job.objects.filter(id=job_id).update(claimed_by="", lease_expires_at=None)
+        return verdict
+
+
+def _renew(now: datetime, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    with transaction.atomic():
+        current = list(
+            Job.objects.select_for_update()
+            .filter(
+                pairs(held),
+                lease_expires_at__isnull=False,
+                state__in=[JobState.RUNNING, JobState.PAUSED],
+            )
+            .values_list("id", "token", "lease_seconds")
+        )
+        for job_id, _token, lease in current:
+            Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
+        renewed = {(j, t) for j, t, _ in current}
+        if renewed:
+            JobRun.objects.filter(pairs(renewed, "job_id"), status=RunStatus.RUNNING).update(
+                heartbeats=F("heartbeats") + 1, heartbeat_at=now
+            )
+        runs = {
+            (j, t): (status, stale)
+            for j, t, status, stale in JobRun.objects.filter(pairs(held, "job_id")).values_list(
+                "job_id", "token", "status", "stale"
+            )
+        }
+    out = []
+    for key in held:
+        status, stale = runs.get(key, (None, False))
+        if key in renewed:
+            outcome = "renewed"
+        elif status in _FINISHED_NORMALLY and not stale:
+            outcome = "finished"
+        else:
+            outcome = "lost"
+        out.append((*key, outcome))
+    return out

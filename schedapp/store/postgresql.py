@@ -1,0 +1,203 @@
+"""The PostgreSQL store: each operation one statement of ``sql/queries.sql`` (the worker's hot
+ones through PL/pgSQL functions, migration 0006, on a plain psycopg cursor), LISTEN/NOTIFY to
+wake beats, and COPY for bulk scheduling."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from datetime import UTC, datetime
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.signals import connection_created
+
+from ..sql import query
+from .base import DoorVerdict
+
+try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
+    import psycopg
+except ImportError:  # pragma: no cover - exercised by the packaging check
+    psycopg = None  # type: ignore[assignment]
+
+log = logging.getLogger("schedapp.beat")  # the listener is a beat's: its lines are too
+
+NOTIFY_CHANNEL = "schedapp"
+
+
+class PostgreSQLStore:
+    name = "postgresql"
+    copies_rows = True
+
+    def now(self) -> datetime:
+        with connection.cursor() as cursor:
+            cursor.execute(query("now"))
+            value = cursor.fetchone()[0]
+        return value.astimezone(UTC)
+
+    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
+        # The statement reads now() itself.
+        with connection.cursor() as cursor:
+            cursor.execute(query("claim_due_jobs"), {"limit": limit, "beat": beat})
+            names = [c.name for c in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        return rows, None
+
+    def restamp_leases(self, job_ids: list[int]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(query("restamp_leases"), [job_ids])
+
+    def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("next_due"))
+            now, next_due, next_expiry = cursor.fetchone()
+        return now, next_due, next_expiry
+
+    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+        ((verdict,),) = call_function(query("admit_run"), [job_id, token, worker, admission])
+        return DoorVerdict(verdict)
+
+    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+        return call_function(  # type: ignore[return-value]
+            query("renew_leases"), [[j for j, _ in held], [t for _, t in held]]
+        )
+
+    def succeed_run(self, args: list[Any]) -> bool:
+        ((applied,),) = call_function(query("succeed_run"), args)
+        return bool(applied)
+
+    def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
+        return call_function(query("succeed_runs"), columns)  # type: ignore[return-value]
+
+    def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
+        with connection.cursor() as cursor:
+            if when is not None:
+                cursor.execute(query("notify_at"), [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
+            else:
+                cursor.execute(query("notify_after"), [NOTIFY_CHANNEL, float(delay_seconds or 0.0)])
+
+    def listen(self) -> PgListener | None:
+        return PgListener.open()
+
+    def guard_idle_transactions(self, seconds: float) -> None:
+        def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
+
+        connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
+        if connection.connection is not None:
+            configure(connection=connection)
+
+    def lock(self, key: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(query("advisory_lock"), [key])
+
+    def backlog(self, cap: int) -> tuple[int, datetime | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("backlog"), {"cap": cap})
+            due, oldest = cursor.fetchone()
+        return int(due), oldest
+
+    def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("dispatch_lag"), {"sample": sample, "minutes": minutes})
+            return cursor.fetchall()
+
+    def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("recent_statuses"), {"sample": sample, "minutes": minutes})
+            return {status: int(count) for status, count in cursor.fetchall()}
+
+    def label(self) -> str:
+        settings = connection.settings_dict
+        host = settings.get("HOST") or "localhost"
+        port = settings.get("PORT") or 5432
+        return f"postgresql://{host}:{port}/{settings.get('NAME')}"
+
+
+def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run one of schedapp's hot statements (a PL/pgSQL function call) on Django's connection,
+    through a plain psycopg cursor kept per connection: the worker makes two such calls per
+    execution, and Django's cursor wrapper would cost more than the call itself. Errors are
+    Django's, as from any other query (``with_retries`` reconnects on them)."""
+    db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, then plain attributes
+    db.ensure_connection()
+    raw = db.connection
+    with db.wrap_database_errors:
+        cursor = _hot_cursors.get(raw)
+        if cursor is None or cursor.closed:
+            cursor = _hot_cursors[raw] = psycopg.Cursor(raw)
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+# One plain cursor per psycopg connection (weak keys: a closed connection takes its cursor).
+_hot_cursors: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+
+class PgListener:
+    """A dedicated PostgreSQL connection LISTENing for ``schedapp`` notifications."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    @classmethod
+    def open(cls) -> PgListener | None:
+        """Connected exactly as Django connects (TLS, certificates, ``options``, service
+        files: every ``OPTIONS`` entry), autocommit, LISTENing."""
+        try:
+            params = connection.get_connection_params()
+            params.setdefault("connect_timeout", 5)
+            conn = psycopg.connect(**{**params, "autocommit": True})
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            return cls(conn)
+        except Exception as exc:  # fall back to polling
+            log.warning(
+                "cannot LISTEN for new jobs (%s); polling instead",
+                exc,
+                extra={"action": "listen_failed"},
+            )
+            return None
+
+    def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
+        """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db``.
+
+        Returns None if the connection broke (the caller sleeps the rest without it).
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                # Close each generator before the next: a suspended one holds the lock.
+                with closing(self.conn.notifies(timeout=remaining, stop_after=1)) as notes:
+                    woken = any(wake_at_db is None or _due(n.payload) <= wake_at_db for n in notes)
+                if woken:
+                    self._drain()
+                    return True
+            return False
+        except Exception as exc:
+            log.warning("notification connection lost: %s", exc, extra={"action": "listen_lost"})
+            self.close()
+            return None
+
+    def _drain(self) -> None:
+        """Consume notifications already received: one wake-up serves them all."""
+        with closing(self.conn.notifies(timeout=0.001, stop_after=100_000)) as notes:
+            for _ in notes:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+def _due(payload: str) -> float:
+    try:
+        return float(payload)
+    except ValueError:
+        return 0.0  # unknown payload: wake
