@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import chaos_oracle as oracle  # noqa: E402
+from project import harness  # noqa: E402
 from tests.fleet import Fleet, Proc  # noqa: E402
 from tests.pgproxy import COMMIT, ProxyControl, spawn_proxy  # noqa: E402
 from tests.servers import PrivatePostgres, PrivateRedis  # noqa: E402
@@ -547,11 +548,7 @@ def check_history(
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+    harness.wait_until(predicate, timeout, interval=0.5, message=what)
 
 
 def run_chaos(

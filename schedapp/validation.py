@@ -169,12 +169,12 @@ def changed_fields(job: Any, values: Mapping[str, Any]) -> dict[str, Any]:
     must say all of it. What the admin, declared jobs and the importer pass to
     ``api.update``."""
     changes = {f: v for f, v in values.items() if getattr(job, f) != v}
-    if any(f in changes for f in _WHOLE_SCHEDULE):
+    if any(f in changes for f in (*_WHOLE_SCHEDULE, *SCHEDULE_DETAIL_FIELDS)):
         changes.update({f: values[f] for f in _WHOLE_SCHEDULE if f in values})
     return changes
 
 
-_WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone")
+_WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, "timezone")
 
 
 def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from .. import api
 from ..display import job_schedule_text, local_time, timezone_names
 from ..exceptions import JobStateError
 from ..models import Job, JobRun, JobSource, JobState
-from ..validation import JOB_FIELDS, SCHEDULE_FIELDS
+from ..validation import JOB_FIELDS, changed_fields
 from .filters import (
     LargeTablePaginator,
     QueueFilter,
@@ -344,9 +344,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
             task = values.pop("task")
             job = api.schedule(task, source=JobSource.ADMIN, **values)
         else:
-            changes = {f: v for f, v in values.items() if getattr(obj, f) != v}
-            if any(f in changes for f in (*SCHEDULE_FIELDS, "timezone")):
-                changes.update({f: values[f] for f in (*SCHEDULE_FIELDS, "timezone")})
+            changes = changed_fields(obj, values)
             job = api.update(obj.pk, **changes) if changes else obj
         for field in Job._meta.concrete_fields:
             setattr(obj, field.attname, getattr(job, field.attname))
