@@ -113,8 +113,15 @@ def add(x: int, y: int) -> int:
     soft_time_limit=50,
 )
 def routed(self, label: str = "") -> str:
-    """A task with its own routing and message options, as a Celery team declares them."""
-    return label
+    """A task with its own routing and message options, as a Celery team declares them; it
+    records where and how its message arrived."""
+    info = self.request.delivery_info or {}
+    seen = (
+        f"{label}|{info.get('routing_key')}|{info.get('priority')}|"
+        f"{self.request.expires is not None}|{list(self.request.timelimit or ())}"
+    )
+    _record(self, seen)
+    return seen
 
 
 @shared_task(bind=True, name="project.tasks.traced")
@@ -125,3 +132,4 @@ def traced(self, label: str = "") -> str:
     )
     _record(self, f"{label}:{trace}")
     return str(trace)
+

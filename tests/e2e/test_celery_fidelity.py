@@ -64,3 +64,35 @@ def test_beat_schedule_entries_run_with_the_headers_publish_receivers_add(
         except BaseException:
             print(fleet.logs())
             raise
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_a_job_with_no_queue_is_published_with_its_tasks_own_options(
+    broker, transactional_db, broker_url, tmp_path
+):
+    from django.db import connection
+
+    from schedapp import api
+    from schedapp.db import db_now
+
+    url = broker_url if broker == "redis" else RABBITMQ
+    with fleet_for(tmp_path, connection.settings_dict, url) as fleet:
+        try:
+            # Given @shared_task(queue="slowq", priority=7, expires=30, time_limit=60,
+            # soft_time_limit=50) and a worker that consumes only that queue
+            fleet.beat()
+            fleet.worker(concurrency=1, extra_args=["-Q", "slowq"])
+            # When a job leaves its queue empty (the README: "the task's own routing")
+            api.schedule("project.tasks.routed", run_at=db_now(), kwargs={"label": "r"})
+            # Then it runs there, with the task's priority, expiry and time limit, as
+            # apply_async would have sent it
+            wait_until(
+                lambda: Execution.objects.filter(label__startswith="r|").exists(),
+                timeout=90,
+                message="the routed task ran on the queue its task names",
+            )
+            label = Execution.objects.get(label__startswith="r|").label
+            assert label.split("|")[1:] == ["slowq", "7", "True", "[60, 50]"], label
+        except BaseException:
+            print(fleet.logs())
+            raise
