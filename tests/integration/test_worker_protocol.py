@@ -101,7 +101,10 @@ def test_admission_of_a_fresh_lease_leaves_the_job_row_unwritten():
 
 
 def _xmin(job_id: int) -> str:
-    """The job row's version: a new one for every UPDATE (a row lock alone keeps it)."""
+    """The job row's version on PostgreSQL: a new one for every UPDATE (a row lock alone keeps
+    it). Elsewhere (the portable store's run of these tests) the fields above must do."""
+    if connection.vendor != "postgresql":
+        return ""
     with connection.cursor() as cursor:
         cursor.execute("SELECT xmin::text FROM schedapp_job WHERE id = %s", [job_id])
         return cursor.fetchone()[0]
