@@ -184,8 +184,11 @@ class Dispatcher:
         (a custom router raising, a queue name the broker refuses). Checked per run, so one
         job cannot hold back the batch."""
         ok = []
+        verdicts: dict[str, str | None] = {}  # the allowlist's, once per task name a batch
         for run in runs:
-            problem = task_not_allowed(run.task)
+            if run.task not in verdicts:
+                verdicts[run.task] = task_not_allowed(run.task)
+            problem = verdicts[run.task]
             if problem is None:
                 try:
                     self.route(run.task, run.queue, run.message_options)
