@@ -155,8 +155,13 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def _may(self, request: HttpRequest, permission: str) -> bool:
         return bool(getattr(self, f"has_{permission}_permission")(request))
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions are shown (and warns about an override without
+        # the parameter); 5.2 and 6.0 know no such thing.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
         # Deleting jobs in bulk would cascade to their history in one transaction: cancel them,
         # and let schedapp_prune remove history in batches.
         actions.pop("delete_selected", None)
