@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import kombu
 import pytest
 
-from tests.fleet import Fleet, fleet_for
+from tests.fleet import RABBITMQ, Fleet, fleet_for
 from tests.pgproxy import PgProxy
 from tests.servers import PrivateRedis
 
@@ -63,6 +66,23 @@ def private_redis() -> Iterator[PrivateRedis]:
         server.stop(kill=True)
 
 
+@contextmanager
+def _fleet(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    url: str,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
+    """Real beats and workers on the test database; their logs are printed if the test failed."""
+    from django.db import connection
+
+    with fleet_for(tmp_path, connection.settings_dict, url, extra_env) as f:
+        yield f
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(f.logs())
+
+
 @pytest.fixture
 def private_fleet(
     request: pytest.FixtureRequest,
@@ -71,13 +91,8 @@ def private_fleet(
     tmp_path: Path,
 ) -> Iterator[Fleet]:
     """Real beats and workers whose broker is ``private_redis``."""
-    from django.db import connection
-
-    with fleet_for(tmp_path, connection.settings_dict, private_redis.url) as f:
+    with _fleet(request, tmp_path, private_redis.url) as f:
         yield f
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(f.logs())
 
 
 @pytest.fixture
@@ -85,13 +100,27 @@ def fleet(
     request: pytest.FixtureRequest, transactional_db: None, broker_url: str, tmp_path: Path
 ) -> Iterator[Fleet]:
     """Real beat and worker processes against the test database and Redis."""
-    from django.db import connection
-
-    with fleet_for(tmp_path, connection.settings_dict, broker_url) as f:
+    with _fleet(request, tmp_path, broker_url) as f:
         yield f
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(f.logs())
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def fleet_on_each_broker(
+    request: pytest.FixtureRequest, transactional_db: None, broker_url: str, tmp_path: Path
+) -> Iterator[Fleet]:
+    """The same fleet over Redis, then over the machine's RabbitMQ. RabbitMQ is shared and
+    keeps its queues: the fleet's default queue is its own, and is deleted afterwards."""
+    if request.param == "redis":
+        with _fleet(request, tmp_path, broker_url) as f:
+            yield f
+        return
+    queue = f"schedapp-test-{uuid.uuid4().hex[:10]}"
+    try:
+        with _fleet(request, tmp_path, RABBITMQ, {"PROJECT_DEFAULT_QUEUE": queue}) as f:
+            yield f
+    finally:
+        with kombu.Connection(RABBITMQ) as conn:
+            kombu.Queue(queue).bind(conn.default_channel).delete()
 
 
 @pytest.fixture

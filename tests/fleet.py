@@ -15,7 +15,10 @@ from typing import Any
 
 from project.harness import ROOT, Proc, start_beat, start_worker, wait_until
 
-__all__ = ["ROOT", "Fleet", "Proc", "fleet_for", "wait_until"]
+__all__ = ["RABBITMQ", "ROOT", "Fleet", "Proc", "fleet_for", "wait_until"]
+
+# The machine's RabbitMQ (the e2e tests that must hold on both brokers run on it too).
+RABBITMQ = os.environ.get("SCHEDAPP_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 class Fleet:

@@ -11,11 +11,9 @@ import pytest
 
 from project.models import Execution
 from schedapp.models import Job, JobSource
-from tests.fleet import fleet_for, wait_until
+from tests.fleet import RABBITMQ, fleet_for, wait_until
 
 pytestmark = [pytest.mark.e2e]
-
-RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])

@@ -1,4 +1,5 @@
-"""The whole life of jobs with real processes: three beats and a worker over PostgreSQL + Redis.
+"""The whole life of jobs with real processes: three beats and a worker over PostgreSQL, with
+Redis and with RabbitMQ as the broker.
 
 Checked from the task's own side effect (the ``Execution`` rows the task writes), not only from
 schedapp's bookkeeping.
@@ -21,7 +22,8 @@ from tests.fleet import wait_until
 pytestmark = [pytest.mark.e2e]
 
 
-def test_three_beats_share_a_burst_and_run_every_occurrence_exactly_once(fleet):
+def test_three_beats_share_a_burst_and_run_every_occurrence_exactly_once(fleet_on_each_broker):
+    fleet = fleet_on_each_broker
     # Given three beats and one worker running
     beats = [fleet.beat() for _ in range(3)]
     fleet.worker(concurrency=4)
