@@ -20,8 +20,8 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db.models import F, Value
+from django.db.models.functions import Least, Now
 
 from . import policies
 from .db import notify_due
@@ -330,6 +330,10 @@ def _reap(limit: int, rng: policies.Rng) -> ReapResult:
                 token=F("token") + 1,
                 claimed_by="",
                 lease_expires_at=None,
+                # the next copy waits longer (policies.dispatch_wait)
+                unstarted_dispatches=Least(
+                    F("unstarted_dispatches") + 1, Value(policies.MAX_WAIT_DOUBLINGS)
+                ),
             )
             continue
         try:

@@ -171,6 +171,12 @@ class Job(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
+    unstarted_dispatches = models.PositiveSmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Times in a row the current attempt was sent and no worker started it within "
+        "its lease; each new copy waits twice as long (schedapp.policies.dispatch_wait).",
+    )
 
     source = models.CharField(
         max_length=16,

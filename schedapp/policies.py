@@ -18,6 +18,18 @@ from .schedules import Once, Schedule, count_fire_times, next_fire_time, recent_
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
 
+# A message a worker has not started by the end of its lease (it waits in the queue behind
+# busy workers, or the broker lost it) is sent again, and the new copy waits twice as long,
+# up to 2**MAX_WAIT_DOUBLINGS leases: a backlog longer than a lease adds a copy per doubling,
+# not per lease, and the newest copy does not expire behind the older ones.
+MAX_WAIT_DOUBLINGS = 4
+
+
+def dispatch_wait(lease_seconds: int, unstarted_dispatches: int) -> timedelta:
+    """How long a dispatched run may wait for a worker's door before it is sent again (its
+    lease at claim). Once admitted, a run holds an ordinary lease."""
+    return timedelta(seconds=lease_seconds * 2 ** min(unstarted_dispatches, MAX_WAIT_DOUBLINGS))
+
 
 RUN_ONCE = "run_once"
 SKIP = "skip"

@@ -10,15 +10,15 @@ import re
 from functools import cache
 from pathlib import Path
 
-from ..policies import MAX_PRIORITY, MIN_PRIORITY
+from ..policies import MAX_PRIORITY, MAX_WAIT_DOUBLINGS, MIN_PRIORITY
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
 def queries() -> dict[str, str]:
-    """Every named query, its comments stripped and ``{due_levels}`` and the priority bounds
-    filled in."""
+    """Every named query, its comments stripped and ``{due_levels}``, the priority bounds and
+    the dispatch wait's cap filled in."""
     text = (Path(__file__).parent / "queries.sql").read_text()
     parts = _NAME.split(text)[1:]
     raw = {
@@ -27,7 +27,11 @@ def queries() -> dict[str, str]:
         )
         for name, body in zip(parts[::2], parts[1::2], strict=True)
     }
-    constants = {"MAX_PRIORITY": str(MAX_PRIORITY), "MIN_PRIORITY": str(MIN_PRIORITY)}
+    constants = {
+        "MAX_PRIORITY": str(MAX_PRIORITY),
+        "MIN_PRIORITY": str(MIN_PRIORITY),
+        "MAX_WAIT_DOUBLINGS": str(MAX_WAIT_DOUBLINGS),
+    }
     due_levels = _fill(raw["due_levels"], constants)
     return {name: _fill(sql, {**constants, "due_levels": due_levels}) for name, sql in raw.items()}
 

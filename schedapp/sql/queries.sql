@@ -1,7 +1,8 @@
 -- schedapp's hand-written SQL, one named query a block, read by schedapp/sql/__init__.py.
 -- A block starts with "-- name: <name>"; the comment lines right after it say what it is for.
 -- {due_levels} stands for the due_levels block, {MAX_PRIORITY}/{MIN_PRIORITY} for the bounds
--- of a job's priority (schedapp.policies). Parameters are Django's: %s or %(name)s.
+-- of a job's priority and {MAX_WAIT_DOUBLINGS} for the cap of policies.dispatch_wait
+-- (schedapp.policies). Parameters are Django's: %s or %(name)s.
 -- PostgreSQL only: the portable store (SQLite) says the same through the ORM.
 
 -- name: due_levels
@@ -31,7 +32,9 @@ due AS MATERIALIZED (
 claimed AS (
     UPDATE schedapp_job AS j
     SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
-        lease_expires_at = now() + make_interval(secs => j.lease_seconds), updated_at = now()
+        lease_expires_at = now() + make_interval(
+            secs => j.lease_seconds * 2 ^ least(j.unstarted_dispatches, {MAX_WAIT_DOUBLINGS})),
+        updated_at = now()
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
@@ -68,7 +71,8 @@ SELECT now(),
 
 -- name: restamp_leases
 -- Leases from the clock now (not from the transaction's start), just before the claim commits.
-UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds)
+UPDATE schedapp_job SET lease_expires_at = clock_timestamp() + make_interval(
+    secs => lease_seconds * 2 ^ least(unstarted_dispatches, {MAX_WAIT_DOUBLINGS}))
 WHERE id = ANY(%s) AND state = 'running'
 
 -- name: now

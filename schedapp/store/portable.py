@@ -14,6 +14,7 @@ from django.db.models import F, Min
 from django.db.models.functions import Now
 
 from ..models import Job, JobRun, JobState, RunStatus
+from ..policies import dispatch_wait
 from .base import DoorVerdict, Listener, insert_runs, pairs
 
 _FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
@@ -30,6 +31,7 @@ _CLAIM_FIELDS = (
     "next_run_at",
     "retry_count",
     "lease_seconds",
+    "unstarted_dispatches",
     "jitter",
     "run_at",
     "cron",
@@ -62,7 +64,8 @@ def _claim(beat: str, limit: int, now: datetime) -> list[dict]:
             state=JobState.RUNNING,
             token=F("token") + 1,
             claimed_by=beat,
-            lease_expires_at=now + timedelta(seconds=row["lease_seconds"]),
+            lease_expires_at=now
+            + dispatch_wait(row["lease_seconds"], row["unstarted_dispatches"]),
             updated_at=now,
         )
         row["token"] += 1
@@ -93,9 +96,12 @@ class PortableStore:
 
     def restamp_leases(self, job_ids: list[int]) -> None:
         now = datetime.now(UTC)
-        for job_id, lease in Job.objects.filter(id__in=job_ids).values_list("id", "lease_seconds"):
+        leases = Job.objects.filter(id__in=job_ids).values_list(
+            "id", "lease_seconds", "unstarted_dispatches"
+        )
+        for job_id, lease, unstarted in leases:
             Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
-                lease_expires_at=now + timedelta(seconds=lease)
+                lease_expires_at=now + dispatch_wait(lease, unstarted)
             )
 
     def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
@@ -160,7 +166,7 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
         job = (
             Job.objects.select_for_update()
             .filter(id=job_id)
-            .values("token", "state", "lease_expires_at", "lease_seconds")
+            .values("token", "state", "lease_expires_at", "lease_seconds", "unstarted_dispatches")
             .first()
         )
         runs = JobRun.objects.filter(job_id=job_id, token=token)
@@ -187,8 +193,12 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
                 status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
             )
             lease = timedelta(seconds=job["lease_seconds"])
-            if job["lease_expires_at"] < now + lease * 5 / 6:  # as schedapp_admit_run decides
-                Job.objects.filter(id=job_id).update(lease_expires_at=now + lease)
+            left = job["lease_expires_at"] - now
+            # as schedapp_admit_run decides: an ordinary lease from here on
+            if job["unstarted_dispatches"] or not lease * 5 / 6 <= left <= lease:
+                Job.objects.filter(id=job_id).update(
+                    lease_expires_at=now + lease, unstarted_dispatches=0
+                )
         elif run["status"] == RunStatus.DISPATCHED:
             runs.update(
                 status=RunStatus.SKIPPED,

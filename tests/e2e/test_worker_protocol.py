@@ -203,3 +203,44 @@ def test_the_solo_pool_renews_leases_while_its_only_thread_runs_the_task(fleet):
     assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
     assert run.heartbeats >= 2
     assert Execution.objects.filter(job_id=job.pk).count() == 1
+
+
+def test_a_backlog_behind_a_busy_worker_is_not_multiplied_by_re_sends(fleet):
+    # Given one worker with one process, busy for 24 s with a long task
+    fleet.beat()
+    fleet.worker(concurrency=1)
+    api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "busy", "sleep": 24},
+        run_at=db_now(),
+        lease_seconds=30,
+        name="busy",
+    )
+    wait_until(lambda: Execution.objects.filter(label="busy").exists(), timeout=30)
+    # ... and eight one-offs with a 3 s lease queued behind it (the worker prefetches one)
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "kwargs": {"label": f"queued-{i}"},
+            "run_at": db_now(),
+            "lease_seconds": 3,
+            "name": f"queued-{i}",
+        }
+        for i in range(8)
+    )
+    # When the long task ends and the worker works through the queue
+    wait_until(
+        lambda: Job.objects.filter(name__startswith="queued-", state=JobState.SUCCEEDED).count()
+        == 8,
+        timeout=120,
+        message="the queued jobs ran",
+    )
+    # Then each ran once, and a copy waited twice as long as the one before: about four sends
+    # in 24 s (at 0, 3, 9 and 21 s), not one per lease (eight or nine), which would fill the
+    # queue with outdated copies the worker must then refuse one by one
+    assert executions_by_label("queued-") == {f"queued-{i}": 1 for i in range(8)}
+    sends = Counter(
+        JobRun.objects.filter(job__name__startswith="queued-").values_list("job__name", flat=True)
+    )
+    assert max(sends.values()) <= 5, sends
+    assert not Job.objects.filter(state=JobState.DEAD).exists()

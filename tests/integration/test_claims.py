@@ -304,3 +304,36 @@ def test_the_claim_query_walks_the_due_index_not_the_table():
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "schedapp_job_due" in plan
     assert "Seq Scan on schedapp_job" not in plan
+
+
+def lease_left(job_id: int) -> float:
+    job = Job.objects.get(pk=job_id)
+    return (job.lease_expires_at - db_now()).total_seconds()
+
+
+def test_a_message_left_unstarted_waits_twice_as_long_each_time_it_is_sent_again():
+    # Given a job whose message waits in a queue behind busy workers: its lease runs out
+    # before any worker's door sees it, again and again
+    (job,) = due_jobs(1, lease_seconds=10)
+    (first,) = claim_due_jobs("beat-1", 10).runs
+    assert 9 < lease_left(job.pk) <= 10
+    waits = []
+    for _ in range(6):
+        expire_lease(job.pk)
+        claim_due_jobs("beat-1", 10)  # reaped (never started) and sent again
+        waits.append(lease_left(job.pk))
+    # Then each copy is given twice the wait of the one before, up to 16 leases: a backlog
+    # longer than a lease does not fill the queue with one copy per lease (nor expire the
+    # newest copy behind the older ones)
+    assert [round(w / 10) for w in waits] == [2, 4, 8, 16, 16, 16], waits
+    # ... and once a worker's door admits the newest copy, the run holds an ordinary lease
+    current = Job.objects.get(pk=job.pk)
+    assert start_run(job.pk, current.token) is DoorVerdict.ADMITTED
+    assert 9 < lease_left(job.pk) <= 10
+    # ... and the job's next dispatch waits one lease again
+    assert complete_run(job.pk, current.token, claims.FAILED, error="boom").applied
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (retry,) = claim_due_jobs("beat-1", 10).runs
+    assert retry.token > current.token
+    assert 9 < lease_left(job.pk) <= 10
+    assert first.token < current.token
