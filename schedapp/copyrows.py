@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .schedules import Once
-from .validation import Checked, Options
+from .validation import CELERY_FIELDS, Checked, Options
 
 # Every column a new job has, in the order the encoders write them.
 COPY_COLUMNS = (
@@ -56,15 +56,9 @@ COPY_COLUMNS = (
     "created_at",
     "updated_at",
     # Celery's semantics (migration 0007): shared by most jobs, encoded once per combination.
-    "cron_day_or",
-    "solar_event",
-    "latitude",
-    "longitude",
-    "not_before",
-    "expires_at",
-    "message_options",
+    *CELERY_FIELDS,
 )
-_EXTRA_FIELDS = COPY_COLUMNS[-7:]
+_EXTRA_FIELDS = CELERY_FIELDS
 _MEMO_LIMIT = 4096
 
 

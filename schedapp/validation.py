@@ -50,6 +50,16 @@ NAME_MAX = 200
 SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
 # The fields of one schedule kind beyond its main one, and of any recurring schedule.
 SCHEDULE_DETAIL_FIELDS = ("cron_day_or", "latitude", "longitude", "not_before", "expires_at")
+# The columns of Celery's semantics (migration 0007), which the claim and the bulk COPY carry.
+CELERY_FIELDS = (
+    "cron_day_or",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+    "message_options",
+)
 # Per-job Celery message options, as apply_async takes them (over the task's own options).
 MESSAGE_OPTIONS = ("queue", "routing_key", "exchange", "priority", "expires", "headers")
 # Headers a job may not set: the protocol's own and schedapp's fencing headers.

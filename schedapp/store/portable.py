@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 
 from ..models import Job, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait
+from ..validation import CELERY_FIELDS
 from .base import DoorVerdict, Listener, insert_runs, pairs
 
 _FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
@@ -41,13 +42,7 @@ _CLAIM_FIELDS = (
     "misfire_policy",
     "misfire_max_catchup",
     "misfire_grace",
-    "cron_day_or",
-    "solar_event",
-    "latitude",
-    "longitude",
-    "not_before",
-    "expires_at",
-    "message_options",
+    *CELERY_FIELDS,
 )
 
 

@@ -7,7 +7,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from schedapp import api, claims
 from schedapp.claims import (
@@ -22,6 +22,7 @@ from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.sql import query
 from schedapp.store import PostgreSQLStore, get_store
+from tests.claiming import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,8 +31,7 @@ def due_jobs(n: int, **options) -> list[Job]:
     when = db_now() - timedelta(seconds=1)
     names = [f"job-{i}" for i in range(n)]
     created = api.schedule_many(
-        {"task": "project.tasks.record", "run_at": when, "name": name, **options}
-        for name in names
+        {"task": "project.tasks.record", "run_at": when, "name": name, **options} for name in names
     )
     assert created == n
     return list(Job.objects.filter(name__in=names).order_by("id"))  # ids follow input order
@@ -44,23 +44,6 @@ def start_run(job_id: int, token: int, worker: str = "w1") -> DoorVerdict:
 
 def expire_lease(job_id: int) -> None:
     Job.objects.filter(pk=job_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
-
-
-def in_thread(fn):
-    """Run ``fn`` on its own thread, hence its own database connection."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
 
 
 @pytest.mark.postgresql  # SQLite's IMMEDIATE transactions make B wait for A instead

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connections, transaction
+from django.db import transaction
 from django.test import override_settings
 
 from schedapp import api, claims
@@ -19,6 +19,7 @@ from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.prune import prune_runs
 from schedapp.schedules import Once
+from tests.claiming import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TASK = "project.tasks.record"
@@ -150,22 +151,6 @@ def test_a_duplicate_is_created_paused():
     assert copy.state == JobState.PAUSED
     assert Job.objects.get(pk=copy.pk).state == JobState.PAUSED
     assert [r.job_id for r in claim_due_jobs("b", 10).runs] == []
-
-
-def in_thread(fn):
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
 
 
 def test_releasing_claims_takes_the_job_row_before_the_run_row():

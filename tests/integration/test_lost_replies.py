@@ -19,6 +19,7 @@ from schedapp.db import db_now
 from schedapp.message import HEADER_LEASE, RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.worker import WorkerHooks
+from tests.claiming import claim_one
 from tests.pgproxy import django_through
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,13 +31,7 @@ FAST_SUCCESS = b"SELECT schedapp_succeed_run("
 
 
 def claimed(**options) -> claims.ClaimedRun:
-    if "interval" not in options:
-        options["run_at"] = db_now()
-    job = api.schedule("project.tasks.record", name="job", **options)
-    if "interval" in options:
-        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
-    (run,) = claim_due_jobs("beat-1", 10).runs
-    return run
+    return claim_one(name="job", **options)[1]
 
 
 def delivered(run: claims.ClaimedRun) -> SimpleNamespace:

@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from schedapp import api, claims
 from schedapp.claims import (
@@ -22,22 +22,16 @@ from schedapp.claims import (
 from schedapp.db import db_now
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
+from tests.claiming import claim_one, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def claimed(**options):
-    """One job due now, claimed by a beat: (job, its claimed run)."""
-    job = api.schedule("project.tasks.record", run_at=db_now(), name="job", **options)
-    (run,) = claim_due_jobs("beat-1", 10).runs
-    return job, run
+claimed = claim_one
 
 
 def claimed_recurring(**options):
-    job = api.schedule("project.tasks.record", interval=60, name="every-minute", **options)
-    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
-    (run,) = claim_due_jobs("beat-1", 10).runs
-    return job, run
+    return claim_one(interval=60, **options)
 
 
 def headers_of(run: claims.ClaimedRun) -> RunHeaders:
@@ -45,22 +39,6 @@ def headers_of(run: claims.ClaimedRun) -> RunHeaders:
     from schedapp.dispatch import message_headers
 
     return RunHeaders.read(message_headers(run, "test"))  # type: ignore[return-value]
-
-
-def in_thread(fn):
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
 
 
 # --- the door ---------------------------------------------------------------------------------

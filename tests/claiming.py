@@ -1,0 +1,48 @@
+"""What the claim tests start from: one job due now and claimed by a beat; a call on a thread
+of its own (its own database connection), to race another."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+
+from schedapp import api
+from schedapp.claims import ClaimedRun, claim_due_jobs
+from schedapp.db import db_now
+from schedapp.models import Job
+
+
+def claim_one(**options: Any) -> tuple[Job, ClaimedRun]:
+    """A ``project.tasks.record`` job (a one-off due now, or recurring when ``interval`` or
+    ``cron`` is given, made due now) and the run a beat claimed for it."""
+    recurring = "interval" in options or "cron" in options
+    if not recurring:
+        options.setdefault("run_at", db_now())
+    options.setdefault("name", "every-minute" if recurring else "job")
+    job = api.schedule("project.tasks.record", **options)
+    if recurring:
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    return job, run
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` on its own thread, hence its own database connection: ``out["value"]`` or
+    ``out["error"]`` once the thread is joined."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
