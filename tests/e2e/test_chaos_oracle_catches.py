@@ -29,20 +29,27 @@ def start(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_the_oracle_fails_a_run_with_the_prefetch_defect_and_passes_it_without():
-    args = ("--profile", "prefetch", "--duration", "15", "--seed", "1")
-    with_defect = start(*args, "--defect", "unrenewed-reserved")
+def run_with_and_without(defect: str, *args: str) -> list[str]:
+    """The same chaos run with ``defect`` switched on and without it, side by side: with it
+    the run fails, and only on duplicates no injected fault explains (those PROBLEM lines are
+    returned); without it, the same jobs and processes show no duplicate at all."""
+    with_defect = start(*args, "--defect", defect)
     without = start(*args)
     bad_out, _ = with_defect.communicate(timeout=300)
     good_out, _ = without.communicate(timeout=300)
-    # With the defect: the run fails, and only on duplicates no injected fault explains
     assert with_defect.returncode == 1, bad_out
     problems = [line for line in bad_out.splitlines() if line.startswith("PROBLEM:")]
     assert problems, bad_out
     assert all("unexplained duplicate" in line for line in problems), problems
-    # Without it: the same jobs, the same worker, no duplicate at all
     assert without.returncode == 0, good_out
     assert "| 0 | 0 | 0 | 0 | yes |" in good_out  # duplicates, attributed, unexplained, lost
+    return problems
+
+
+def test_the_oracle_fails_a_run_with_the_prefetch_defect_and_passes_it_without():
+    run_with_and_without(
+        "unrenewed-reserved", "--profile", "prefetch", "--duration", "15", "--seed", "1"
+    )
 
 
 @pytest.mark.slow
@@ -50,15 +57,7 @@ def test_the_oracle_fails_a_run_with_the_broker_outage_defect_and_passes_it_with
     # Two 20 s jobs (8 s leases) running while Redis is down for 12-16 s: with leases renewed
     # only on Celery's heartbeat (which needs the broker) both run twice, and a broker outage
     # never explains a duplicate.
-    args = ("--profile", "broker", "--duration", "30", "--seed", "1")
-    with_defect = start(*args, "--defect", "broker-heartbeat")
-    without = start(*args)
-    bad_out, _ = with_defect.communicate(timeout=300)
-    good_out, _ = without.communicate(timeout=300)
-    assert with_defect.returncode == 1, bad_out
-    problems = [line for line in bad_out.splitlines() if line.startswith("PROBLEM:")]
-    assert problems, bad_out
-    assert all("unexplained duplicate" in line for line in problems), problems
+    problems = run_with_and_without(
+        "broker-heartbeat", "--profile", "broker", "--duration", "30", "--seed", "1"
+    )
     assert all("broker_outage" in line for line in problems), problems
-    assert without.returncode == 0, good_out
-    assert "| 0 | 0 | 0 | 0 | yes |" in good_out

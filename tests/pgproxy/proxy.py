@@ -31,23 +31,13 @@ COMMIT = re.compile(rb"^\s*commit\b", re.IGNORECASE)
 
 
 @dataclass
-class _Cut:
+class _Trigger:
+    """A cut or a stall armed for the next ``remaining`` statements matching ``pattern``."""
+
     pattern: Pattern  # bytes: lower-cased
     remaining: int
     app: str | None
-
-    def matches(self, text: bytes) -> bool:
-        if isinstance(self.pattern, bytes):
-            return self.pattern in text.lower()
-        return self.pattern.search(text) is not None
-
-
-@dataclass
-class _Stall:
-    pattern: Pattern  # bytes: lower-cased
-    seconds: float
-    remaining: int
-    app: str | None
+    seconds: float = 0.0  # a stall's length
 
     def matches(self, text: bytes) -> bool:
         if isinstance(self.pattern, bytes):
@@ -89,9 +79,9 @@ class PgProxy:
         self._cond = threading.Condition()
         self._conns: dict[int, Connection] = {}
         self._ids = itertools.count(1)
-        self._cut: _Cut | None = None
+        self._cut: _Trigger | None = None
         self._delay: _Delay | None = None
-        self._stall: _Stall | None = None
+        self._stall: _Trigger | None = None
         self._partition: _Partition | None = None
         self._stats = dict.fromkeys(
             ("connections", "cuts", "delayed", "partitions", "held", "resets", "stalls"), 0
@@ -157,7 +147,7 @@ class PgProxy:
         if isinstance(pattern, bytes):
             pattern = pattern.lower()
         with self._cond:
-            self._cut = _Cut(pattern, times, app)
+            self._cut = _Trigger(pattern, times, app)
 
     def stall_after(
         self, pattern: Pattern, seconds: float, times: int = 1, app: str | None = None
@@ -170,7 +160,7 @@ class PgProxy:
         if isinstance(pattern, bytes):
             pattern = pattern.lower()
         with self._cond:
-            self._stall = _Stall(pattern, seconds, times, app)
+            self._stall = _Trigger(pattern, times, app, seconds)
 
     def delay(self, seconds: float, duration: float | None = None, app: str | None = None) -> None:
         """Hold every client->server chunk of messages ``seconds`` for ``duration`` seconds.
@@ -286,30 +276,36 @@ class PgProxy:
         with self._cond:
             self._conns.pop(conn.id, None)
 
+    def _take(self, kind: str, conn: Connection, text: bytes) -> _Trigger | None:
+        """The armed ``_cut`` or ``_stall`` if ``text`` on ``conn`` fires it, counted down
+        (disarmed at zero); call with ``self._cond`` held."""
+        trigger: _Trigger | None = getattr(self, kind)
+        if trigger is None or not trigger.matches(text) or not conn.matches(trigger.app):
+            return None
+        if trigger.remaining <= 0:
+            return None
+        trigger.remaining -= 1
+        if trigger.remaining == 0:
+            setattr(self, kind, None)
+        return trigger
+
     def _claim_cut(self, conn: Connection, mtype: int, text: bytes) -> bool:
-        cut = self._cut
-        if cut is None or not cut.matches(text) or not conn.matches(cut.app):
+        if self._cut is None:  # the common case, without the lock
             return False
         with self._cond:
-            if self._cut is not cut or cut.remaining <= 0:
+            if self._take("_cut", conn, text) is None:
                 return False
-            cut.remaining -= 1
-            if cut.remaining == 0:
-                self._cut = None
         conn.cut_statement = f"{chr(mtype)}: {text[:200].decode('utf-8', 'replace')}"
         return True
 
     def _claim_stall(self, conn: Connection, text: bytes) -> float | None:
         """The stall's seconds if ``text`` on ``conn`` fires it (recorded as an event)."""
-        stall = self._stall
-        if stall is None or not stall.matches(text) or not conn.matches(stall.app):
+        if self._stall is None:
             return None
         with self._cond:
-            if self._stall is not stall or stall.remaining <= 0:
+            stall = self._take("_stall", conn, text)
+            if stall is None:
                 return None
-            stall.remaining -= 1
-            if stall.remaining == 0:
-                self._stall = None
             self._stats["stalls"] += 1
             self._event(
                 "stall",
