@@ -226,6 +226,7 @@ def resume(job: JobRef) -> Job:
         current.state = JobState.RUNNING if lease_held else JobState.SCHEDULED
         if current.state == JobState.SCHEDULED:
             current.claimed_by, current.lease_expires_at = "", None
+            current.unstarted_dispatches = 0  # a person's action: an ordinary wait again
             if current.next_run_at is None:
                 _first_run(current, now)
         current.save(
@@ -233,6 +234,7 @@ def resume(job: JobRef) -> Job:
                 "state",
                 "claimed_by",
                 "lease_expires_at",
+                "unstarted_dispatches",
                 "next_run_at",
                 "scheduled_for",
                 "updated_at",
@@ -257,9 +259,16 @@ def run_now(job: JobRef) -> Job:
         now = db_now()
         current.state = JobState.SCHEDULED
         current.scheduled_for = current.next_run_at = now
-        current.retry_count = 0
+        current.retry_count = current.unstarted_dispatches = 0
         current.save(
-            update_fields=["state", "scheduled_for", "next_run_at", "retry_count", "updated_at"]
+            update_fields=[
+                "state",
+                "scheduled_for",
+                "next_run_at",
+                "retry_count",
+                "unstarted_dispatches",
+                "updated_at",
+            ]
         )
         notify_due(now)
     return current
@@ -277,12 +286,19 @@ def requeue(job: JobRef) -> Job:
         _still_allowed(current)
         now = db_now()
         current.state = JobState.SCHEDULED
-        current.retry_count = 0
+        current.retry_count = current.unstarted_dispatches = 0
         current.next_run_at = now
         if current.scheduled_for is None:
             current.scheduled_for = now
         current.save(
-            update_fields=["state", "retry_count", "next_run_at", "scheduled_for", "updated_at"]
+            update_fields=[
+                "state",
+                "retry_count",
+                "unstarted_dispatches",
+                "next_run_at",
+                "scheduled_for",
+                "updated_at",
+            ]
         )
         notify_due(now)
     return current

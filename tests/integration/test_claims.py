@@ -320,3 +320,18 @@ def test_a_message_left_unstarted_waits_twice_as_long_each_time_it_is_sent_again
     assert retry.token > current.token
     assert 9 < lease_left(job.pk) <= 10
     assert first.token < current.token
+
+
+@pytest.mark.parametrize("action", ["run_now", "requeue", "resume"])
+def test_a_person_setting_a_job_going_again_gives_it_an_ordinary_wait(action):
+    # Given a job whose last copies waited in a queue unstarted, three times in a row
+    (job,) = due_jobs(1, lease_seconds=10)
+    state = {"run_now": JobState.SUCCEEDED, "requeue": JobState.DEAD, "resume": JobState.PAUSED}
+    Job.objects.filter(pk=job.pk).update(
+        state=state[action], unstarted_dispatches=3, claimed_by="", lease_expires_at=None
+    )
+    # When a person runs it now, requeues or resumes it
+    getattr(api, action)(job)
+    # Then its next copy waits one lease, not eight
+    assert len(claim_due_jobs("beat-1", 10).runs) == 1
+    assert 9 < lease_left(job.pk) <= 10
