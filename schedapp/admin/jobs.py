@@ -97,7 +97,7 @@ _STATUS = (
             )
         },
     ),
-    ("Lease", {"fields": ("claimed_by", "lease_expiry", "token")}),
+    ("Lease", {"fields": ("claimed_by", "lease_expiry", "token", "unstarted_dispatches")}),
     ("Record", {"fields": ("created", "updated"), "classes": ("collapse",)}),
 )
 # Deleting a job deletes its runs in the same statement: above this, prune first.
