@@ -6,8 +6,10 @@ the number of jobs. Each spec goes through the same ``JobValidator`` as ``api.sc
 which remembers what specs share (tasks, zones, crons, intervals, options); the first fire
 time is computed from one reading of the database clock, once per distinct schedule.
 
-Writes happen in one transaction. On PostgreSQL each chunk is streamed with ``COPY ... FROM
-STDIN`` straight into ``schedapp_job`` while the next specs are validated, inside a savepoint:
+Writes happen in one transaction. On PostgreSQL a chunk's specs are read first (a spec
+generator may query the database, which it cannot do mid-COPY), then validated and encoded
+while ``COPY ... FROM STDIN`` streams the rows straight into ``schedapp_job``, so PostgreSQL
+stores rows while this process builds the next ones, inside a savepoint:
 the unique index on ``name`` finds duplicate names, within the input and against existing
 jobs, at no extra cost. Only when it refuses a chunk is that chunk rolled back and looked at
 (one query for its names); a clash with a job of the same call is traced back to its spec by
@@ -18,6 +20,7 @@ databases get ``bulk_create`` per chunk, after a query for the chunk's names.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import random
 import uuid
@@ -79,10 +82,13 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
         pending = iter(specs)
         start = 0
         while not ingest.stopped:
-            # A chunk is read and validated before its COPY starts: ``specs`` may query the
-            # database (a queryset's iterator, a clock), which it cannot do mid-COPY.
-            chunk = list(ingest.rows(pending, start, chunk_size))
-            writer.write_chunk(start, iter(chunk))
+            # A chunk's specs are read before its COPY starts, as ``specs`` may query the
+            # database (a queryset's iterator, a clock), which it cannot do mid-COPY; they are
+            # validated and encoded during the COPY, so that PostgreSQL stores the rows sent
+            # while this process builds the next ones (read and validated first, the two took
+            # turns: one core busy of two).
+            chunk = collections.deque(itertools.islice(pending, chunk_size))
+            writer.write_chunk(start, ingest.rows(_draining(chunk), start, chunk_size))
             if ingest.consumed < chunk_size:
                 break
             start += ingest.consumed
@@ -91,6 +97,13 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
         if ingest.written:
             notify_due(ingest.earliest)
     return ingest.written
+
+
+def _draining(specs: collections.deque[Any]) -> Iterator[Any]:
+    """The specs of a chunk, each let go of as it is taken: the chunk's raw specs shrink
+    while its rows grow."""
+    while specs:
+        yield specs.popleft()
 
 
 class _Ingest:
@@ -190,7 +203,7 @@ class _Ingest:
         if self.stopped:
             return {
                 **self.errors,
-                "__all__": [f"stopped after {MAX_BAD_SPECS} bad specs; the rest were not read."],
+                "__all__": [f"stopped after {MAX_BAD_SPECS} bad specs; the rest were not checked."],
             }
         return self.errors
 

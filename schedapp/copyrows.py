@@ -88,8 +88,9 @@ class CopyRows:
         self._extras = _Memo()
 
     def _extras_of(self, values: dict[str, Any]) -> Any:
-        options = values.get("message_options") or {}
-        key = (*(values.get(f) for f in _EXTRA_FIELDS[:-1]), json.dumps(options, sort_keys=True))
+        options = values.get("message_options")  # most jobs have none: no encoding then
+        options_json = json.dumps(options, sort_keys=True) if options else "{}"
+        key = (*map(values.get, _EXTRA_FIELDS[:-1]), options_json)
         encoded = self._extras.get(key)
         if encoded is None:
             encoded = self._extras.put(key, self._encode_extras(values, key[-1]))
