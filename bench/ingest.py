@@ -92,8 +92,8 @@ def raw_text(n: int, when: datetime, now: datetime) -> bytes:
     assert COPY_COLUMNS[0] == "name" and COPY_COLUMNS[-1] == "message_options"
     at, stamp = when.astimezone(UTC).isoformat(), now.isoformat()
     lines = [
-        f"once-{i}\t{TASKS[i % 4]}\t[{i}, \"label-{i}\"]\t{{}}\t{at}\t\tUTC\t\\N\t\\N\t\t0\t3\t0\t60\t"
-        f"100\t0:00:10\t1:00:00\t0:01:00\trun_once\tapi\t{at}\t{at}\tscheduled\t0\t0\t\t\\N\t0\t"
+        f"once-{i}\t{TASKS[i % 4]}\t[{i}, \"label-{i}\"]\t{{}}\t{at}\t\tUTC\t\\N\t\\N\t\t0\t3\t0\t"
+        f"60\t100\t0:00:10\t1:00:00\t0:01:00\trun_once\tapi\t{at}\t{at}\tscheduled\t0\t0\t\t\\N\t0\t"
         f"\\N\t\t\t{stamp}\t{stamp}\tt\t\t\\N\t\\N\t\\N\t\\N\t{{}}\n"
         for i in range(n)
     ]
