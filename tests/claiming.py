@@ -4,6 +4,7 @@ of its own (its own database connection), to race another."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -32,7 +33,8 @@ def claim_one(**options: Any) -> tuple[Job, ClaimedRun]:
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``fn`` on its own thread, hence its own database connection: ``out["value"]`` or
-    ``out["error"]`` once the thread is joined."""
+    ``out["error"]``, and ``out["finished"]`` (monotonic), once the thread is joined. A
+    daemon thread, so that a call left hanging by a test cannot keep the run from ending."""
     out: dict[str, Any] = {}
 
     def target() -> None:
@@ -41,8 +43,9 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
         except BaseException as exc:
             out["error"] = exc
         finally:
+            out["finished"] = time.monotonic()
             connections.close_all()
 
-    thread = threading.Thread(target=target)
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, out

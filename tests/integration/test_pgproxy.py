@@ -10,10 +10,9 @@ import functools
 import os
 import socket
 import struct
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from tests.claiming import in_thread
 from tests.pgproxy import PgProxy, django_through, spawn_proxy
 
 TABLE = f"pgproxy_probe_{os.getpid()}"
@@ -50,21 +50,6 @@ def committed(marker: str) -> bool:
     with psycopg.connect(conninfo()) as direct:
         row = direct.execute(f"SELECT count(*) FROM {TABLE} WHERE marker = %s", (marker,))
         return row.fetchone() == (1,)
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-        out["finished"] = time.monotonic()
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, out
 
 
 def raw_session(proxy: PgProxy) -> socket.socket:
