@@ -474,7 +474,7 @@ def bookkeeping_problems() -> list[str]:
     """What schedapp's own rows must satisfy after the run: no job left running on an expired
     lease, every one-off finished, every dead job out of retries, no stale completion applied."""
     from schedapp.db import db_now
-    from schedapp.models import Job, JobRun, JobState, RunStatus
+    from schedapp.models import Job, JobRun, JobState
 
     problems: list[str] = []
     jobs = {j.pk: j for j in Job.objects.all()}
@@ -497,7 +497,9 @@ def bookkeeping_problems() -> list[str]:
     if unfinished:
         problems.append(f"one-off jobs not finished: {unfinished[:5]}")
     attempts: Counter = Counter(
-        r.job_id for r in runs if r.status in (RunStatus.FAILED, RunStatus.LOST) and not r.stale
+        r.job_id
+        for r in runs
+        if oracle.counts_as_attempt(r.status, r.stale, started=r.started_at is not None)
     )
     for job in jobs.values():
         if job.state == JobState.DEAD and (

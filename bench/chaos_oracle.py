@@ -211,3 +211,15 @@ def describe(d: Duplicate, t0: float = 0.0) -> str:
         return f"{head}: UNEXPLAINED: {d.reason}"
     f = d.fault
     return f"{head}: {f.kind} of {f.target} at {f.start - t0:.1f}s for {f.duration:.1f}s"
+
+
+def counts_as_attempt(status: str, stale: bool, started: bool) -> bool:
+    """Whether a run row is one of its job's attempts, as schedapp counts them toward
+    ``max_retries``: a failed run (also one that never started: its task was unknown on the
+    worker); a lost run that had started (the reaper counts it; one that never started is
+    only sent again); and a stale run that had started: it lost its lease, the reaper counted
+    it as lost, and its own completion, arriving later, recorded what the task did over the
+    ``lost``, flagged stale and not counted again."""
+    if stale:
+        return started
+    return status == "failed" or (status == "lost" and started)

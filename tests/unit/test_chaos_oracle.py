@@ -11,6 +11,7 @@ from bench.chaos_oracle import (
     Fault,
     blame,
     can_lose_lease,
+    counts_as_attempt,
     find_duplicates,
     judge,
     lost_occurrences,
@@ -206,3 +207,25 @@ def test_summary_counts_faults_per_kind_and_what_was_blamed():
         "faults": {"broker_outage": 1, "kill_worker": 1},
         "passed": True,
     }
+
+
+def test_attempts_are_counted_as_schedapp_counts_them_toward_max_retries():
+    # An always-failing job with max_retries=2, dead after three attempts: token 1 failed;
+    # token 2 passed the door, its worker froze past the lease, the reaper counted it as lost,
+    # and its own failure arrived afterwards, recorded stale over the "lost"; token 4 failed.
+    # (Chaos seed 9, job fail-6: the check that skipped stale runs counted two.)
+    history = [("failed", False, True), ("failed", True, True), ("failed", False, True)]
+    assert sum(counts_as_attempt(*run) for run in history) == 3
+    # A lost run counts only if it had started: one no worker started is only sent again,
+    # and so is a batch released after a failed publish
+    assert counts_as_attempt("lost", False, True)
+    assert not counts_as_attempt("lost", False, False)
+    # A failure counts even unstarted (its task was unknown on the worker); a success or a
+    # copy refused at the door does not
+    assert counts_as_attempt("failed", False, False)
+    assert not counts_as_attempt("succeeded", False, True)
+    assert not counts_as_attempt("skipped", False, False)
+    # So a job dead-lettered after two real attempts and two unstarted re-sends is caught
+    early = [("failed", False, True), ("lost", False, False), ("lost", False, False)]
+    early.append(("failed", False, True))
+    assert sum(counts_as_attempt(*run) for run in early) == 2
