@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.run --sections overhead          # 3 rounds of each, 3,000 tasks
     .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --profile
+    .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --ceilings
 
 Both sides run ``project.tasks.noop`` on one worker (prefork, ``-c 2``, acks late, prefetch 1,
 result backend disabled) against the same Redis and PostgreSQL. The backlog is put in the
@@ -17,6 +18,12 @@ acknowledged after its task returned and, for schedapp, after its completion was
 The ratio is schedapp's rate over plain Celery's, rounds alternating, medians reported.
 Commits per execution come from ``pg_stat_database`` over the schedapp drain. ``--profile``
 samples the worker's main process and its pool children with py-spy.
+
+``--ceilings`` adds two more drains per round, schedapp with a part of its worker protocol
+taken out (``bench/ceilings.py``): without the door (the staged runs are marked ``running``
+beforehand, the completion is the real one), and without any database write. They show what
+each part costs, and how far plain Celery's rate is from a worker that must record each
+execution in PostgreSQL on the same two cores.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 import redis
 
 from bench import common
+from bench.ceilings import CEILINGS
 
 DB = "schedapp_bench_overhead"
 REDIS_DB = 9  # its own (tests use 7)
@@ -76,8 +84,9 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(common.redis_url(REDIS_DB))
 
 
-def _env() -> dict[str, str]:
-    return common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, WORKER_SETTINGS)
+def _env(ceiling: str | None = None) -> dict[str, str]:
+    extra = {**WORKER_SETTINGS, **({"BENCH_CEILING": ceiling} if ceiling else {})}
+    return common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, extra)
 
 
 def stage_plain(n: int) -> None:
@@ -109,12 +118,20 @@ def stage_schedapp(n: int, logs: Path) -> None:
         beat.stop()
 
 
-def drain(n: int, logs: Path, name: str, profile: bool) -> dict[str, Any]:
+def admit_beforehand() -> None:
+    """For the ``no-door`` ceiling: the staged runs as the door would leave them."""
+    with common.connect(DB) as conn:
+        conn.execute("UPDATE schedapp_jobrun SET status = 'running', started_at = now(), "
+                     "worker = 'bench' WHERE status = 'dispatched'")
+
+
+def drain(n: int, logs: Path, name: str, profile: bool,
+          ceiling: str | None = None) -> dict[str, Any]:
     """Start the worker and time the backlog's drain."""
     r = _redis()
     assert r.llen(QUEUE) == n, r.llen(QUEUE)
     commits_before = common.xact_commits(DB)
-    worker = common.start_worker(name, _env(), logs, concurrency=2)
+    worker = common.start_worker(name, _env(ceiling), logs, concurrency=2)
     spies: list[subprocess.Popen] = []
     try:
         started = _wait_first_consumed(r, n, worker)
@@ -196,29 +213,46 @@ def schedapp_ok(n: int) -> dict[str, int]:
     return {status: int(count) for status, count in rows}
 
 
-def run(n: int = 3000, rounds: int = 3, profile: bool = False) -> dict[str, Any]:
+def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
+                    ceiling: str | None = None) -> dict[str, Any]:
+    reset()
+    stage_schedapp(n, logs)
+    if ceiling is not None:
+        admit_beforehand()
+    out = drain(n, logs, name, profile, ceiling)
+    statuses = schedapp_ok(n)
+    out["runs"] = statuses
+    out["commits_per_execution"] = out["commits"] / n
+    expected = "running" if ceiling == "no-writes" else "succeeded"
+    if statuses.get(expected) != n:
+        raise RuntimeError(f"{name}: expected {n} runs {expected}, found {statuses}")
+    return out
+
+
+def run(n: int = 3000, rounds: int = 3, profile: bool = False,
+        ceilings: bool = False) -> dict[str, Any]:
     setup()
     logs = common.run_dir("overhead")
     plain: list[dict[str, Any]] = []
     ours: list[dict[str, Any]] = []
+    without: dict[str, list[dict[str, Any]]] = {c: [] for c in (CEILINGS if ceilings else ())}
     for i in range(rounds):
         reset()
         stage_plain(n)
         plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
         print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, worker CPU "
               f"{plain[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution", flush=True)
-        reset()
-        stage_schedapp(n, logs)
-        ours.append(drain(n, logs, f"schedapp{i}", profile and i == 0))
-        statuses = schedapp_ok(n)
-        ours[-1]["runs"] = statuses
-        ours[-1]["commits_per_execution"] = ours[-1]["commits"] / n
-        if statuses.get("succeeded") != n:
-            raise RuntimeError(f"not every run succeeded: {statuses}")
+        ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0))
         print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, worker CPU "
               f"{ours[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution, PostgreSQL CPU "
               f"{ours[-1]['pg_cpu_ms_per_execution']:.2f} ms/execution, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
+        for ceiling, results in without.items():
+            results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling))
+            print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, worker CPU "
+                  f"{results[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution, PostgreSQL "
+                  f"CPU {results[-1]['pg_cpu_ms_per_execution']:.2f} ms/execution, "
+                  f"{results[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
     ratios = [o["per_s"] / p["per_s"] for o, p in zip(ours, plain, strict=True)]
     result = {
         "machine": common.machine(), "n": n, "rounds": rounds,
@@ -232,7 +266,15 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False) -> dict[str, Any]
           f"{result['schedapp_per_s']:,.0f}/s, ratio {result['ratio_median']:.2f} "
           f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}), "
           f"{result['commits_per_execution']:.2f} commits/execution", flush=True)
-    common.save("overhead", result)
+    for ceiling, results in without.items():
+        side = [o["per_s"] / p["per_s"] for o, p in zip(results, plain, strict=True)]
+        result[ceiling] = {"per_s": statistics.median(o["per_s"] for o in results),
+                           "ratio_median": statistics.median(side), "ratios": side,
+                           "rounds": results}
+        print(f"ceiling {ceiling}: {result[ceiling]['per_s']:,.0f}/s, ratio "
+              f"{result[ceiling]['ratio_median']:.2f} "
+              f"(rounds {', '.join(f'{x:.2f}' for x in side)})", flush=True)
+    common.save("overhead-ceilings" if ceilings else "overhead", result)
     return result
 
 
@@ -241,8 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="also drain schedapp without the door, and without any write")
     args = parser.parse_args(argv)
-    run(args.n, args.rounds, args.profile)
+    run(args.n, args.rounds, args.profile, args.ceilings)
 
 
 if __name__ == "__main__":

@@ -45,3 +45,10 @@ if os.environ.get("CHAOS_DEFECT"):
     from bench.defects import install
 
     install(os.environ["CHAOS_DEFECT"])
+
+# The worker overhead bench's ceilings: a part of the worker protocol taken out to show what
+# it costs (bench/ceilings.py). Never set outside that bench.
+if os.environ.get("BENCH_CEILING"):
+    from bench.ceilings import install as install_ceiling
+
+    install_ceiling(os.environ["BENCH_CEILING"])

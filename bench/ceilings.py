@@ -1,0 +1,41 @@
+"""Parts of the worker protocol taken out, to show what each costs next to plain Celery
+(``bench.overhead --ceilings``; ``BENCH_CEILING=<name>`` in the worker's environment,
+installed by ``project/celery.py``).
+
+* ``no-door``: the door admits without asking the database. The bench marks the staged
+  runs ``running`` beforehand, so the completion is the real one: what is left is the cost
+  of schedapp's messages, hooks and completion write.
+* ``no-writes``: the door as above, and no completion is written: schedapp's messages and
+  hooks with no database work at all.
+
+Each is a ceiling, not a mode: without the door a run whose lease was lost would execute
+again, and without the completion nothing is recorded. Bench code only: nothing in
+``schedapp`` knows about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CEILINGS = ("no-door", "no-writes")
+
+
+def install(name: str) -> None:
+    """Patch the worker hooks once the worker starts (Django is set up by then)."""
+    if name not in CEILINGS:
+        raise ValueError(f"unknown ceiling {name!r}; known: {', '.join(CEILINGS)}")
+    from celery import signals
+
+    def patch(**_: Any) -> None:
+        import django
+
+        django.setup()
+        from schedapp import worker
+        from schedapp.store.base import DoorVerdict
+
+        worker.admit_run = lambda *args: DoorVerdict.ADMITTED  # type: ignore[assignment]
+        if name == "no-writes":
+            worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
+            worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]
+
+    signals.worker_init.connect(patch, weak=False, dispatch_uid="bench.ceiling")
