@@ -15,27 +15,23 @@ again, and without the completion nothing is recorded. Bench code only: nothing 
 
 from __future__ import annotations
 
-from typing import Any
+from bench.defects import at_worker_start
 
 CEILINGS = ("no-door", "no-writes")
 
 
 def install(name: str) -> None:
-    """Patch the worker hooks once the worker starts (Django is set up by then)."""
+    """Patch the worker hooks once the worker starts."""
     if name not in CEILINGS:
         raise ValueError(f"unknown ceiling {name!r}; known: {', '.join(CEILINGS)}")
-    from celery import signals
+    at_worker_start(lambda: _take_out(name), "bench.ceiling")
 
-    def patch(**_: Any) -> None:
-        import django
 
-        django.setup()
-        from schedapp import worker
-        from schedapp.store.base import DoorVerdict
+def _take_out(name: str) -> None:
+    from schedapp import worker
+    from schedapp.store.base import DoorVerdict
 
-        worker.admit_run = lambda *args: DoorVerdict.ADMITTED  # type: ignore[assignment]
-        if name == "no-writes":
-            worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
-            worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]
-
-    signals.worker_init.connect(patch, weak=False, dispatch_uid="bench.ceiling")
+    worker.admit_run = lambda *args: DoorVerdict.ADMITTED  # type: ignore[assignment]
+    if name == "no-writes":
+        worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
+        worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]

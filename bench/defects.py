@@ -12,27 +12,32 @@ Test and bench code only: nothing in ``schedapp`` knows about it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 DEFECTS = ("unrenewed-reserved", "broker-heartbeat")
 
 
 def install(name: str) -> None:
-    """Patch the worker hooks once the worker starts (Django is set up by then)."""
+    """Patch the worker hooks once the worker starts."""
     if name not in DEFECTS:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+    at_worker_start(
+        _unrenewed_reserved if name == "unrenewed-reserved" else _broker_heartbeat, "chaos.defect"
+    )
+
+
+def at_worker_start(patch: Callable[[], None], uid: str) -> None:
+    """Run ``patch`` when the worker starts, with Django set up, before the pool forks."""
     from celery import signals
 
-    def patch(**_: Any) -> None:
+    def run(**_: Any) -> None:
         import django
 
         django.setup()
-        if name == "unrenewed-reserved":
-            _unrenewed_reserved()
-        else:
-            _broker_heartbeat()
+        patch()
 
-    signals.worker_init.connect(patch, weak=False, dispatch_uid="chaos.defect")
+    signals.worker_init.connect(run, weak=False, dispatch_uid=uid)
 
 
 def _unrenewed_reserved() -> None:
