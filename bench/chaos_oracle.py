@@ -23,7 +23,11 @@ and a lease is lost only if the worker holding it stopped renewing it for a whol
   at ``anchor`` >= X, at most ``slack`` after X (the reaper's delay, the retry backoff). So the
   fault must overlap [anchor - lease - slack, anchor]. ``anchor`` is the first claim of the
   job after the older one (from the run rows' dispatch times: only a time, never a verdict),
-  or the newer execution's start when no claim time is known.
+  or the newer execution's start when no claim time is known. One thing defers the claim
+  beyond the slack: beats claim nothing while the broker is down (a beat whose publish failed
+  asks the broker before claiming again), so when the job was claimed again within ``slack``
+  of a broker outage's end, X may lie anywhere from ``slack`` before that outage began, and
+  the window opens one lease before that.
 
 Two executions under the same claim (token) are never explained: the door admits a claim once.
 """
@@ -41,6 +45,8 @@ KILLS = frozenset({"kill_worker"})
 # Faults that stop renewals only while they last: they explain a duplicate when they lasted
 # at least the lease.
 SPANS = frozenset({"freeze_worker", "partition_worker", "db_outage"})
+# Faults during which no beat claims, so a lease that expires then is taken back only after.
+DEFER_CLAIMS = frozenset({"broker_outage"})
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def blame(
 ) -> tuple[Fault | None, str]:
     """The fault that explains why ``older``'s lease was lost before ``anchor`` (the earliest
     such), or None and why not."""
-    window = (anchor - older.lease - slack, anchor)
+    window = (claim_window_start(anchor, older.lease, faults, slack), anchor)
     near = [f for f in faults if f.start <= window[1] and f.end >= window[0]]
     on_node = [f for f in near if f.target in (older.node, "*")]
     able = [f for f in on_node if can_lose_lease(f, older.lease)]
@@ -125,6 +131,17 @@ def blame(
         nodes = ", ".join(sorted({f"{f.kind} on {f.target}" for f in near}))
         return None, f"no fault hit {older.node} in the window; other nodes: {nodes}"
     return None, f"no fault at all in [{window[0]:.1f}, {window[1]:.1f}]"
+
+
+def claim_window_start(anchor: float, lease: float, faults: Iterable[Fault], slack: float) -> float:
+    """The earliest time a fault could have begun losing the lease taken back at ``anchor``:
+    one lease and the slack before it, or, if that claim came within ``slack`` of the end of
+    an outage that stops claims, one lease and the slack before that outage began."""
+    start = anchor - lease - slack
+    for f in faults:
+        if f.kind in DEFER_CLAIMS and f.end <= anchor <= f.end + slack:
+            start = min(start, f.start - lease - slack)
+    return start
 
 
 def first_claim_after(claims: Sequence[tuple[int, float]], token: int) -> float | None:

@@ -135,6 +135,47 @@ def test_a_broker_outage_during_the_window_is_named_but_does_not_explain():
     assert "broker_outage" in dup.reason and "freeze_worker" in dup.reason
 
 
+def test_a_kill_whose_lease_ran_out_during_a_broker_outage_explains_the_claim_after_it():
+    # Chaos seed 6, 2026-12-01 (lease 8 s, slack 12 s): long-16 started on worker21 at 569.7 s,
+    # worker21 was killed at 574.8 s, Redis was down from 581.9 s to 596.0 s, and beats claim
+    # nothing while the broker is down, so the job was claimed again at 596.0 s, 21.2 s after
+    # the kill: more than a lease and the slack, and the kill was its cause all the same.
+    lease, slack = 8.0, 12.0
+    executions = [
+        Execution(1, "t0", 1, "worker21", 569.7, lease),
+        Execution(1, "t0", 3, "worker23", 601.9, lease),
+    ]
+    claims = {1: [(1, 569.0), (3, 596.0)]}
+    outage = Fault("broker_outage", "*", 581.9, 596.0)
+    (dup,) = find_duplicates(executions, [kill("worker21", 574.8), outage], claims, slack)
+    assert dup.explained and dup.fault == kill("worker21", 574.8)
+    # Without the outage, the same kill is too early for that claim.
+    (dup,) = find_duplicates(executions, [kill("worker21", 574.8)], claims, slack)
+    assert not dup.explained
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "outage", "explained"),
+    [
+        # the window opens one lease and the slack before the outage began
+        (81.9 - LEASE - SLACK + 0.01, (81.9, 96.0), True),
+        (81.9 - LEASE - SLACK - 0.01, (81.9, 96.0), False),
+        # the claim came more than the slack after the outage ended: it was not deferred by it
+        (75.0, (50.0, 60.0), False),
+        # the claim came during the outage: nothing was deferred
+        (75.0, (90.0, 110.0), False),
+    ],
+)
+def test_a_broker_outage_widens_the_window_only_for_a_claim_it_held_back(
+    kill_at: float, outage: tuple[float, float], explained: bool
+):
+    executions = [execution(1, "worker1", 60.0), execution(2, "worker2", 101.0)]
+    claims = {1: [(1, 59.0), (2, 100.0)]}
+    faults = [kill("worker1", kill_at), Fault("broker_outage", "*", *outage)]
+    (dup,) = find_duplicates(executions, faults, claims, SLACK)
+    assert dup.explained is explained
+
+
 def test_the_same_claim_executed_twice_is_never_explained():
     executions = [execution(1, "worker1", 80.0), execution(1, "worker2", 95.0)]
     (dup,) = find_duplicates(executions, [kill("worker1", 90.0)], {1: [(1, 79.0)]}, SLACK)
