@@ -113,7 +113,7 @@ def can_lose_lease(fault: Fault, lease: float) -> bool:
 
 
 def blame(
-    older: Execution, anchor: float, faults: Iterable[Fault], slack: float
+    older: Execution, anchor: float, faults: Sequence[Fault], slack: float
 ) -> tuple[Fault | None, str]:
     """The fault that explains why ``older``'s lease was lost before ``anchor`` (the earliest
     such), or None and why not."""
@@ -133,7 +133,7 @@ def blame(
     return None, f"no fault at all in [{window[0]:.1f}, {window[1]:.1f}]"
 
 
-def claim_window_start(anchor: float, lease: float, faults: Iterable[Fault], slack: float) -> float:
+def claim_window_start(anchor: float, lease: float, faults: Sequence[Fault], slack: float) -> float:
     """The earliest time a fault could have begun losing the lease taken back at ``anchor``:
     one lease and the slack before it, or, if that claim came within ``slack`` of the end of
     an outage that stops claims, one lease and the slack before that outage began."""
