@@ -383,26 +383,35 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
 @dataclass(frozen=True)
 class Renewal:
     """What one lease heartbeat found: leases renewed, runs that finished normally since (the
-    worker has not noticed yet), and leases lost (reclaimed, reaped or cancelled)."""
+    worker has not noticed yet), runs that moved on before they ever started (a message that
+    arrived after its lease expired: the door will refuse it), and leases lost while running
+    (reclaimed, reaped or cancelled)."""
 
     renewed: set[tuple[int, int]] = field(default_factory=set)
     finished: set[tuple[int, int]] = field(default_factory=set)
+    unstarted: set[tuple[int, int]] = field(default_factory=set)
     lost: set[tuple[int, int]] = field(default_factory=set)
 
 
 def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     """Extend every lease ``(job_id, token)`` a worker holds from now, in one statement.
 
-    A lease that can no longer be renewed is *lost* only if its run did not simply finish:
-    a run whose completion committed a moment ago (the worker's main process has not seen it
-    yet) is reported as finished, not as an alarm. On PostgreSQL this is the function
-    ``schedapp_renew_leases`` (migration 0006).
+    A lease that can no longer be renewed is *lost* only if its run had started and did not
+    simply finish: a run whose completion committed a moment ago (the worker's main process
+    has not seen it yet) is reported as finished, and one that never started anywhere (its
+    message waited in this worker while the job moved on) as unstarted, not as an alarm. On
+    PostgreSQL this is the function ``schedapp_renew_leases`` (migration 0009).
     """
     if not held:
         return Renewal()
     rows = get_store().renew(held)
     result = Renewal()
-    sets = {"renewed": result.renewed, "finished": result.finished, "lost": result.lost}
+    sets = {
+        "renewed": result.renewed,
+        "finished": result.finished,
+        "unstarted": result.unstarted,
+        "lost": result.lost,
+    }
     for job_id, token, outcome in rows:
         sets[outcome].add((job_id, token))
     return result

@@ -2,11 +2,16 @@
 
 Where each runs, in a prefork worker:
 
-* ``task_received`` (main process, before the request reaches the pool or the prefetch
-  buffer): the door. The run starts only if its claim is still the job's current one and its
-  lease has not expired; admission extends the lease. A refused request is revoked locally,
-  so Celery acknowledges and discards it without running the task body. From admission on,
-  the run is *held* by this worker until Celery is done with the request.
+* ``task_received`` (main process, as Celery reserves the message, before the prefetch buffer
+  or the pool): the run is *held* by this worker from then until Celery is done with the
+  request. Nothing is written here: Celery's consumer loop is serial, so a database round
+  trip on it would delay every message behind this one.
+* ``before_start`` (the process or thread that runs the task, just before the body; the door,
+  added to every task class by ``install_door`` at ``worker_init``): the run starts only if
+  its claim is still the job's current one and its lease has not expired; admission extends
+  the lease. A refused run raises ``Ignore``, so Celery acknowledges the message without
+  running the task. The pool processes make these round trips side by side, as they do the
+  task bodies.
 * ``LeaseHeartbeat`` (a bootstep: a thread of the main process with its own database
   connection): every ``SCHEDAPP_LEASE_HEARTBEAT`` seconds it sends
   ``schedapp.signals.lease_heartbeat``; the receiver renews, in one statement, the leases of
@@ -29,6 +34,7 @@ left alone by every hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -42,6 +48,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import bootsteps, signals
+from celery.app.trace import build_tracer
+from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 
 from . import metrics
@@ -64,6 +72,7 @@ from .message import HEADER_LEASE, parse_task_id
 from .models import Node
 from .nodes import record_node
 from .signals import lease_heartbeat
+from .validation import celery_app
 
 log = logging.getLogger("schedapp.worker")
 
@@ -92,8 +101,6 @@ class WorkerHooks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.held: dict[tuple[int, int], Held] = {}
-        # Task ids refused at the door, so that their revocation is not taken for a cancel.
-        self._refused: set[str] = set()
         self.hostname: str | None = None
         self.started_at: datetime | None = None
         self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
@@ -110,6 +117,7 @@ class WorkerHooks:
             (signals.task_revoked, self.on_task_revoked, "revoked"),
             (signals.task_unknown, self.on_task_unknown, "unknown"),
             (signals.task_prerun, self.on_task_prerun, "prerun"),
+            (signals.worker_init, self.on_worker_init, "init"),
             (signals.worker_process_init, self.on_process_init, "process_init"),
             (signals.worker_ready, self.on_worker_ready, "ready"),
             (signals.worker_process_shutdown, self.on_process_shutdown, "process_shutdown"),
@@ -121,12 +129,28 @@ class WorkerHooks:
     # --- the door --------------------------------------------------------------------------
 
     def on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        """A message reached this worker (main process): held from now on, so the heartbeat
+        renews its lease while it waits in the prefetch buffer and while it runs. No database
+        call here: Celery's consumer loop is serial, and a round trip on it would hold up
+        every message behind this one."""
         task_id = getattr(request, "id", None)
         claim = parse_task_id(task_id)
         if claim is None:
             return
+        lease = float(_request_headers(request).get(HEADER_LEASE) or 60)
+        now = time.monotonic()
+        with self._lock:
+            self.held[claim] = Held(task_id, lease, now, now)  # type: ignore[arg-type]
+
+    def admit(self, task: Any, task_id: str) -> None:
+        """The door, in the process that runs the task, just before its body (the task's
+        ``before_start``): raises ``Ignore`` unless the run may start, so Celery
+        acknowledges the message without running the task."""
+        claim = parse_task_id(task_id)
+        if claim is None:
+            return
         job_id, token = claim
-        worker = getattr(request, "hostname", None) or socket.gethostname()
+        worker = getattr(task.request, "hostname", None) or socket.gethostname()
         admission = uuid.uuid4().hex
         try:
             verdict = with_retries(
@@ -142,10 +166,6 @@ class WorkerHooks:
                 extra={"action": "door_error", "job": job_id, "token": token},
             )
         if verdict is DoorVerdict.ADMITTED:
-            now = time.monotonic()
-            lease = float(_request_headers(request).get(HEADER_LEASE) or 60)
-            with self._lock:
-                self.held[claim] = Held(task_id, lease, now, now)  # type: ignore[arg-type]
             return
         metrics.door_skipped(verdict.value)
         log.warning(
@@ -155,14 +175,7 @@ class WorkerHooks:
             verdict.explanation,
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
-        self._refuse(task_id)  # type: ignore[arg-type]
-
-    def _refuse(self, task_id: str) -> None:
-        """Have Celery discard the request: it is acknowledged and never reaches the pool."""
-        if len(self._refused) > 100_000:
-            self._refused.clear()
-        self._refused.add(task_id)
-        worker_state.revoked.add(task_id)
+        raise Ignore(f"schedapp: {verdict.explanation}")
 
     # --- the lease heartbeat ---------------------------------------------------------------
 
@@ -185,9 +198,17 @@ class WorkerHooks:
             for key in renewal.renewed:
                 if key in self.held:
                     self.held[key].renewed_at = now
-            for key in renewal.finished | renewal.lost:
+            for key in renewal.finished | renewal.unstarted | renewal.lost:
                 self.held.pop(key, None)
         metrics.heartbeat("worker", renewed=len(renewal.renewed), lost=len(renewal.lost))
+        for job_id, token in sorted(renewal.unstarted):
+            log.info(
+                "job %s token %s was claimed again before it started here; the copy this "
+                "worker holds will be refused at the door",
+                job_id,
+                token,
+                extra={"action": "lease_moved_on", "job": job_id, "token": token},
+            )
         for job_id, token in sorted(renewal.lost):
             log.error(
                 "job %s lost its lease (token %s was reclaimed, reaped or cancelled while this "
@@ -254,9 +275,20 @@ class WorkerHooks:
             queues = app.amqp.queues.consume_from.values() if app is not None else ()
         return sorted({q.name for q in queues})
 
-    def on_process_init(self, **_: Any) -> None:
-        """A prefork pool process starts: completions go through a writer thread."""
+    def on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        """The worker's main process, its tasks imported, before the pool starts (forked pool
+        processes inherit the door) and before the consumer builds its tracers."""
+        install_door(sender.app)
+
+    def on_process_init(self, sender: Any = None, **_: Any) -> None:
+        """A pool process starts: completions go through a writer thread. A pool process
+        that imported the tasks afresh (the spawn start method) gets the door here, and
+        tracers that know it."""
         self.writer = CompletionWriter(self._record_many)
+        app = celery_app()
+        if install_door(app):
+            for name, task in app.tasks.items():
+                task.__trace__ = build_tracer(name, task, app.loader, sender, app=app)
 
     def on_task_prerun(self, **_: Any) -> None:
         if self.writer is not None:
@@ -337,8 +369,7 @@ class WorkerHooks:
     ) -> None:
         task_id = getattr(request, "id", None)
         claim = parse_task_id(task_id)
-        if claim is None or task_id in self._refused:
-            self._refused.discard(task_id)  # type: ignore[arg-type]
+        if claim is None:
             return
         result = with_retries(
             lambda: record_cancelled(claim[0], claim[1], terminated=terminated),
@@ -538,6 +569,44 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
 
 
 hooks = WorkerHooks()
+
+
+def install_door(app: Any) -> int:
+    """Give each of ``app``'s tasks the door as the first thing its ``before_start`` does;
+    returns how many tasks it changed (0 when all had it).
+
+    Each task instance gets a subclass of its own class, made once per class, that adds the
+    door and then calls the class's own ``before_start``: Celery's tracer calls
+    ``before_start`` only where a task class defines one, and user task classes (a custom
+    ``base``, a ``before_start`` of their own) must keep working unchanged.
+    """
+    changed = 0
+    for task in list(app.tasks.values()):
+        cls = type(task)
+        if not cls.__dict__.get("_schedapp_door", False):
+            task.__class__ = _with_door(cls)
+            changed += 1
+    return changed
+
+
+@functools.cache
+def _with_door(cls: type) -> type:
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        hooks.admit(self, task_id)
+        super(door_cls, self).before_start(task_id, args, kwargs)
+
+    door_cls = type(
+        cls.__name__,
+        (cls,),
+        {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "_schedapp_door": True,
+            "before_start": before_start,
+        },
+    )
+    return door_cls
 
 
 def connect(app: Any = None) -> None:

@@ -225,18 +225,20 @@ def _renew(now: datetime, held: Sequence[tuple[int, int]]) -> list[tuple[int, in
                 heartbeats=F("heartbeats") + 1, heartbeat_at=now
             )
         runs = {
-            (j, t): (status, stale)
-            for j, t, status, stale in JobRun.objects.filter(pairs(held, "job_id")).values_list(
-                "job_id", "token", "status", "stale"
-            )
+            (j, t): (status, stale, started)
+            for j, t, status, stale, started in JobRun.objects.filter(
+                pairs(held, "job_id")
+            ).values_list("job_id", "token", "status", "stale", "started_at")
         }
     out = []
     for key in held:
-        status, stale = runs.get(key, (None, False))
+        status, stale, started = runs.get(key, (None, False, True))
         if key in renewed:
             outcome = "renewed"
         elif status in _FINISHED_NORMALLY and not stale:
             outcome = "finished"
+        elif status is not None and started is None:
+            outcome = "unstarted"
         else:
             outcome = "lost"
         out.append((*key, outcome))

@@ -1,5 +1,5 @@
 """The PostgreSQL store: each operation one statement of ``sql/queries.sql`` (the worker's hot
-ones through PL/pgSQL functions, migration 0006, on a plain psycopg cursor), LISTEN/NOTIFY to
+ones through PL/pgSQL functions, migrations 0006-0009, on a plain psycopg cursor), LISTEN/NOTIFY to
 wake beats, and COPY for bulk scheduling."""
 
 from __future__ import annotations

@@ -11,12 +11,11 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from celery.worker import state as worker_state
 
 from schedapp import api, claims
 from schedapp.claims import claim_due_jobs
 from schedapp.db import db_now
-from schedapp.message import HEADER_LEASE, RunHeaders
+from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.worker import WorkerHooks
 from tests.claiming import claim_one
@@ -34,13 +33,6 @@ def claimed(**options) -> claims.ClaimedRun:
     return claim_one(name="job", **options)[1]
 
 
-def delivered(run: claims.ClaimedRun) -> SimpleNamespace:
-    """The Celery request a worker's main process sees for ``run``'s message."""
-    return SimpleNamespace(
-        id=run.task_id, hostname="w1@host", request_dict={HEADER_LEASE: run.lease_seconds}
-    )
-
-
 def headers_of(run: claims.ClaimedRun) -> RunHeaders:
     from schedapp.dispatch import message_headers
 
@@ -50,13 +42,12 @@ def headers_of(run: claims.ClaimedRun) -> RunHeaders:
 def test_a_door_whose_reply_was_lost_admits_its_run_on_retry(pg_proxy):
     run = claimed(lease_seconds=30)
     hooks = WorkerHooks()
+    task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
     pg_proxy.cut_after(DOOR)
     with django_through(pg_proxy):
-        hooks.on_task_received(request=delivered(run))
+        hooks.admit(task, run.task_id)  # raises Ignore if it refused the run
     assert pg_proxy.stats()["cuts"] == 1  # the first attempt committed, its reply was lost
-    # The retry recognised its own admission: the run is held here, not refused
-    assert (run.job_id, run.token) in hooks.held
-    assert run.task_id not in worker_state.revoked
+    # The retry recognised its own admission: the run starts
     r = JobRun.objects.get(pk=run.run_id)
     assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
 

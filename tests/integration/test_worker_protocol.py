@@ -248,6 +248,33 @@ def test_renewal_of_a_run_that_just_finished_is_not_a_lost_lease():
     assert not renewal.lost and not renewal.renewed
 
 
+def test_renewal_of_a_message_held_here_whose_job_moved_on_before_it_started_is_no_alarm():
+    # A worker holds a message it has not admitted yet (prefetched); it arrived after its
+    # lease expired, and a beat reaped it and claimed the occurrence again
+    job, run = claimed(lease_seconds=5)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    claims.reap_expired_leases(10)
+    (again,) = claim_due_jobs("beat-2", 10).runs
+    renewal = renew_leases([(job.pk, run.token)])
+    # Then nothing ran and nothing will: not a lost lease (whose outcome would be stale)
+    assert renewal.unstarted == {(job.pk, run.token)}
+    assert not renewal.lost and not renewal.renewed
+    # while a lease lost by a run that had started still is one
+    admit_run(job.pk, again.token, "w1", "a2")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    claims.reap_expired_leases(10)
+    assert renew_leases([(job.pk, again.token)]).lost == {(job.pk, again.token)}
+
+
+def test_renewal_keeps_a_message_held_before_its_admission_alive():
+    job, run = claimed(lease_seconds=5)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() + timedelta(seconds=1))
+    assert renew_leases([(job.pk, run.token)]).renewed == {(job.pk, run.token)}
+    job.refresh_from_db()
+    assert job.lease_expires_at > db_now() + timedelta(seconds=4)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+
+
 def test_renewal_keeps_a_paused_jobs_running_lease():
     job, run = claimed(lease_seconds=10)
     admit_run(job.pk, run.token, "w1", "a1")

@@ -1,0 +1,111 @@
+"""The door where it runs: inside Celery's own tracer, just before the task body, in the
+process that executes the task. Built with Celery's ``build_tracer``, as a pool process
+builds it, for tasks of the shapes Celery users write (a plain ``@app.task``, a custom base
+class with a ``before_start`` of its own, a class-based task), against real PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import Celery, Task
+from celery.app.trace import build_tracer
+from celery.states import IGNORED, SUCCESS
+
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, RunStatus
+from schedapp.worker import install_door
+from tests.claiming import claim_one
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+calls: list[tuple[str, str | None]] = []
+
+
+def run_status(task_id: str) -> str | None:
+    _, job, token = task_id.split(":")
+    return JobRun.objects.filter(job_id=int(job), token=int(token)).values_list(
+        "status", flat=True
+    ).first()
+
+
+class Audited(Task):
+    """A user's base class that defines ``before_start``: it must still run, after the door."""
+
+    def before_start(self, task_id, args, kwargs):
+        calls.append(("before_start", run_status(task_id)))
+
+
+class ClassBased(Task):
+    name = "door.class_based"
+
+    def run(self):
+        calls.append(("class_based", None))
+
+
+@pytest.fixture
+def app():
+    app = Celery("door-test", set_as_current=False)
+
+    @app.task(name="door.plain", shared=False)
+    def plain():
+        calls.append(("plain", None))
+
+    @app.task(name="door.audited", base=Audited, shared=False)
+    def audited():
+        calls.append(("audited", None))
+
+    app.register_task(ClassBased())
+    calls.clear()
+    assert install_door(app) >= 3
+    assert install_door(app) == 0  # once is enough
+    return app
+
+
+def trace(app, name: str, task_id: str):
+    task = app.tasks[name]
+    tracer = build_tracer(name, task, app.loader, "w1@host", app=app)
+    return tracer(task_id, [], {}, {"hostname": "w1@host", "delivery_info": {}})
+
+
+@pytest.mark.parametrize("name", ["door.plain", "door.audited", "door.class_based"])
+def test_an_admitted_run_starts_and_its_body_runs(app, name):
+    _, run = claim_one(lease_seconds=30)
+    result = trace(app, name, run.task_id)
+    assert result.info is None or result.info.state == SUCCESS
+    body = name.split(".")[1]
+    assert (body, None) in calls
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
+
+
+def test_a_custom_before_start_runs_after_admission(app):
+    _, run = claim_one(lease_seconds=30)
+    trace(app, "door.audited", run.task_id)
+    # the user's hook saw the run already admitted, then the body ran
+    assert calls == [("before_start", RunStatus.RUNNING), ("audited", None)]
+
+
+@pytest.mark.parametrize("name", ["door.plain", "door.audited", "door.class_based"])
+def test_a_refused_run_never_reaches_the_body_nor_the_users_before_start(app, name):
+    job, run = claim_one(lease_seconds=30, max_retries=0)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    result = trace(app, name, run.task_id)
+    # Celery's own path for "do not run this": the message is acknowledged, nothing ran
+    assert result.info.state == IGNORED
+    assert calls == []
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SKIPPED
+
+
+def test_a_second_delivery_of_an_admitted_message_does_not_run(app):
+    _, run = claim_one(lease_seconds=30)
+    trace(app, "door.plain", run.task_id)
+    calls.clear()
+    result = trace(app, "door.plain", run.task_id)  # redelivered (e.g. a visibility timeout)
+    assert result.info.state == IGNORED and calls == []
+
+
+def test_tasks_schedapp_did_not_dispatch_pass_straight_through(app):
+    result = trace(app, "door.plain", "9b2e6c2e-3c1f-4d39-a0e4-4d0a1c7d1f00")
+    assert result.info is None or result.info.state == SUCCESS
+    assert calls == [("plain", None)]
