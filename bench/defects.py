@@ -1,9 +1,11 @@
 """Defects of the first worker protocol, put back on purpose to show the chaos oracle catches
 them (``CHAOS_DEFECT=<name>`` in a worker's environment; ``project/celery.py`` installs it).
 
-* ``unrenewed-reserved``: leases are renewed only for requests the pool is executing, not for
-  those waiting in the prefetch buffer (issue 9, case 2): with Celery's default prefetch a
-  buffered run loses its lease, is dispatched again, and its buffered copy still runs.
+* ``unrenewed-reserved``: the first protocol's door and renewals: runs are admitted when the
+  main process receives the message (not just before the body), and leases are renewed only
+  for requests the pool is executing, not for those waiting in the prefetch buffer (issue 9,
+  case 2): with Celery's default prefetch a buffered run loses its lease, is dispatched
+  again, and its buffered copy, admitted long before, still runs.
 * ``broker-heartbeat``: leases are renewed only when Celery's own worker heartbeat is sent,
   which stops while the broker is unreachable (issue 9, case 1).
 
@@ -41,9 +43,26 @@ def at_worker_start(patch: Callable[[], None], uid: str) -> None:
 
 
 def _unrenewed_reserved() -> None:
+    import uuid
+
+    from celery import signals
     from celery.worker import state as worker_state
 
+    from schedapp.claims import admit_run
+    from schedapp.message import parse_task_id
+    from schedapp.store.base import DoorVerdict
     from schedapp.worker import WorkerHooks
+
+    def admit_on_receipt(sender: Any = None, request: Any = None, **_: Any) -> None:
+        claim = parse_task_id(getattr(request, "id", None))
+        if claim is None:
+            return
+        verdict = admit_run(claim[0], claim[1], request.hostname, uuid.uuid4().hex)
+        if verdict is not DoorVerdict.ADMITTED:
+            worker_state.revoked.add(request.id)  # the first protocol's refusal
+
+    signals.task_received.connect(admit_on_receipt, weak=False, dispatch_uid="chaos.receipt")
+    WorkerHooks.admit = lambda self, task, task_id: None  # type: ignore[method-assign]
 
     original = WorkerHooks._due_for_renewal
 

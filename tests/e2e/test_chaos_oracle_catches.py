@@ -1,11 +1,11 @@
 """The strict chaos check catches a defect put back on purpose.
 
 A worker with Celery's default prefetch holds long one-offs in its buffer for longer than
-their lease. With the first protocol's defect (bench/defects.py: leases renewed only for
-requests being executed) a buffered run loses its lease, is dispatched again, and both copies
-run: no fault explains that duplicate, so the run fails. With the protocol as it is, the same
-run passes. Each run has its own PostgreSQL cluster, Redis and proxy (bench/chaos.py), so the
-two run side by side."""
+their lease. With the first protocol's defect (bench/defects.py: runs admitted on receipt,
+leases renewed only for requests being executed) a buffered run loses its lease, is
+dispatched again, and both copies run: no fault explains that duplicate, so the run fails.
+With the protocol as it is, the same run passes. Each run has its own PostgreSQL cluster,
+Redis and proxy (bench/chaos.py), so the two run side by side."""
 
 from __future__ import annotations
 
