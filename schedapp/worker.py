@@ -76,14 +76,14 @@ from .validation import celery_app
 
 log = logging.getLogger("schedapp.worker")
 
-# A request admitted at the door appears in Celery's own bookkeeping right after the door
+# A request noted at task_received appears in Celery's own bookkeeping right after the signal
 # returns; until it is that old, a held run missing from it is not taken for finished.
 _ADMISSION_GRACE = 2.0
 
 
 @dataclass
 class Held:
-    """A run this worker admitted and still holds (prefetched or executing)."""
+    """A run whose message this worker reserved and still holds (prefetched or executing)."""
 
     task_id: str
     lease: float
@@ -94,8 +94,9 @@ class Held:
 class WorkerHooks:
     """The worker side of the lease protocol, for one worker process.
 
-    The door runs on the consumer's thread and the heartbeat on its own thread; both see the
-    runs held here through ``held``, guarded by a lock.
+    ``task_received`` runs on the consumer's thread and the heartbeat on its own thread; both
+    see the runs held here through ``held``, guarded by a lock. The door (``admit``) runs in
+    the pool process and keeps no state.
     """
 
     def __init__(self) -> None:
