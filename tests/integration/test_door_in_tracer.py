@@ -13,6 +13,7 @@ from celery.app.trace import build_tracer
 from celery.states import IGNORED, SUCCESS
 
 from schedapp.db import db_now
+from schedapp.message import parse_task_id
 from schedapp.models import Job, JobRun, RunStatus
 from schedapp.worker import install_door
 from tests.claiming import claim_one
@@ -23,10 +24,8 @@ calls: list[tuple[str, str | None]] = []
 
 
 def run_status(task_id: str) -> str | None:
-    _, job, token = task_id.split(":")
-    return JobRun.objects.filter(job_id=int(job), token=int(token)).values_list(
-        "status", flat=True
-    ).first()
+    job, token = parse_task_id(task_id)  # type: ignore[misc]
+    return JobRun.objects.filter(job_id=job, token=token).values_list("status", flat=True).first()
 
 
 class Audited(Task):
