@@ -19,6 +19,13 @@ The ratio is schedapp's rate over plain Celery's, rounds alternating, medians re
 Commits per execution come from ``pg_stat_database`` over the schedapp drain. ``--profile``
 samples the worker's main process and its pool children with py-spy.
 
+Each drain also reads the CPU it cost, per execution, where it was spent: the worker's main
+process, its pool processes, PostgreSQL (every server process, those that exited during the
+drain included: the postmaster's reaped children) and Redis. PostgreSQL, Redis and the worker
+share the machine's two cores, so when the drain is CPU-bound the ratio of two sides' rates
+follows the ratio of their total CPU per execution, which is steadier than the rates on a
+noisy machine.
+
 ``--ceilings`` adds two more drains per round, schedapp with a part of its worker protocol
 taken out (``bench/ceilings.py``): without the door (the staged runs are marked ``running``
 beforehand, the completion is the real one), and without any database write. They show what
@@ -136,7 +143,7 @@ def drain(n: int, logs: Path, name: str, profile: bool,
     try:
         started = _wait_first_consumed(r, n, worker)
         worker.mark_cpu()
-        pg_before = _backend_cpu()
+        budget_before = cpu_budget(worker.pid)
         if profile:
             spies = _start_spies(worker, logs / name)
         while r.llen(QUEUE) or r.hlen("unacked"):
@@ -147,7 +154,7 @@ def drain(n: int, logs: Path, name: str, profile: bool,
             time.sleep(0.005)
         elapsed = time.monotonic() - started
         cpu = worker.cpu_seconds() - worker.cpu_mark
-        pg_after = _backend_cpu()
+        budget = {k: v - budget_before[k] for k, v in cpu_budget(worker.pid).items()}
     finally:
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
@@ -156,27 +163,47 @@ def drain(n: int, logs: Path, name: str, profile: bool,
             spy.wait(timeout=30)
     common.settle_stats()
     commits = common.xact_commits(DB) - commits_before
-    pg_cpu = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
     return {"seconds": elapsed, "per_s": n / elapsed, "worker_cpu_s": cpu,
-            "worker_cpu_ms_per_execution": 1000 * cpu / n, "pg_cpu_s": pg_cpu,
-            "pg_cpu_ms_per_execution": 1000 * pg_cpu / n, "commits": commits}
+            "worker_cpu_ms_per_execution": 1000 * cpu / n,
+            "pg_cpu_s": budget["postgresql"],
+            "pg_cpu_ms_per_execution": 1000 * budget["postgresql"] / n,
+            "cpu_ms_per_execution": {k: 1000 * v / n for k, v in budget.items()},
+            "commits": commits}
 
 
-def _backend_cpu() -> dict[int, float]:
-    """CPU seconds so far of each PostgreSQL backend serving the bench database (the worker's
-    connections), read from /proc: a cost per execution that load elsewhere does not skew."""
-    with common.admin() as conn:
-        pids = [row[0] for row in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [DB]).fetchall()]
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+def cpu_budget(worker_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the worker's main process, its pool processes,
+    PostgreSQL and Redis, and their total, read from /proc."""
+    import psutil
+
+    main = psutil.Process(worker_pid)
+    out = {"worker_main": _cpu(worker_pid), "worker_pool": 0.0, "postgresql": 0.0,
+           "redis": 0.0}
+    for child in main.children(recursive=True):
+        out["worker_pool"] += _cpu(child.pid)
+    for proc in psutil.process_iter(["name", "ppid"]):
+        name = proc.info["name"] or ""
+        if name == "redis-server":
+            out["redis"] += _cpu(proc.pid)
+        elif name == "postgres" and proc.info["ppid"] == 1:
+            # The postmaster: its own CPU, its reaped children's (backends that exited during
+            # the drain, such as the pool processes' recycled connections), its live children.
+            out["postgresql"] += _cpu(proc.pid, reaped=True)
+            out["postgresql"] += sum(_cpu(c.pid) for c in proc.children())
+    out["total"] = sum(out.values())
     return out
+
+
+def _cpu(pid: int, reaped: bool = False) -> float:
+    """utime + stime of ``pid`` (with ``reaped``, plus its waited-for children's)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_first_consumed(r: redis.Redis, n: int, worker: common.Proc) -> float:
@@ -204,6 +231,13 @@ def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
              "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
+
+
+def _budget_line(out: dict[str, Any]) -> str:
+    ms = out["cpu_ms_per_execution"]
+    return (f"CPU per execution {ms['total']:.2f} ms (worker main {ms['worker_main']:.2f}, "
+            f"pool {ms['worker_pool']:.2f}, PostgreSQL {ms['postgresql']:.2f}, "
+            f"Redis {ms['redis']:.2f})")
 
 
 def schedapp_ok(n: int) -> dict[str, int]:
@@ -240,32 +274,37 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
         reset()
         stage_plain(n)
         plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
-        print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, worker CPU "
-              f"{plain[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution", flush=True)
+        print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, "
+              f"{_budget_line(plain[-1])}", flush=True)
         ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0))
-        print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, worker CPU "
-              f"{ours[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution, PostgreSQL CPU "
-              f"{ours[-1]['pg_cpu_ms_per_execution']:.2f} ms/execution, "
+        print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
+              f"{_budget_line(ours[-1])}, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
         for ceiling, results in without.items():
             results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling))
-            print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, worker CPU "
-                  f"{results[-1]['worker_cpu_ms_per_execution']:.2f} ms/execution, PostgreSQL "
-                  f"CPU {results[-1]['pg_cpu_ms_per_execution']:.2f} ms/execution, "
+            print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, "
+                  f"{_budget_line(results[-1])}, "
                   f"{results[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
     ratios = [o["per_s"] / p["per_s"] for o, p in zip(ours, plain, strict=True)]
+    # Plain Celery's total CPU per execution over schedapp's, round by round: on a CPU-bound
+    # machine the rate ratio follows it.
+    cpu_ratios = [p["cpu_ms_per_execution"]["total"] / o["cpu_ms_per_execution"]["total"]
+                  for o, p in zip(ours, plain, strict=True)]
     result = {
         "machine": common.machine(), "n": n, "rounds": rounds,
         "plain_per_s": statistics.median(p["per_s"] for p in plain),
         "schedapp_per_s": statistics.median(o["per_s"] for o in ours),
         "ratio_median": statistics.median(ratios), "ratios": ratios,
+        "cpu_ratio_median": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
         "commits_per_execution": statistics.median(o["commits_per_execution"] for o in ours),
         "plain": plain, "schedapp": ours,
     }
     print(f"overhead: plain {result['plain_per_s']:,.0f}/s, schedapp "
           f"{result['schedapp_per_s']:,.0f}/s, ratio {result['ratio_median']:.2f} "
           f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}), "
-          f"{result['commits_per_execution']:.2f} commits/execution", flush=True)
+          f"{result['commits_per_execution']:.2f} commits/execution; total CPU per execution, "
+          f"plain over schedapp: {result['cpu_ratio_median']:.2f} "
+          f"(rounds {', '.join(f'{x:.2f}' for x in cpu_ratios)})", flush=True)
     for ceiling, results in without.items():
         side = [o["per_s"] / p["per_s"] for o, p in zip(results, plain, strict=True)]
         result[ceiling] = {"per_s": statistics.median(o["per_s"] for o in results),
