@@ -517,16 +517,49 @@ def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | N
 def complete_successes(
     items: Sequence[tuple[int, int, RunHeaders]], rng: policies.Rng = random.random
 ) -> list[CompletionResult]:
-    """Several successes at once (a pool process's, gathered while its previous write was
-    under way): the common case of all of them in one round trip and one commit
-    (``schedapp_succeed_runs``); any other case each on the general path."""
-    applied: set[int] = set()
+    """Several successes at once (a pool process's, when no door came to carry them): the
+    common case of all of them in one round trip and one commit (``schedapp_succeed_runs``);
+    any other case each on the general path."""
+    columns, batch = _success_columns(items)
+    rows = get_store().succeed_runs(columns) if batch else []
+    return _success_results(items, batch, rows, rng)
+
+
+def admit_run_after_successes(
+    successes: Sequence[tuple[int, int, RunHeaders]],
+    job_id: int,
+    token: int,
+    worker: str,
+    admission: str,
+    rng: policies.Rng = random.random,
+) -> tuple[DoorVerdict, list[CompletionResult]]:
+    """The door (``admit_run``) carrying the successes its process recorded since its last
+    round trip: on PostgreSQL both in one statement and one commit, so a pool process working
+    through a backlog makes one round trip per execution. Successes the common path does not
+    take (stale, schedule changed) are then recorded one by one on the general path."""
+    columns, batch = _success_columns(successes)
+    rows, verdict = get_store().succeed_and_admit(columns, job_id, token, worker, admission)
+    return verdict, _success_results(successes, batch, rows, rng)
+
+
+def _success_columns(
+    items: Sequence[tuple[int, int, RunHeaders]],
+) -> tuple[list[list[Any]], list[tuple[int, list[Any]]]]:
+    """``schedapp_succeed_runs``'s arguments as columns, and the items they cover (index,
+    arguments): those whose next occurrence could be computed here."""
     batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
-    batch = [(i, a) for i, a in batch if a is not None]
-    if batch:
-        columns = [list(col) for col in zip(*(a for _, a in batch), strict=True)]
-        rows = get_store().succeed_runs(columns)
-        applied = {batch[idx - 1][0] for idx, ok in rows if ok}
+    covered = [(i, a) for i, a in batch if a is not None]
+    columns = [list(col) for col in zip(*(a for _, a in covered), strict=True)]
+    return columns, covered  # type: ignore[return-value]
+
+
+def _success_results(
+    items: Sequence[tuple[int, int, RunHeaders]],
+    batch: list[tuple[int, list[Any]]],
+    rows: Sequence[tuple[int, bool]],
+    rng: policies.Rng,
+) -> list[CompletionResult]:
+    applied = {batch[idx - 1][0] for idx, ok in rows if ok}
     return [
         CompletionResult(Completion.APPLIED)
         if i in applied

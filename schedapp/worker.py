@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -60,6 +59,7 @@ from .claims import (
     CompletionResult,
     DoorVerdict,
     admit_run,
+    admit_run_after_successes,
     complete_run,
     complete_successes,
     record_cancelled,
@@ -106,7 +106,7 @@ class WorkerHooks:
         self.started_at: datetime | None = None
         self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
         self._node_recorded = 0.0
-        self.writer: CompletionWriter | None = None  # in prefork pool processes only
+        self.pending: PendingSuccesses | None = None  # in prefork pool processes only
 
     def connect(self) -> None:
         """Connect the receivers (idempotent: dispatch_uid)."""
@@ -117,7 +117,6 @@ class WorkerHooks:
             (signals.task_retry, self.on_task_retry, "retry"),
             (signals.task_revoked, self.on_task_revoked, "revoked"),
             (signals.task_unknown, self.on_task_unknown, "unknown"),
-            (signals.task_prerun, self.on_task_prerun, "prerun"),
             (signals.worker_init, self.on_worker_init, "init"),
             (signals.worker_process_init, self.on_process_init, "process_init"),
             (signals.worker_ready, self.on_worker_ready, "ready"),
@@ -154,9 +153,7 @@ class WorkerHooks:
         worker = getattr(task.request, "hostname", None) or socket.gethostname()
         admission = uuid.uuid4().hex
         try:
-            verdict = with_retries(
-                lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
-            )
+            verdict = self._door(job_id, token, worker, admission)
         except Exception as exc:  # cannot check the claim: do not run it
             verdict = DoorVerdict.ERROR
             log.error(
@@ -177,6 +174,28 @@ class WorkerHooks:
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
         raise Ignore(f"schedapp: {verdict.explanation}")
+
+    def _door(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+        """One round trip: the successes this process recorded since its last one ride with
+        the door. If that fails, they are written on their own and the door is tried alone."""
+        pending = self.pending.take() if self.pending is not None else []
+        if pending:
+            successes = [(j, t, kwargs["headers"]) for (j, t), _, kwargs in pending]
+            try:
+                verdict, results = with_retries(
+                    lambda: admit_run_after_successes(successes, job_id, token, worker, admission),
+                    what="door",
+                    attempts=3,
+                )
+            except Exception:
+                self._record_many(pending)  # with their own retries; logs what it cannot write
+            else:
+                for result in results:
+                    self._observe(result, SUCCEEDED)
+                return verdict
+        return with_retries(
+            lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
+        )
 
     # --- the lease heartbeat ---------------------------------------------------------------
 
@@ -282,23 +301,19 @@ class WorkerHooks:
         install_door(sender.app)
 
     def on_process_init(self, sender: Any = None, **_: Any) -> None:
-        """A pool process starts: completions go through a writer thread. A pool process
-        that imported the tasks afresh (the spawn start method) gets the door here, and
-        tracers that know it."""
-        self.writer = CompletionWriter(self._record_many)
+        """A pool process starts: its successes wait for its next door to carry them. A pool
+        process that imported the tasks afresh (the spawn start method) gets the door here,
+        and tracers that know it."""
+        self.pending = PendingSuccesses(self._record_many)
         app = celery_app()
         if install_door(app):
             for name, task in app.tasks.items():
                 task.__trace__ = build_tracer(name, task, app.loader, sender, app=app)
 
-    def on_task_prerun(self, **_: Any) -> None:
-        if self.writer is not None:
-            self.writer.wait(below=CompletionWriter.MAX_PENDING)  # back-pressure only
-
     def on_process_shutdown(self, pid: int | None = None, **_: Any) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        if self.pending is not None:
+            self.pending.close()
+            self.pending = None
         metrics.process_exited(pid or os.getpid())
 
     def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
@@ -383,14 +398,13 @@ class WorkerHooks:
         claim = parse_task_id(task_id)
         if claim is None:
             return
-        if self.writer is not None:
-            self.writer.submit((claim, outcome, kwargs))
+        if self.pending is not None and outcome == SUCCEEDED and kwargs.get("headers"):
+            self.pending.add((claim, outcome, kwargs))
         else:
             self._record(claim, outcome, kwargs)
 
     def _record_many(self, items: list[tuple[tuple[int, int], str, dict[str, Any]]]) -> None:
-        """The writer's batch: successes that carry their headers in one round trip, the rest
-        one by one."""
+        """Successes that carry their headers in one round trip, the rest one by one."""
         batch = [
             (claim, kwargs["headers"])
             for claim, outcome, kwargs in items
@@ -449,65 +463,72 @@ class WorkerHooks:
             )
 
 
-class CompletionWriter:
-    """A thread of a prefork pool process that records the completions of its tasks.
+class PendingSuccesses:
+    """The successes of a prefork pool process, waiting for its next door to carry them.
 
-    The task's process hands its result back to Celery without waiting for the database, so
-    the completion's commit overlaps with the main process acknowledging the message and
-    admitting the next one; completions that pile up meanwhile are written together, the
-    common successes in one statement and one commit. At most ``MAX_PENDING`` wait (the next
-    task waits beyond that), and the process flushes them before it exits: a pool process
-    killed outright takes at most one round trip's worth of completions with it, whose leases
-    then expire like those of any killed worker.
+    A pool process working through a backlog then makes one database round trip and one
+    commit per execution (the door of the next run with the completions of the previous
+    ones) instead of two. A success that no door takes within ``LINGER`` seconds is written
+    by this object's thread, so an idle process records its completions at once; the process
+    flushes what is left before it exits. A pool process killed outright loses the successes
+    still waiting (at most ``LINGER`` old, or those of the run before a door in flight), whose
+    leases then expire like those of any killed worker: the occurrence runs again.
+    Failures are not held here: they are written as they happen.
     """
 
-    MAX_PENDING = 64
+    LINGER = 0.005
 
     def __init__(self, write: Callable[[list[Any]], None]) -> None:
         self._write = write
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending = 0
-        self._done = threading.Condition()
+        self._lock = threading.Lock()
+        self._items: list[tuple[float, Any]] = []
+        self._idle = True  # the thread waits for _wake rather than ticking
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="schedapp-completions", daemon=True)
         self._thread.start()
 
-    def submit(self, item: Any) -> None:
-        with self._done:
-            self._pending += 1
-        self._queue.put(item)
+    def add(self, item: Any) -> None:
+        with self._lock:
+            self._items.append((time.monotonic(), item))
+            wake, self._idle = self._idle, False
+        if wake:
+            self._wake.set()
 
-    def wait(self, below: int = 1) -> None:
-        """Until fewer than ``below`` completions are pending."""
-        with self._done:
-            while self._pending >= below:
-                self._done.wait()
+    def take(self) -> list[Any]:
+        """Everything waiting, for the door to carry."""
+        with self._lock:
+            items, self._items = self._items, []
+        return [item for _, item in items]
 
     def close(self) -> None:
-        self.wait()
-        self._queue.put(None)
+        self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=30)
+        if items := self.take():
+            self._write(items)
 
     def _run(self) -> None:
+        """Tick every LINGER while anything waits; write what waited that long."""
         try:
-            while (item := self._queue.get()) is not None:
-                items = [item]
-                while True:  # everything that queued up meanwhile goes in the same write
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        self._queue.put(None)
-                        break
-                    items.append(more)
-                try:
-                    self._write(items)
-                except Exception:  # the writer logs its own failures; never lose the thread
-                    log.exception("completion writer failed", extra={"action": "writer_error"})
-                finally:
-                    with self._done:
-                        self._pending -= len(items)
-                        self._done.notify_all()
+            while not self._stop.is_set():
+                self._wake.wait()
+                self._wake.clear()
+                while not self._stop.wait(self.LINGER):
+                    with self._lock:
+                        cutoff = time.monotonic() - self.LINGER
+                        due = [item for t, item in self._items if t <= cutoff]
+                        self._items = [(t, item) for t, item in self._items if t > cutoff]
+                        if not due and not self._items:
+                            self._idle = True
+                            break
+                    if due:
+                        try:
+                            self._write(due)
+                        except Exception:  # the writer logs its own failures; keep the thread
+                            log.exception(
+                                "completion writer failed", extra={"action": "writer_error"}
+                            )
         finally:
             reset_connection()  # this thread's own connection
 

@@ -95,6 +95,18 @@ SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)
 -- Several successes in one call: the arguments of succeed_run, as arrays.
 SELECT idx, applied FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)
 
+-- name: succeed_run_then_admit
+-- The same for the common case of one success: the arguments of succeed_run, then of admit_run.
+SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run(%s, %s, %s, %s)
+
+-- name: succeed_runs_then_admit
+-- A pool process's successes since its last round trip, then the door of its next run, in one
+-- statement and one commit: the arguments of succeed_runs, then those of admit_run. Returns
+-- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
+SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), '{}')
+        FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
+       schedapp_admit_run(%s, %s, %s, %s)
+
 -- name: notify_at
 -- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.
 SELECT pg_notify(%s, %s)

@@ -94,6 +94,12 @@ class Store(Protocol):
     def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
         """Several successes in one call: ``(1-based index, applied)``; [] where unsupported."""
 
+    def succeed_and_admit(
+        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+    ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
+        """``succeed_runs(columns)`` (none when ``columns`` is empty), then ``admit``: in one
+        statement where the database allows."""
+
     def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
         """Wake sleeping beats when the transaction commits (a no-op without notifications)."""
 

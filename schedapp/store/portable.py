@@ -127,6 +127,11 @@ class PortableStore:
     def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
         return []
 
+    def succeed_and_admit(
+        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+    ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
+        return [], self.admit(job_id, token, worker, admission)
+
     def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
         pass  # no notifications: beats poll (at most a second apart)
 

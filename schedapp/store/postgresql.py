@@ -72,6 +72,22 @@ class PostgreSQLStore:
     def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
         return call_function(query("succeed_runs"), columns)  # type: ignore[return-value]
 
+    def succeed_and_admit(
+        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+    ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
+        if not columns:
+            return [], self.admit(job_id, token, worker, admission)
+        if len(columns[0]) == 1:  # the common case, without arrays
+            ((ok, verdict),) = call_function(
+                query("succeed_run_then_admit"),
+                [*(col[0] for col in columns), job_id, token, worker, admission],
+            )
+            return [(1, bool(ok))], DoorVerdict(verdict)
+        ((applied, verdict),) = call_function(
+            query("succeed_runs_then_admit"), [*columns, job_id, token, worker, admission]
+        )
+        return [(idx, True) for idx in applied], DoorVerdict(verdict)
+
     def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
         with connection.cursor() as cursor:
             if when is not None:
