@@ -20,10 +20,11 @@ Where each runs, in a prefork worker:
   process lives and reaches the database. A hung task is bounded by Celery's time limits.
 * ``task_success`` / ``task_failure`` / ``task_retry`` (pool process; ``task_failure`` also in
   the main process for lost pool processes and hard time limits): the completion, fenced by
-  token and idempotent. In a prefork pool process it is written by a thread of that process
-  (``CompletionWriter``), so the result goes back to Celery at once and the main process
-  fetches the next message while the completion commits; completions that queue up meanwhile
-  are written together (one statement, one commit for the common successes).
+  token and idempotent. In a prefork pool process a success waits (``PendingSuccesses``) for
+  that process's next door, which carries it in the same statement and commit: a process
+  working through a backlog makes one round trip per execution, and the result goes back to
+  Celery at once. A success no door takes within 5 ms is written by a thread of the process;
+  failures are written as they happen.
 * ``task_unknown`` (main process): a message for a task this worker does not have fails its
   run ("not registered on worker ..."), which then follows the job's retry policy.
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
@@ -177,7 +178,8 @@ class WorkerHooks:
 
     def _door(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
         """One round trip: the successes this process recorded since its last one ride with
-        the door. If that fails, they are written on their own and the door is tried alone."""
+        the door. If that fails, they go back to the linger thread and the door is tried
+        alone."""
         pending = self.pending.take() if self.pending is not None else []
         if pending:
             successes = [(j, t, kwargs["headers"]) for (j, t), _, kwargs in pending]
@@ -187,8 +189,8 @@ class WorkerHooks:
                     what="door",
                     attempts=3,
                 )
-            except Exception:
-                self._record_many(pending)  # with their own retries; logs what it cannot write
+            except Exception:  # the linger thread writes them, with its own retries
+                self.pending.give_back(pending)  # type: ignore[union-attr]
             else:
                 for result in results:
                     self._observe(result, SUCCEEDED)
@@ -468,18 +470,19 @@ class PendingSuccesses:
 
     A pool process working through a backlog then makes one database round trip and one
     commit per execution (the door of the next run with the completions of the previous
-    ones) instead of two. A success that no door takes within ``LINGER`` seconds is written
+    ones) instead of two. A success that no door takes within ``linger`` seconds is written
     by this object's thread, so an idle process records its completions at once; the process
     flushes what is left before it exits. A pool process killed outright loses the successes
-    still waiting (at most ``LINGER`` old, or those of the run before a door in flight), whose
+    still waiting (at most ``linger`` old, or those of the run before a door in flight), whose
     leases then expire like those of any killed worker: the occurrence runs again.
     Failures are not held here: they are written as they happen.
     """
 
     LINGER = 0.005
 
-    def __init__(self, write: Callable[[list[Any]], None]) -> None:
+    def __init__(self, write: Callable[[list[Any]], None], linger: float = LINGER) -> None:
         self._write = write
+        self.linger = linger
         self._lock = threading.Lock()
         self._items: list[tuple[float, Any]] = []
         self._idle = True  # the thread waits for _wake rather than ticking
@@ -501,6 +504,14 @@ class PendingSuccesses:
             items, self._items = self._items, []
         return [item for _, item in items]
 
+    def give_back(self, items: list[Any]) -> None:
+        """Items a door took and could not write: the thread writes them at its next tick."""
+        with self._lock:
+            self._items[:0] = [(0.0, item) for item in items]
+            wake, self._idle = self._idle, False
+        if wake:
+            self._wake.set()
+
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -509,14 +520,14 @@ class PendingSuccesses:
             self._write(items)
 
     def _run(self) -> None:
-        """Tick every LINGER while anything waits; write what waited that long."""
+        """Tick every ``linger`` while anything waits; write what waited that long."""
         try:
             while not self._stop.is_set():
                 self._wake.wait()
                 self._wake.clear()
-                while not self._stop.wait(self.LINGER):
+                while not self._stop.wait(self.linger):
                     with self._lock:
-                        cutoff = time.monotonic() - self.LINGER
+                        cutoff = time.monotonic() - self.linger
                         due = [item for t, item in self._items if t <= cutoff]
                         self._items = [(t, item) for t, item in self._items if t > cutoff]
                         if not due and not self._items:

@@ -109,3 +109,34 @@ def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_pro
         job = Job.objects.get(pk=run.job_id)
         assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
         assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("successes", [1, 2])
+def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_proxy, successes):
+    # Given recurring runs that succeeded in a pool process, waiting for its next door
+    from schedapp.worker import PendingSuccesses
+
+    done = []
+    for i in range(successes):
+        run = claim_one(name=f"every-minute-{i}", interval=60)[1]
+        claims.admit_run(run.job_id, run.token, "w1", f"a{i}")
+        done.append(run)
+    nxt = claimed(lease_seconds=30)
+    hooks = WorkerHooks()
+    hooks.pending = PendingSuccesses(hooks._record_many, linger=3600)  # only the door writes
+    for run in done:
+        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+    task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
+    # When the door's statement, carrying them, commits and its reply is lost
+    pg_proxy.cut_after(b"schedapp_admit_run(")
+    with django_through(pg_proxy):
+        hooks.admit(task, nxt.task_id)  # raises Ignore if it refused the run
+    assert pg_proxy.stats()["cuts"] == 1
+    # Then the retry found both done: each job moved on by one occurrence, the run started
+    for run in done:
+        job = Job.objects.get(pk=run.job_id)
+        assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+        assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SUCCEEDED
+    r = JobRun.objects.get(pk=nxt.run_id)
+    assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
+    hooks.pending.close()

@@ -344,3 +344,159 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     once, every = (Job.objects.get(pk=r.job_id) for r in runs[:2])
     assert once.state == JobState.SUCCEEDED
     assert every.scheduled_for == runs[1].scheduled_for + timedelta(seconds=60)
+
+
+# --- a pool process's successes ride with its next door ---------------------------------------
+
+
+class _Task:
+    """What the door reads of the task it guards: the worker's name."""
+
+    def __init__(self, hostname: str = "w1@host") -> None:
+        self.request = type("Request", (), {"hostname": hostname})()
+
+
+def pool_hooks(linger: float = 3600.0):
+    """The hooks of a prefork pool process; by default no success is written by the linger
+    thread within a test, so what gets written, the door wrote."""
+    from schedapp.worker import PendingSuccesses, WorkerHooks
+
+    hooks = WorkerHooks()
+    hooks.pending = PendingSuccesses(hooks._record_many, linger=linger)
+    return hooks
+
+
+def _run_status(run: claims.ClaimedRun) -> str:
+    return JobRun.objects.get(pk=run.run_id).status
+
+
+def test_a_pool_process_records_its_success_with_its_next_door():
+    # Given a recurring run that succeeded in a pool process, and the next message's run
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    _, nxt = claim_one(name="next")
+    hooks = pool_hooks()
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    assert _run_status(done) == RunStatus.RUNNING  # not written yet: it waits for a door
+    # When the process admits its next run
+    hooks.admit(_Task(), nxt.task_id)  # raises Ignore if refused
+    # Then both are recorded: the job moved on once, the next run started
+    assert _run_status(done) == RunStatus.SUCCEEDED
+    assert Job.objects.get(pk=done.job_id).scheduled_for == done.scheduled_for + timedelta(
+        seconds=60
+    )
+    assert _run_status(nxt) == RunStatus.RUNNING
+    hooks.pending.close()
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("successes", [1, 3])
+def test_a_door_carrying_successes_is_one_statement(successes, monkeypatch):
+    from schedapp.store import postgresql
+
+    calls = []
+    call_function = postgresql.call_function
+
+    def counted(sql, params):
+        calls.append(sql)
+        return call_function(sql, params)
+
+    monkeypatch.setattr(postgresql, "call_function", counted)
+    done = []
+    for i in range(successes):
+        _, run = claim_one(name=f"every-minute-{i}", interval=60)
+        admit_run(run.job_id, run.token, "w1", f"a{i}")
+        done.append(run)
+    _, nxt = claim_one(name="next")
+    hooks = pool_hooks()
+    for run in done:
+        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+    calls.clear()
+    hooks.admit(_Task(), nxt.task_id)
+    assert len(calls) == 1, calls  # one round trip and one commit for all of it
+    assert {_run_status(r) for r in done} == {RunStatus.SUCCEEDED}
+    assert _run_status(nxt) == RunStatus.RUNNING
+    hooks.pending.close()
+
+
+def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    late, nxt = claim_one(name="late")
+    Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    hooks = pool_hooks()
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    from celery.exceptions import Ignore
+
+    with pytest.raises(Ignore):
+        hooks.admit(_Task(), nxt.task_id)
+    assert _run_status(done) == RunStatus.SUCCEEDED
+    assert _run_status(nxt) == RunStatus.SKIPPED
+    hooks.pending.close()
+
+
+def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    _, nxt = claim_one(name="next")
+    hooks = pool_hooks()
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    api.cancel(done.job_id)  # while the success waited for the door
+    hooks.admit(_Task(), nxt.task_id)
+    r = JobRun.objects.get(pk=done.run_id)
+    assert r.stale and r.status == RunStatus.SUCCEEDED
+    assert Job.objects.get(pk=done.job_id).state == JobState.CANCELLED
+    assert _run_status(nxt) == RunStatus.RUNNING
+    hooks.pending.close()
+
+
+def test_a_success_that_no_door_takes_is_written_by_the_process_itself():
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    hooks = pool_hooks(linger=0.05)
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    deadline = time.monotonic() + 10
+    while _run_status(done) != RunStatus.SUCCEEDED and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _run_status(done) == RunStatus.SUCCEEDED  # no door came; the linger thread wrote it
+    hooks.pending.close()
+
+
+def test_a_pool_process_writes_the_successes_still_waiting_when_it_exits():
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    hooks = pool_hooks()
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    hooks.on_process_shutdown(pid=0)
+    assert _run_status(done) == RunStatus.SUCCEEDED
+    assert hooks.pending is None
+
+
+def test_a_door_that_cannot_carry_its_successes_leaves_them_to_the_thread_and_admits(monkeypatch):
+    from schedapp import worker
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the combined statement failed")
+
+    monkeypatch.setattr(worker, "admit_run_after_successes", broken)
+    _, done = claim_one(name="every-minute", interval=60)
+    admit_run(done.job_id, done.token, "w1", "a1")
+    _, nxt = claim_one(name="next")
+    hooks = pool_hooks(linger=0.05)
+    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    hooks.admit(_Task(), nxt.task_id)  # takes the success, fails to carry it
+    assert _run_status(nxt) == RunStatus.RUNNING  # the door, alone
+    deadline = time.monotonic() + 10
+    while _run_status(done) != RunStatus.SUCCEEDED and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _run_status(done) == RunStatus.SUCCEEDED  # written by the thread
+    hooks.pending.close()
+
+
+def test_a_failure_in_a_pool_process_is_written_at_once():
+    _, run = claim_one(name="every-minute", interval=60, max_retries=2, retry_backoff=0)
+    admit_run(run.job_id, run.token, "w1", "a1")
+    hooks = pool_hooks()
+    hooks._complete(run.task_id, claims.FAILED, error="RuntimeError: boom")
+    assert _run_status(run) == RunStatus.FAILED  # failures do not wait for a door
+    hooks.pending.close()
