@@ -285,6 +285,22 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
     assert JobRun.objects.get(pk=run.run_id).heartbeats == 1
 
 
+@pytest.fixture
+def function_calls(monkeypatch) -> list[str]:
+    """The worker's hot statements (PL/pgSQL function calls) made from now on."""
+    from schedapp.store import postgresql
+
+    calls: list[str] = []
+    call_function = postgresql.call_function
+
+    def counted(sql, params):
+        calls.append(sql)
+        return call_function(sql, params)
+
+    monkeypatch.setattr(postgresql, "call_function", counted)
+    return calls
+
+
 @pytest.mark.parametrize(
     "schedule",
     [
@@ -293,20 +309,11 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
     ],
 )
 @pytest.mark.postgresql
-def test_a_recurring_success_is_one_statement(schedule, monkeypatch):
+def test_a_recurring_success_is_one_statement(schedule, function_calls):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from schedapp.store import postgresql
-
-    calls = []
-    call_function = postgresql.call_function
-
-    def counted(sql, params):
-        calls.append(sql)
-        return call_function(sql, params)
-
-    monkeypatch.setattr(postgresql, "call_function", counted)
+    calls = function_calls
 
     job = api.schedule("project.tasks.record", name="fast", **schedule)
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
@@ -391,17 +398,8 @@ def test_a_pool_process_records_its_success_with_its_next_door():
 
 @pytest.mark.postgresql
 @pytest.mark.parametrize("successes", [1, 3])
-def test_a_door_carrying_successes_is_one_statement(successes, monkeypatch):
-    from schedapp.store import postgresql
-
-    calls = []
-    call_function = postgresql.call_function
-
-    def counted(sql, params):
-        calls.append(sql)
-        return call_function(sql, params)
-
-    monkeypatch.setattr(postgresql, "call_function", counted)
+def test_a_door_carrying_successes_is_one_statement(successes, function_calls):
+    calls = function_calls
     done = []
     for i in range(successes):
         _, run = claim_one(name=f"every-minute-{i}", interval=60)
