@@ -103,7 +103,7 @@ SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_
 -- A pool process's successes since its last round trip, then the door of its next run, in one
 -- statement and one commit: the arguments of succeed_runs, then those of admit_run. Returns
 -- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
-SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), '{}')
+SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), ARRAY[]::int[])
         FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
        schedapp_admit_run(%s, %s, %s, %s)
 
