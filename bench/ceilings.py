@@ -5,7 +5,11 @@ installed by ``project/celery.py``).
 * ``no-door``: the door admits without asking the database. The bench marks the staged
   runs ``running`` beforehand, so the completion is the real one: what is left is the cost
   of schedapp's messages, hooks and completion write.
-* ``no-writes``: the door as above, and no completion is written: schedapp's messages and
+* ``round-trip``: the door makes one round trip to PostgreSQL that reads and writes nothing
+  (``SELECT 1`` on the pool process's connection) and admits; the runs are marked
+  ``running`` beforehand as for ``no-door``. It shows what the mere wait for the database,
+  once per execution before the body, costs: the floor of any door that asks the database.
+* ``no-writes``: the door as in ``no-door``, and no completion is written: schedapp's messages and
   hooks with no database work at all.
 
 Each is a ceiling, not a mode: without the door a run whose lease was lost would execute
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from bench.defects import at_worker_start
 
-CEILINGS = ("no-door", "no-writes")
+CEILINGS = ("no-door", "round-trip", "no-writes")
 
 
 def install(name: str) -> None:
@@ -34,6 +38,16 @@ def _take_out(name: str) -> None:
     # The door admits without a round trip; a pool process's successes, with no door to
     # carry them, are written by its linger thread.
     worker.WorkerHooks._door = lambda self, *args: DoorVerdict.ADMITTED  # type: ignore[method-assign]
+    if name == "round-trip":
+        worker.WorkerHooks._door = _bare_round_trip  # type: ignore[method-assign]
     if name == "no-writes":
         worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
         worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]
+
+
+def _bare_round_trip(self: object, *args: object) -> object:
+    from schedapp.store.base import DoorVerdict
+    from schedapp.store.postgresql import call_function
+
+    call_function("SELECT 1", [])  # the door's own path to the database, with no work
+    return DoorVerdict.ADMITTED

@@ -26,9 +26,10 @@ share the machine's two cores, so when the drain is CPU-bound the ratio of two s
 follows the ratio of their total CPU per execution, which is steadier than the rates on a
 noisy machine.
 
-``--ceilings`` adds two more drains per round, schedapp with a part of its worker protocol
+``--ceilings`` adds three more drains per round, schedapp with a part of its worker protocol
 taken out (``bench/ceilings.py``): without the door (the staged runs are marked ``running``
-beforehand, the completion is the real one), and without any database write. They show what
+beforehand, the completion is the real one), with a door that only waits for one empty round
+trip to PostgreSQL, and without any database write. They show what
 each part costs, and how far plain Celery's rate is from a worker that must record each
 execution in PostgreSQL on the same two cores.
 """
