@@ -373,17 +373,33 @@ def pool_hooks(linger: float = 3600.0):
     return hooks
 
 
+def succeeded_in(hooks, name: str = "every-minute") -> claims.ClaimedRun:
+    """A recurring run admitted and succeeded in the pool process of ``hooks``: its success
+    waits there for the process's next door."""
+    _, run = claim_one(name=name, interval=60)
+    admit_run(run.job_id, run.token, "w1", f"admission-{name}")
+    hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+    return run
+
+
 def _run_status(run: claims.ClaimedRun) -> str:
     return JobRun.objects.get(pk=run.run_id).status
 
 
+def _status_within(run: claims.ClaimedRun, status: str, seconds: float = 10.0) -> str:
+    """The run's status once it is ``status``, or after ``seconds``: for writes made by the
+    linger thread."""
+    deadline = time.monotonic() + seconds
+    while _run_status(run) != status and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _run_status(run)
+
+
 def test_a_pool_process_records_its_success_with_its_next_door():
     # Given a recurring run that succeeded in a pool process, and the next message's run
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
-    _, nxt = claim_one(name="next")
     hooks = pool_hooks()
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    done = succeeded_in(hooks)
+    _, nxt = claim_one(name="next")
     assert _run_status(done) == RunStatus.RUNNING  # not written yet: it waits for a door
     # When the process admits its next run
     hooks.admit(_Task(), nxt.task_id)  # raises Ignore if refused
@@ -399,33 +415,24 @@ def test_a_pool_process_records_its_success_with_its_next_door():
 @pytest.mark.postgresql
 @pytest.mark.parametrize("successes", [1, 3])
 def test_a_door_carrying_successes_is_one_statement(successes, function_calls):
-    calls = function_calls
-    done = []
-    for i in range(successes):
-        _, run = claim_one(name=f"every-minute-{i}", interval=60)
-        admit_run(run.job_id, run.token, "w1", f"a{i}")
-        done.append(run)
-    _, nxt = claim_one(name="next")
     hooks = pool_hooks()
-    for run in done:
-        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
-    calls.clear()
+    done = [succeeded_in(hooks, f"every-minute-{i}") for i in range(successes)]
+    _, nxt = claim_one(name="next")
+    function_calls.clear()
     hooks.admit(_Task(), nxt.task_id)
-    assert len(calls) == 1, calls  # one round trip and one commit for all of it
+    assert len(function_calls) == 1, function_calls  # one round trip and one commit for all
     assert {_run_status(r) for r in done} == {RunStatus.SUCCEEDED}
     assert _run_status(nxt) == RunStatus.RUNNING
     hooks.pending.close()
 
 
 def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
-    late, nxt = claim_one(name="late")
-    Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    hooks = pool_hooks()
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
     from celery.exceptions import Ignore
 
+    hooks = pool_hooks()
+    done = succeeded_in(hooks)
+    late, nxt = claim_one(name="late")
+    Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
     with pytest.raises(Ignore):
         hooks.admit(_Task(), nxt.task_id)
     assert _run_status(done) == RunStatus.SUCCEEDED
@@ -434,11 +441,9 @@ def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
 
 
 def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
-    _, nxt = claim_one(name="next")
     hooks = pool_hooks()
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    done = succeeded_in(hooks)
+    _, nxt = claim_one(name="next")
     api.cancel(done.job_id)  # while the success waited for the door
     hooks.admit(_Task(), nxt.task_id)
     r = JobRun.objects.get(pk=done.run_id)
@@ -449,22 +454,16 @@ def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
 
 
 def test_a_success_that_no_door_takes_is_written_by_the_process_itself():
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
     hooks = pool_hooks(linger=0.05)
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
-    deadline = time.monotonic() + 10
-    while _run_status(done) != RunStatus.SUCCEEDED and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _run_status(done) == RunStatus.SUCCEEDED  # no door came; the linger thread wrote it
+    done = succeeded_in(hooks)
+    # no door came; the linger thread wrote it
+    assert _status_within(done, RunStatus.SUCCEEDED) == RunStatus.SUCCEEDED
     hooks.pending.close()
 
 
 def test_a_pool_process_writes_the_successes_still_waiting_when_it_exits():
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
     hooks = pool_hooks()
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    done = succeeded_in(hooks)
     hooks.on_process_shutdown(pid=0)
     assert _run_status(done) == RunStatus.SUCCEEDED
     assert hooks.pending is None
@@ -473,21 +472,21 @@ def test_a_pool_process_writes_the_successes_still_waiting_when_it_exits():
 def test_a_door_that_cannot_carry_its_successes_leaves_them_to_the_thread_and_admits(monkeypatch):
     from schedapp import worker
 
-    def broken(*args, **kwargs):
+    carried = []
+
+    def broken(successes, *args, **kwargs):
+        carried.extend(successes)
         raise RuntimeError("the combined statement failed")
 
     monkeypatch.setattr(worker, "admit_run_after_successes", broken)
-    _, done = claim_one(name="every-minute", interval=60)
-    admit_run(done.job_id, done.token, "w1", "a1")
     _, nxt = claim_one(name="next")
-    hooks = pool_hooks(linger=0.05)
-    hooks._complete(done.task_id, claims.SUCCEEDED, headers=headers_of(done))
+    hooks = pool_hooks(linger=0.5)  # long enough for the door to come first
+    done = succeeded_in(hooks)
     hooks.admit(_Task(), nxt.task_id)  # takes the success, fails to carry it
+    assert [(j, t) for j, t, _ in carried] == [(done.job_id, done.token)]
     assert _run_status(nxt) == RunStatus.RUNNING  # the door, alone
-    deadline = time.monotonic() + 10
-    while _run_status(done) != RunStatus.SUCCEEDED and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _run_status(done) == RunStatus.SUCCEEDED  # written by the thread
+    # written by the thread
+    assert _status_within(done, RunStatus.SUCCEEDED) == RunStatus.SUCCEEDED
     hooks.pending.close()
 
 
