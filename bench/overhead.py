@@ -3,10 +3,12 @@
     .venv/bin/python -m bench.run --sections overhead          # 3 rounds of each, 3,000 tasks
     .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --profile
     .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --ceilings
+    .venv/bin/python -m bench.overhead --n 1000 --rounds 3 --task project.tasks.wait_5ms
 
-Both sides run ``project.tasks.noop`` on one worker (prefork, ``-c 2``, acks late, prefetch 1,
-result backend disabled) against the same Redis and PostgreSQL. The backlog is put in the
-queue *before* the worker starts, so the worker's start-up is outside the measurement:
+Both sides run ``project.tasks.noop`` (or ``--task``) on one worker (prefork, ``-c 2``, acks
+late, prefetch 1, result backend disabled) against the same Redis and PostgreSQL. The backlog
+is put in the queue *before* the worker starts, so the worker's start-up is outside the
+measurement:
 
 * plain Celery: N messages sent with ``send_task`` (Celery's own publishing path);
 * schedapp: N one-off jobs due at once, dispatched by one beat (leases of an hour, so nothing
@@ -54,6 +56,7 @@ from bench.ceilings import CEILINGS
 DB = "schedapp_bench_overhead"
 REDIS_DB = 9  # its own (tests use 7)
 QUEUE = common.QUEUE
+NOOP = "project.tasks.noop"
 _TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node", "project_execution")
 WORKER_SETTINGS = {
     "CELERY_RESULT_BACKEND": "",  # disabled on both sides
@@ -97,20 +100,20 @@ def _env(ceiling: str | None = None) -> dict[str, str]:
     return common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, extra)
 
 
-def stage_plain(n: int) -> None:
+def stage_plain(n: int, task: str = NOOP) -> None:
     """N messages through Celery's own ``send_task``, before any worker runs."""
     from project.celery import app
 
     with app.producer_or_acquire() as producer:
         for i in range(n):
-            app.send_task("project.tasks.noop", args=[i], producer=producer)
+            app.send_task(task, args=[i], producer=producer)
 
 
-def stage_schedapp(n: int, logs: Path) -> None:
+def stage_schedapp(n: int, logs: Path, task: str = NOOP) -> None:
     """N one-off jobs due now, dispatched by one beat which is then stopped."""
     with common.connect(DB) as conn:
         now = common.db_now(conn)
-        common.insert_jobs(conn, 1, n, now, lease=3600)
+        common.insert_jobs(conn, 1, n, now, lease=3600, task=task)
     beat = common.start_beat("beat", common.OURS_SCHEDULER, _env(), logs,
                              count_statements=False)
     try:
@@ -249,9 +252,9 @@ def schedapp_ok(n: int) -> dict[str, int]:
 
 
 def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
-                    ceiling: str | None = None) -> dict[str, Any]:
+                    ceiling: str | None = None, task: str = NOOP) -> dict[str, Any]:
     reset()
-    stage_schedapp(n, logs)
+    stage_schedapp(n, logs, task)
     if ceiling is not None:
         admit_beforehand()
     out = drain(n, logs, name, profile, ceiling)
@@ -265,7 +268,7 @@ def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
 
 
 def run(n: int = 3000, rounds: int = 3, profile: bool = False,
-        ceilings: bool = False) -> dict[str, Any]:
+        ceilings: bool = False, task: str = NOOP) -> dict[str, Any]:
     setup()
     logs = common.run_dir("overhead")
     plain: list[dict[str, Any]] = []
@@ -273,16 +276,16 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
     without: dict[str, list[dict[str, Any]]] = {c: [] for c in (CEILINGS if ceilings else ())}
     for i in range(rounds):
         reset()
-        stage_plain(n)
+        stage_plain(n, task)
         plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
         print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(plain[-1])}", flush=True)
-        ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0))
+        ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0, task=task))
         print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(ours[-1])}, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
         for ceiling, results in without.items():
-            results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling))
+            results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling, task))
             print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, "
                   f"{_budget_line(results[-1])}, "
                   f"{results[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
@@ -292,7 +295,7 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
     cpu_ratios = [p["cpu_ms_per_execution"]["total"] / o["cpu_ms_per_execution"]["total"]
                   for o, p in zip(ours, plain, strict=True)]
     result = {
-        "machine": common.machine(), "n": n, "rounds": rounds,
+        "machine": common.machine(), "n": n, "rounds": rounds, "task": task,
         "plain_per_s": statistics.median(p["per_s"] for p in plain),
         "schedapp_per_s": statistics.median(o["per_s"] for o in ours),
         "ratio_median": statistics.median(ratios), "ratios": ratios,
@@ -314,7 +317,8 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
         print(f"ceiling {ceiling}: {result[ceiling]['per_s']:,.0f}/s, ratio "
               f"{result[ceiling]['ratio_median']:.2f} "
               f"(rounds {', '.join(f'{x:.2f}' for x in side)})", flush=True)
-    common.save("overhead-ceilings" if ceilings else "overhead", result)
+    name = "overhead-ceilings" if ceilings else "overhead"
+    common.save(name if task == NOOP else f"{name}-{task.rsplit('.', 1)[-1]}", result)
     return result
 
 
@@ -325,8 +329,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--ceilings", action="store_true",
                         help="also drain schedapp without the door, and without any write")
+    parser.add_argument("--task", default=NOOP,
+                        help="the task both sides run (default: project.tasks.noop; "
+                        "project.tasks.wait_5ms waits 5 ms, as a task waiting on a network "
+                        "call would)")
     args = parser.parse_args(argv)
-    run(args.n, args.rounds, args.profile, args.ceilings)
+    run(args.n, args.rounds, args.profile, args.ceilings, args.task)
 
 
 if __name__ == "__main__":

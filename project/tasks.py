@@ -97,6 +97,12 @@ def noop(*args: object, **kwargs: object) -> None:
     """Does nothing: for benchmarks."""
 
 
+@shared_task(name="project.tasks.wait_5ms")
+def wait_5ms(*args: object, **kwargs: object) -> None:
+    """Waits 5 ms, as a task waiting on a network call would: for the overhead benchmark."""
+    time.sleep(0.005)
+
+
 @shared_task(name="project.tasks.add")
 def add(x: int, y: int) -> int:
     """A plain Celery task that schedapp has nothing to do with."""

@@ -1,0 +1,144 @@
+"""What one door costs, in one process and outside Celery: client CPU, PostgreSQL CPU and wall
+time per execution.
+
+    .venv/bin/python -m bench.door_cost --n 2000
+
+N one-off runs are staged as for ``bench.overhead`` (dispatched by a real beat, messages left
+in Redis), then taken in order, each through:
+
+* ``select 1``: an empty statement, the floor of any round trip;
+* ``hooks``: the pool process's path, ``WorkerHooks.admit`` (the door, carrying the previous
+  run's success) and ``on_task_success``, as a prefork pool process runs them;
+
+and, on a second staging, ``sql``: the same door and success as one raw statement on a
+plain psycopg connection (no Django, no hooks). The backend's CPU is read from /proc for the
+one backend serving the loop. Nothing here runs concurrently, so the figures are what a
+door costs without contention; ``bench.overhead`` measures it inside a worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import psycopg
+
+from bench import common, overhead
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000)
+    n = parser.parse_args(argv).n
+    overhead.setup()
+    results = {"n": n, "machine": common.machine()}
+    results.update(through_hooks(n))
+    results.update(as_raw_sql(n))
+    for name in ("select 1", "hooks", "sql"):
+        r = results[name]
+        print(f"{name:9s} wall {r['wall_ms']:.3f} ms, client CPU {r['client_ms']:.3f} ms, "
+              f"PostgreSQL CPU {r['backend_ms']:.3f} ms per execution")
+    common.save("door-cost", results)
+
+
+def _stage(n: int) -> list[dict[str, Any]]:
+    """N dispatched runs; their messages' headers, in queue order."""
+    overhead.reset()
+    overhead.stage_schedapp(n, common.run_dir("door-cost"))
+    raw = overhead._redis().lrange(common.QUEUE, 0, -1)
+    return [json.loads(m)["headers"] for m in raw]
+
+
+def _timed(items: list[Any], step: Callable[[Any], None], backend_pid: int) -> dict[str, float]:
+    backend = psutil.Process(backend_pid)
+
+    def backend_cpu() -> float:
+        t = backend.cpu_times()
+        return t.user + t.system
+
+    c0, w0, b0 = time.process_time(), time.perf_counter(), backend_cpu()
+    for item in items:
+        step(item)
+    w1, c1, b1 = time.perf_counter(), time.process_time(), backend_cpu()
+    n = len(items)
+    return {"wall_ms": 1000 * (w1 - w0) / n, "client_ms": 1000 * (c1 - c0) / n,
+            "backend_ms": 1000 * (b1 - b0) / n}
+
+
+def through_hooks(n: int) -> dict[str, Any]:
+    from django.db import connection
+
+    from project.celery import app
+    from schedapp.worker import PendingSuccesses, WorkerHooks
+
+    app.loader.import_default_modules()
+    task = app.tasks["project.tasks.noop"]
+    hooks = WorkerHooks()
+    hooks.pending = PendingSuccesses(hooks._record_many)
+    messages = _stage(n)
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    out = {"select 1": _timed(messages, lambda _: _select_one(connection), pid)}
+
+    def run(headers: dict[str, Any]) -> None:
+        task.request_stack.push(SimpleNamespace(hostname="bench@door", **headers))
+        try:
+            hooks.admit(task, headers["id"])
+            hooks.on_task_success(sender=task, result=None)
+        finally:
+            task.request_stack.pop()
+
+    out["hooks"] = _timed(messages, run, pid)
+    hooks.pending.close()
+    _check(n, out, "hooks")
+    return out
+
+
+def _select_one(connection: Any) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+def as_raw_sql(n: int) -> dict[str, Any]:
+    _stage(n)
+    with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT r.job_id, r.token, j.scheduled_for FROM schedapp_jobrun r "
+            "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
+        previous: list[Any] = []
+
+        def door(row: Any) -> None:
+            if previous:
+                job, token, scheduled_for = previous.pop()
+                conn.execute(
+                    "SELECT schedapp_succeed_run(%s, %s, %s, NULL, true, '', '', NULL, NULL), "
+                    "schedapp_admit_run(%s, %s, 'bench@door', 'a')",
+                    (job, token, scheduled_for, row[0], row[1]))
+            else:
+                conn.execute("SELECT schedapp_admit_run(%s, %s, 'bench@door', 'a')",
+                             (row[0], row[1]))
+            previous.append(row)
+
+        out = {"sql": _timed(rows, door, conn.info.backend_pid)}
+        job, token, scheduled_for = previous.pop()
+        conn.execute("SELECT schedapp_succeed_run(%s, %s, %s, NULL, true, '', '', NULL, NULL)",
+                     (job, token, scheduled_for))
+    _check(n, out, "sql")
+    return out
+
+
+def _check(n: int, out: dict[str, Any], name: str) -> None:
+    statuses = overhead.schedapp_ok(n)
+    out[f"{name}_runs"] = statuses
+    if statuses.get("succeeded") != n:
+        raise RuntimeError(f"{name}: expected {n} runs succeeded, found {statuses}")
+
+
+if __name__ == "__main__":
+    main()
