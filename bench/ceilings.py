@@ -35,11 +35,12 @@ def _take_out(name: str) -> None:
     from schedapp import worker
     from schedapp.store.base import DoorVerdict
 
-    # The door admits without a round trip; a pool process's successes, with no door to
-    # carry them, are written by its linger thread.
-    worker.WorkerHooks._door = lambda self, *args: DoorVerdict.ADMITTED  # type: ignore[method-assign]
+    # The door admits without asking the database (or after an empty round trip); a pool
+    # process's successes, with no door to carry them, are written by its linger thread.
     if name == "round-trip":
         worker.WorkerHooks._door = _bare_round_trip  # type: ignore[method-assign]
+    else:
+        worker.WorkerHooks._door = lambda self, *args: DoorVerdict.ADMITTED  # type: ignore[method-assign]
     if name == "no-writes":
         worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
         worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]
