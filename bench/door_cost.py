@@ -12,9 +12,10 @@ in Redis), then taken in order, each through:
   run's success) and ``on_task_success``, as a prefork pool process runs them;
 
 and, on a second staging, ``sql``: the same door and success as one raw statement on a
-plain psycopg connection (no Django, no hooks). The backend's CPU is read from /proc for the
-one backend serving the loop. Nothing here runs concurrently, so the figures are what a
-door costs without contention; ``bench.overhead`` measures it inside a worker.
+plain psycopg connection (no Django, no hooks). The CPU of the one backend serving the loop
+is read from /proc, as ``bench.overhead`` reads it. Nothing here runs concurrently, so the
+figures are what a door costs without contention; ``bench.overhead`` measures it inside a
+worker.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-import psutil
 import psycopg
 
 from bench import common, overhead
@@ -56,16 +56,10 @@ def _stage(n: int) -> list[dict[str, Any]]:
 
 
 def _timed(items: list[Any], step: Callable[[Any], None], backend_pid: int) -> dict[str, float]:
-    backend = psutil.Process(backend_pid)
-
-    def backend_cpu() -> float:
-        t = backend.cpu_times()
-        return t.user + t.system
-
-    c0, w0, b0 = time.process_time(), time.perf_counter(), backend_cpu()
+    c0, w0, b0 = time.process_time(), time.perf_counter(), overhead._cpu(backend_pid)
     for item in items:
         step(item)
-    w1, c1, b1 = time.perf_counter(), time.process_time(), backend_cpu()
+    w1, c1, b1 = time.perf_counter(), time.process_time(), overhead._cpu(backend_pid)
     n = len(items)
     return {"wall_ms": 1000 * (w1 - w0) / n, "client_ms": 1000 * (c1 - c0) / n,
             "backend_ms": 1000 * (b1 - b0) / n}

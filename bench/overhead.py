@@ -328,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--ceilings", action="store_true",
-                        help="also drain schedapp without the door, and without any write")
+                        help="also drain schedapp without the door, with an empty round trip "
+                        "as the door, and without any write")
     parser.add_argument("--task", default=NOOP,
                         help="the task both sides run (default: project.tasks.noop; "
                         "project.tasks.wait_5ms waits 5 ms, as a task waiting on a network "
