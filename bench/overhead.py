@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --profile
     .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --ceilings
     .venv/bin/python -m bench.overhead --n 1000 --rounds 3 --task project.tasks.wait_5ms
+    .venv/bin/python -m bench.overhead --n 3000 --rounds 3 --ceilings --timing
 
 Both sides run ``project.tasks.noop`` (or ``--task``) on one worker (prefork, ``-c 2``, acks
 late, prefetch 1, result backend disabled) against the same Redis and PostgreSQL. The backlog
@@ -34,12 +35,16 @@ beforehand, the completion is the real one), with a door that only waits for one
 trip to PostgreSQL, and without any database write. They show what
 each part costs, and how far plain Celery's rate is from a worker that must record each
 execution in PostgreSQL on the same two cores.
+
+``--timing`` times each pool slot's cycle (``bench/timing.py``): the time in the task, the
+door alone, and the time between two tasks of one pool process.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -51,6 +56,7 @@ from typing import Any
 import redis
 
 from bench import common
+from bench import timing as bench_timing
 from bench.ceilings import CEILINGS
 
 DB = "schedapp_bench_overhead"
@@ -95,8 +101,9 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(common.redis_url(REDIS_DB))
 
 
-def _env(ceiling: str | None = None) -> dict[str, str]:
-    extra = {**WORKER_SETTINGS, **({"BENCH_CEILING": ceiling} if ceiling else {})}
+def _env(ceiling: str | None = None, timing: Path | None = None) -> dict[str, str]:
+    extra = {**WORKER_SETTINGS, **({"BENCH_CEILING": ceiling} if ceiling else {}),
+             **({"BENCH_TIMING": str(timing)} if timing else {})}
     return common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, extra)
 
 
@@ -137,12 +144,13 @@ def admit_beforehand() -> None:
 
 
 def drain(n: int, logs: Path, name: str, profile: bool,
-          ceiling: str | None = None) -> dict[str, Any]:
+          ceiling: str | None = None, timing: bool = False) -> dict[str, Any]:
     """Start the worker and time the backlog's drain."""
     r = _redis()
     assert r.llen(QUEUE) == n, r.llen(QUEUE)
     commits_before = common.xact_commits(DB)
-    worker = common.start_worker(name, _env(ceiling), logs, concurrency=2)
+    marks = _fresh_dir(logs / f"{name}-timing") if timing else None
+    worker = common.start_worker(name, _env(ceiling, marks), logs, concurrency=2)
     spies: list[subprocess.Popen] = []
     try:
         started = _wait_first_consumed(r, n, worker)
@@ -167,7 +175,8 @@ def drain(n: int, logs: Path, name: str, profile: bool,
             spy.wait(timeout=30)
     common.settle_stats()
     commits = common.xact_commits(DB) - commits_before
-    return {"seconds": elapsed, "per_s": n / elapsed, "worker_cpu_s": cpu,
+    slots = {"slot_cycle": bench_timing.summarise(marks)} if marks else {}
+    return {**slots, "seconds": elapsed, "per_s": n / elapsed, "worker_cpu_s": cpu,
             "worker_cpu_ms_per_execution": 1000 * cpu / n,
             "pg_cpu_s": budget["postgresql"],
             "pg_cpu_ms_per_execution": 1000 * budget["postgresql"] / n,
@@ -220,7 +229,8 @@ def _wait_first_consumed(r: redis.Redis, n: int, worker: common.Proc) -> float:
 
 
 def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
-    """py-spy on the worker's main process and each pool child (wall time, idle included)."""
+    """py-spy on the worker's main process and each pool child (samples of threads not idle:
+    what they work on; ``--timing`` shows what a slot waits for)."""
     import psutil
 
     spy = str(Path(sys.executable).parent / "py-spy")
@@ -237,11 +247,19 @@ def _start_spies(worker: common.Proc, prefix: Path) -> list[subprocess.Popen]:
     return spies
 
 
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
 def _budget_line(out: dict[str, Any]) -> str:
     ms = out["cpu_ms_per_execution"]
+    slots = f"; {bench_timing.line(out['slot_cycle'])}" if "slot_cycle" in out else ""
     return (f"CPU per execution {ms['total']:.2f} ms (worker main {ms['worker_main']:.2f}, "
             f"pool {ms['worker_pool']:.2f}, PostgreSQL {ms['postgresql']:.2f}, "
-            f"Redis {ms['redis']:.2f})")
+            f"Redis {ms['redis']:.2f}){slots}")
 
 
 def schedapp_ok(n: int) -> dict[str, int]:
@@ -252,12 +270,13 @@ def schedapp_ok(n: int) -> dict[str, int]:
 
 
 def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
-                    ceiling: str | None = None, task: str = NOOP) -> dict[str, Any]:
+                    ceiling: str | None = None, task: str = NOOP,
+                    timing: bool = False) -> dict[str, Any]:
     reset()
     stage_schedapp(n, logs, task)
     if ceiling is not None:
         admit_beforehand()
-    out = drain(n, logs, name, profile, ceiling)
+    out = drain(n, logs, name, profile, ceiling, timing)
     statuses = schedapp_ok(n)
     out["runs"] = statuses
     out["commits_per_execution"] = out["commits"] / n
@@ -268,7 +287,7 @@ def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
 
 
 def run(n: int = 3000, rounds: int = 3, profile: bool = False,
-        ceilings: bool = False, task: str = NOOP) -> dict[str, Any]:
+        ceilings: bool = False, task: str = NOOP, timing: bool = False) -> dict[str, Any]:
     setup()
     logs = common.run_dir("overhead")
     plain: list[dict[str, Any]] = []
@@ -277,15 +296,17 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
     for i in range(rounds):
         reset()
         stage_plain(n, task)
-        plain.append(drain(n, logs, f"plain{i}", profile and i == 0))
+        plain.append(drain(n, logs, f"plain{i}", profile and i == 0, timing=timing))
         print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(plain[-1])}", flush=True)
-        ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0, task=task))
+        ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0, task=task,
+                                    timing=timing))
         print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(ours[-1])}, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
         for ceiling, results in without.items():
-            results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling, task))
+            results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling, task,
+                                           timing))
             print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, "
                   f"{_budget_line(results[-1])}, "
                   f"{results[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
@@ -334,8 +355,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="the task both sides run (default: project.tasks.noop; "
                         "project.tasks.wait_5ms waits 5 ms, as a task waiting on a network "
                         "call would)")
+    parser.add_argument("--timing", action="store_true",
+                        help="time each pool slot's cycle: in the task, the door, between "
+                        "tasks (bench/timing.py)")
     args = parser.parse_args(argv)
-    run(args.n, args.rounds, args.profile, args.ceilings, args.task)
+    run(args.n, args.rounds, args.profile, args.ceilings, args.task, args.timing)
 
 
 if __name__ == "__main__":

@@ -52,3 +52,9 @@ if os.environ.get("BENCH_CEILING"):
     from bench.ceilings import install as install_ceiling
 
     install_ceiling(os.environ["BENCH_CEILING"])
+
+# The worker overhead bench's slot timing (bench/timing.py). Never set outside that bench.
+if os.environ.get("BENCH_TIMING"):
+    from bench.timing import install as install_timing
+
+    install_timing(os.environ["BENCH_TIMING"])
