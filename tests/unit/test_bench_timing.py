@@ -28,7 +28,7 @@ def test_cycle_parts_per_process_never_across_processes(tmp_path: Path) -> None:
     assert "door 0.800" in timing.line(summary)
 
 
-def test_plain_celery_has_no_door(tmp_path: Path) -> None:
+def test_a_worker_without_the_door_has_no_door_figure(tmp_path: Path) -> None:
     _write(tmp_path / "7.txt", [("prerun", 1.0), ("postrun", 1.00003), ("prerun", 1.0007),
                                 ("postrun", 1.00073)])
     summary = timing.summarise(tmp_path)
