@@ -96,7 +96,14 @@ def through_hooks(n: int) -> dict[str, Any]:
     return out
 
 
+def _one_off_success(job: int, token: int, scheduled_for: Any) -> list[Any]:
+    """``schedapp_succeed_run``'s arguments for a one-off (no next occurrence, no schedule)."""
+    return [job, token, scheduled_for, None, True, "", "", None, None]
+
+
 def as_raw_sql(n: int) -> dict[str, Any]:
+    from schedapp.sql import query
+
     _stage(n)
     with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
         rows = conn.execute(
@@ -105,21 +112,16 @@ def as_raw_sql(n: int) -> dict[str, Any]:
         previous: list[Any] = []
 
         def door(row: Any) -> None:
+            admit = [row[0], row[1], "bench@door", "a"]
             if previous:
-                job, token, scheduled_for = previous.pop()
-                conn.execute(
-                    "SELECT schedapp_succeed_run(%s, %s, %s, NULL, true, '', '', NULL, NULL), "
-                    "schedapp_admit_run(%s, %s, 'bench@door', 'a')",
-                    (job, token, scheduled_for, row[0], row[1]))
+                conn.execute(query("succeed_run_then_admit"),
+                             [*_one_off_success(*previous.pop()), *admit])
             else:
-                conn.execute("SELECT schedapp_admit_run(%s, %s, 'bench@door', 'a')",
-                             (row[0], row[1]))
+                conn.execute(query("admit_run"), admit)
             previous.append(row)
 
         out = {"sql": _timed(rows, door, conn.info.backend_pid)}
-        job, token, scheduled_for = previous.pop()
-        conn.execute("SELECT schedapp_succeed_run(%s, %s, %s, NULL, true, '', '', NULL, NULL)",
-                     (job, token, scheduled_for))
+        conn.execute(query("succeed_run"), _one_off_success(*previous.pop()))
     _check(n, out, "sql")
     return out
 
