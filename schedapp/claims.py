@@ -274,15 +274,30 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
     """Give back claims whose messages could not be published, so they are claimed again.
 
     The token is bumped: if a message did reach the broker after all, it is stale at the door.
-    Job rows are locked before run rows, as everywhere.
+    A run a worker already admitted (its message did go out: a beat stopped part-way through a
+    batch, a publish error raised after the broker took the message) keeps its claim, or a
+    second beat would run it again beside it. Job rows are locked before run rows are read,
+    as at the door, so a door cannot admit between the check and the release.
     """
     if not claims:
         return 0
     with transaction.atomic():
-        released = Job.objects.filter(pairs(claims), state=JobState.RUNNING).update(
+        locked = list(
+            Job.objects.select_for_update()
+            .filter(pairs(claims), state=JobState.RUNNING)
+            .order_by("id")
+            .values_list("id", "token")
+        )
+        unstarted = list(
+            JobRun.objects.filter(pairs(locked, "job_id"), status=RunStatus.DISPATCHED)
+            .values_list("job_id", "token")
+        ) if locked else []
+        if not unstarted:
+            return 0
+        released = Job.objects.filter(pairs(unstarted)).update(
             state=JobState.SCHEDULED, token=F("token") + 1, claimed_by="", lease_expires_at=None
         )
-        JobRun.objects.filter(pairs(claims, "job_id"), status=RunStatus.DISPATCHED).update(
+        JobRun.objects.filter(pairs(unstarted, "job_id"), status=RunStatus.DISPATCHED).update(
             status=RunStatus.LOST, finished_at=Now(), error=f"not published: {reason}"
         )
         return released

@@ -278,6 +278,25 @@ def test_publish_failure_releases_claims_and_fences_the_old_token():
     assert again.job_id == job.pk
 
 
+def test_giving_back_a_batch_keeps_the_claim_of_a_run_a_worker_already_admitted():
+    # Given a batch of two claims, the first of whose messages reached a worker that admitted
+    # it before the beat was stopped part-way through publishing the batch
+    due_jobs(2)
+    first, second = claim_due_jobs("beat-1", 10).runs
+    assert start_run(first.job_id, first.token) is DoorVerdict.ADMITTED
+    # When the beat gives the whole batch back
+    released = claims.release_claims([(r.job_id, r.token) for r in (first, second)], "stopped")
+    # Then only the run that never started is given back; the admitted one keeps its claim,
+    # so no beat claims its job again while it runs
+    assert released == 1
+    job = Job.objects.get(pk=first.job_id)
+    assert (job.state, job.token) == (JobState.RUNNING, first.token)
+    assert JobRun.objects.get(pk=first.run_id).status == RunStatus.RUNNING
+    assert [r.job_id for r in claim_due_jobs("beat-2", 10).runs] == [second.job_id]
+    # and its outcome is applied, not recorded as stale
+    assert complete_run(first.job_id, first.token, "succeeded").applied
+
+
 @pytest.mark.postgresql
 def test_the_claim_query_walks_the_due_index_not_the_table():
     due_jobs(5)
