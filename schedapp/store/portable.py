@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Min
-from django.db.models.functions import Now
+from django.db.models import F, Min, Value
+from django.db.models.functions import Coalesce, Now
 
 from ..models import Job, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait
@@ -176,12 +176,12 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
         lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
         if job["token"] != token:
             verdict = DoorVerdict.STALE_TOKEN
+        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
+            verdict = DoorVerdict.ADMITTED  # this same door call again: its reply was lost
         elif job["state"] == JobState.PAUSED:
             verdict = DoorVerdict.JOB_PAUSED
         elif job["state"] != JobState.RUNNING:
             verdict = DoorVerdict.JOB_STATE
-        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
-            verdict = DoorVerdict.ADMITTED
         elif run["status"] != RunStatus.DISPATCHED:
             verdict = DoorVerdict.DUPLICATE
         elif not lease_valid:
@@ -190,7 +190,10 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
             verdict = DoorVerdict.ADMITTED
         if verdict is DoorVerdict.ADMITTED:
             runs.update(
-                status=RunStatus.RUNNING, started_at=now, worker=worker, admission=admission
+                status=RunStatus.RUNNING,
+                started_at=Coalesce("started_at", Value(now)),  # a retried door keeps the first
+                worker=worker,
+                admission=admission,
             )
             lease = timedelta(seconds=job["lease_seconds"])
             left = job["lease_expires_at"] - now

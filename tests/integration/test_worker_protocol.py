@@ -160,6 +160,21 @@ def test_a_retried_door_admits_its_own_admission_and_no_other():
     assert (r.status, r.worker, r.admission) == (RunStatus.RUNNING, "w1", "first")
 
 
+def test_a_retried_door_is_still_admitted_when_the_job_was_paused_after_its_commit_landed():
+    # Given a door whose commit landed but whose reply was lost, and an operator who paused the
+    # job in between (a pause lets a run in flight finish)
+    job, run = claimed()
+    assert admit_run(job.pk, run.token, "w1", "first") is DoorVerdict.ADMITTED
+    api.pause(job.pk)
+    # When the worker retries that door call
+    # Then it is admitted, as it was: refusing it would leave the run "running" with nothing
+    # running it, and the reaper would count the lease's expiry as a failed attempt
+    assert admit_run(job.pk, run.token, "w1", "first") is DoorVerdict.ADMITTED
+    # while another delivery of the same message is still refused
+    assert admit_run(job.pk, run.token, "w2", "second") is DoorVerdict.JOB_PAUSED
+    assert complete_run(job.pk, run.token, "succeeded").applied
+
+
 # --- completion -------------------------------------------------------------------------------
 
 
