@@ -465,6 +465,7 @@ def complete_run(
     retry_delay: timedelta | None = None,
     headers: RunHeaders | None = None,
     allow_unstarted: bool = False,
+    only_unstarted: bool = False,
     rng: policies.Rng = random.random,
 ) -> CompletionResult:
     """Record a run's outcome and move its job on.
@@ -472,8 +473,11 @@ def complete_run(
     Only a run still ``running`` under the job's current token moves the job; a run whose job
     moved on (its lease was lost, it was cancelled) is recorded on the run only, flagged
     ``stale``; a run already finished (a retried completion) is left as it is.
-    ``allow_unstarted`` lets a run that never passed the door fail (its task is not
-    registered on the worker that received it).
+    ``allow_unstarted`` lets a run that never passed the door fail too (a task terminated as
+    it started). ``only_unstarted`` is for an outcome about a copy of the message that never
+    reached a door (its task is not registered on the worker that received it, it arrived
+    expired): it applies only while no door admitted the run, since another copy may be
+    executing elsewhere.
     """
     if outcome == SUCCEEDED and headers is not None:
         if _succeed_fast(job_id, token, headers):
@@ -485,9 +489,14 @@ def complete_run(
         error=error,
         traceback=traceback,
         retry_delay=retry_delay,
-        allow_unstarted=allow_unstarted,
+        accepted=_UNSTARTED if only_unstarted else _ANY if allow_unstarted else _STARTED,
         rng=rng,
     )
+
+
+_STARTED = frozenset({RunStatus.RUNNING, RunStatus.LOST})
+_UNSTARTED = frozenset({RunStatus.DISPATCHED})
+_ANY = _STARTED | _UNSTARTED
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
@@ -585,7 +594,7 @@ def _success_results(
             error="",
             traceback="",
             retry_delay=None,
-            allow_unstarted=False,
+            accepted=_STARTED,
             rng=rng,
         )
         for i, (job_id, token, _h) in enumerate(items)
@@ -600,12 +609,9 @@ def _complete(
     error: str,
     traceback: str,
     retry_delay: timedelta | None,
-    allow_unstarted: bool,
+    accepted: frozenset[str],
     rng: policies.Rng,
 ) -> CompletionResult:
-    accepted = {RunStatus.RUNNING, RunStatus.LOST}
-    if allow_unstarted:
-        accepted.add(RunStatus.DISPATCHED)
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
         run = (
@@ -711,12 +717,19 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
     """A schedapp task was revoked. After ``api.cancel`` (which bumped the token) only the run
     is closed; a revoke from elsewhere (``celery control revoke``) counts as a failed attempt,
     so the job is retried or dead-lettered instead of waiting for its lease to expire.
+    A copy revoked before it started here (not ``terminated``) says nothing of a run another
+    worker admitted: that run is left to finish.
     Returns the completion when the revoke moved the job, None when it only closed the run."""
     how = "revoked and terminated" if terminated else "revoked"
     current = Job.objects.filter(id=job_id, token=token, state=JobState.RUNNING).exists()
     if current:
         result = complete_run(
-            job_id, token, FAILED, error=f"task {how} outside schedapp", allow_unstarted=True
+            job_id,
+            token,
+            FAILED,
+            error=f"task {how} outside schedapp",
+            allow_unstarted=terminated,
+            only_unstarted=not terminated,
         )
         if result.applied:
             with transaction.atomic():

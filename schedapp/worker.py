@@ -379,7 +379,7 @@ class WorkerHooks:
             id,
             FAILED,
             error=f"task {name} is not registered on worker {host}",
-            allow_unstarted=True,
+            only_unstarted=True,
         )
 
     def on_task_revoked(

@@ -240,14 +240,37 @@ def test_a_run_whose_task_is_unknown_to_the_worker_fails_and_follows_the_retry_p
     job, run = claimed(max_retries=1, retry_backoff=0)
     error = "task project.tasks.record is not registered on worker w1@host"
     # never admitted (Celery rejects the message before any door), yet it fails its run
-    assert complete_run(job.pk, run.token, claims.FAILED, error=error, allow_unstarted=True).applied
+    assert complete_run(job.pk, run.token, claims.FAILED, error=error, only_unstarted=True).applied
     job.refresh_from_db()
     assert (job.state, job.retry_count, job.last_error) == (JobState.SCHEDULED, 1, error)
     (again,) = claim_due_jobs("beat-1", 10).runs
-    complete_run(job.pk, again.token, claims.FAILED, error=error, allow_unstarted=True)
+    complete_run(job.pk, again.token, claims.FAILED, error=error, only_unstarted=True)
     job.refresh_from_db()
     assert job.state == JobState.DEAD
     assert JobRun.objects.get(pk=again.run_id).error == error
+
+
+def test_a_copy_that_never_started_here_does_not_fail_a_run_another_worker_is_executing():
+    from types import SimpleNamespace
+
+    from schedapp.worker import WorkerHooks
+
+    # Given a run one worker admitted and is executing
+    job, run = claimed(max_retries=3, retry_backoff=0)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    hooks = WorkerHooks()
+    # When another copy of its message reaches a worker that lacks the task (a rolling
+    # deploy), and a third copy arrives past its expiry (Celery reports it as revoked)
+    hooks.on_task_unknown(sender=SimpleNamespace(hostname="w2@old"), name=run.task, id=run.task_id)
+    hooks.on_task_revoked(request=SimpleNamespace(id=run.task_id), terminated=False, expired=True)
+    # Then the run in flight is untouched: no failed attempt, no retry sent beside it
+    job.refresh_from_db()
+    assert (job.state, job.token, job.retry_count) == (JobState.RUNNING, run.token, 0)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.RUNNING
+    # and its own outcome is the one recorded
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    job.refresh_from_db()
+    assert (job.state, job.last_status) == (JobState.SUCCEEDED, claims.SUCCEEDED)
 
 
 # --- renewal ----------------------------------------------------------------------------------
