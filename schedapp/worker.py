@@ -246,12 +246,13 @@ class WorkerHooks:
             return bool(self.held)
 
     def _due_for_renewal(self) -> list[tuple[int, int]]:
-        live = set(worker_state.requests)  # reserved, active and scheduled task ids
+        live = live_task_ids(self.consumer)
         now = time.monotonic()
         with self._lock:
-            for key, held in list(self.held.items()):
-                if held.task_id not in live and now - held.admitted_at > _ADMISSION_GRACE:
-                    del self.held[key]  # Celery is done with it
+            if live is not None:
+                for key, held in list(self.held.items()):
+                    if held.task_id not in live and now - held.admitted_at > _ADMISSION_GRACE:
+                        del self.held[key]  # Celery is done with it
             return [k for k, h in self.held.items() if now - h.renewed_at >= h.lease / 3.0]
 
     # --- the node row ----------------------------------------------------------------------
@@ -463,6 +464,33 @@ class WorkerHooks:
             metrics.run_finished(
                 outcome, stale=result.completion is Completion.STALE, dead=result.dead
             )
+
+
+def live_task_ids(consumer: Any = None) -> set[str] | None:
+    """The ids of every request Celery still holds in this process: reserved, executing,
+    waiting for an ETA, or waiting in a rate limit's token bucket (which Celery's own
+    ``requests`` dict does not list). Read from the request sets, not only from that dict: a
+    redelivered copy with the same id (a broker's visibility timeout, a requeue after a
+    connection blip) replaces the running request's entry there, and its end removes it.
+    None if the sets kept changing under the consumer's thread: then nothing is forgotten."""
+    sources = [
+        worker_state.active_requests,
+        worker_state.reserved_requests,
+        getattr(worker_state, "scheduled_requests", ()),  # Celery 5.5+
+    ]
+    buckets = getattr(consumer, "task_buckets", None) or {}
+    for _attempt in range(5):
+        try:
+            ids = set(worker_state.requests)
+            for requests in sources:
+                ids.update(request.id for request in list(requests))
+            for bucket in list(buckets.values()):
+                for request, _tokens in list(getattr(bucket, "contents", None) or ()):
+                    ids.add(request.id)
+            return ids
+        except RuntimeError:  # changed size during iteration
+            continue
+    return None
 
 
 class PendingSuccesses:

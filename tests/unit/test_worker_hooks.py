@@ -1,0 +1,80 @@
+"""Worker hooks without a database: which runs a worker keeps renewing (every request Celery
+still holds, read from its own bookkeeping, ``celery.worker.state``), and how long an outcome
+is retried through a database outage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+from celery.worker import state as worker_state
+from kombu.utils.limits import TokenBucket
+
+from schedapp import worker
+from schedapp.message import task_id_for
+from schedapp.worker import WorkerHooks
+
+CLAIM = (7, 3)
+
+
+class Request:
+    """What the hooks and ``celery.worker.state`` read of a request (weak-referenceable, as
+    Celery's own)."""
+
+    def __init__(self, task_id: str) -> None:
+        self.id = task_id
+        self.name = "project.tasks.record"
+        self.request_dict = {"headers": {}}
+
+
+@pytest.fixture
+def hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerHooks]:
+    monkeypatch.setattr(worker, "_ADMISSION_GRACE", 0.0)  # no grace: forget at once
+    yield WorkerHooks()
+    worker_state.requests.clear()
+    worker_state.active_requests.clear()
+    worker_state.reserved_requests.clear()
+
+
+def received(hooks: WorkerHooks) -> Request:
+    request = Request(task_id_for(*CLAIM))
+    hooks.on_task_received(request=request)
+    return request
+
+
+def test_a_run_executing_is_still_renewed_after_a_redelivered_copy_of_its_message_ended(hooks):
+    # Given a run executing on this worker
+    running = received(hooks)
+    worker_state.task_reserved(running)
+    worker_state.task_accepted(running)
+    # When a redelivered copy of its message (same task id) arrives, is refused at the door
+    # and ends, which removes the id from Celery's ``requests`` dict
+    copy = received(hooks)
+    worker_state.task_reserved(copy)
+    worker_state.task_ready(copy)
+    assert running.id not in worker_state.requests
+    # Then the run still executing is still held, and its lease renewed
+    hooks._due_for_renewal()
+    assert CLAIM in hooks.held
+    # and once it ends too, it is forgotten
+    worker_state.task_ready(running)
+    hooks._due_for_renewal()
+    assert CLAIM not in hooks.held
+
+
+def test_a_run_waiting_in_a_rate_limit_bucket_is_still_renewed(hooks):
+    # Given a message of a rate-limited task, waiting for a token (Celery holds it in the
+    # task's bucket, not in ``requests``)
+    waiting = received(hooks)
+    bucket = TokenBucket(fill_rate=0.001, capacity=1)
+    bucket.add((waiting, 1))
+    hooks.consumer = SimpleNamespace(task_buckets={waiting.name: bucket, "other": None})
+    # Then it is held, so its lease does not run out before it reaches the door
+    hooks._due_for_renewal()
+    assert CLAIM in hooks.held
+    # and once the bucket lets it go and it ends, it is forgotten
+    bucket.contents.clear()
+    hooks._due_for_renewal()
+    assert CLAIM not in hooks.held
+
