@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .message import RUN_HEADERS, RunHeaders
+from .message import HEADER_LEASE, RUN_HEADERS, RunHeaders
 
 log = logging.getLogger("schedapp.context")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,6 +52,15 @@ def run_headers(request: Any) -> RunHeaders | None:
     try:
         return RunHeaders.read({k: v for k, v in values.items() if v is not None})
     except (KeyError, TypeError, ValueError):
+        return None
+
+
+def run_lease(request: Any) -> float | None:
+    """The lease, in seconds, schedapp dispatched a task request with (None if it did not)."""
+    try:
+        value = _header(request, HEADER_LEASE) if request is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
         return None
 
 

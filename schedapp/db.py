@@ -50,32 +50,37 @@ def with_retries(
     attempts: int = 8,
     first_delay: float = 0.2,
     max_delay: float = 5.0,
+    at_least: float = 0.0,
 ) -> T:
     """Run ``fn``, reconnecting and retrying with backoff while the database is unreachable.
 
     Used where giving up early loses information (a completion, a heartbeat); after the last
-    attempt the error propagates and the lease is left to expire, which is safe.
+    attempt the error propagates and the lease is left to expire, which is safe. Retries go
+    on past ``attempts`` until ``at_least`` seconds have passed: a completion keeps trying for
+    as long as its lease could still be alive, since once the database is back within the
+    lease it must land before the lease expires, or the occurrence runs again.
     """
     delay = first_delay
-    for attempt in range(1, attempts + 1):
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return fn()
         except CONNECTION_ERRORS as exc:
             reset_connection()
-            if attempt == attempts:
+            if attempt >= attempts and time.monotonic() - started >= at_least:
                 raise
             log.warning(
-                "database unavailable during %s (attempt %d/%d): %s; retrying in %.1fs",
+                "database unavailable during %s (attempt %d): %s; retrying in %.1fs",
                 what,
                 attempt,
-                attempts,
                 exc,
                 delay,
                 extra={"action": "db_retry", "what": what},
             )
             time.sleep(delay)
             delay = min(delay * 2, max_delay)
-    raise AssertionError("unreachable")
 
 
 def notify_due(when: datetime | None = None, delay_seconds: float | None = None) -> None:

@@ -67,7 +67,7 @@ from .claims import (
     renew_leases,
 )
 from .conf import get_settings
-from .context import run_headers
+from .context import run_headers, run_lease
 from .db import CONNECTION_ERRORS, reset_connection, with_retries
 from .message import HEADER_LEASE, parse_task_id
 from .models import Node
@@ -76,6 +76,10 @@ from .signals import lease_heartbeat
 from .validation import celery_app
 
 log = logging.getLogger("schedapp.worker")
+
+# The key, among a pending completion's arguments, of how long to retry it (not an argument of
+# ``complete_run``).
+_RETRY_FOR = "retry_for"
 
 # A request noted at task_received appears in Celery's own bookkeeping right after the signal
 # returns; until it is that old, a held run missing from it is not taken for finished.
@@ -331,7 +335,12 @@ class WorkerHooks:
 
     def on_task_success(self, sender: Any = None, result: Any = None, **_: Any) -> None:
         request = getattr(sender, "request", None)
-        self._complete(getattr(request, "id", None), SUCCEEDED, headers=run_headers(request))
+        self._complete(
+            getattr(request, "id", None),
+            SUCCEEDED,
+            headers=run_headers(request),
+            lease=run_lease(request),
+        )
 
     def on_task_failure(
         self,
@@ -346,6 +355,7 @@ class WorkerHooks:
             FAILED,
             error=_describe(exception),
             traceback=str(getattr(einfo, "traceback", "") or ""),
+            lease=run_lease(getattr(sender, "request", None)),
         )
 
     def on_task_retry(
@@ -366,6 +376,7 @@ class WorkerHooks:
             error=f"retry requested: {_describe(exc)}",
             traceback=str(getattr(einfo, "traceback", "") or ""),
             retry_delay=_retry_delay(getattr(reason, "when", None)),
+            lease=run_lease(request),
         )
 
     def on_task_unknown(
@@ -397,10 +408,15 @@ class WorkerHooks:
         )
         self._observe(result, "cancelled")
 
-    def _complete(self, task_id: str | None, outcome: str, **kwargs: Any) -> None:
+    def _complete(
+        self, task_id: str | None, outcome: str, lease: float | None = None, **kwargs: Any
+    ) -> None:
+        """Record an outcome, retried through a database outage for at least the run's lease
+        (``lease``: the one it was dispatched with; schedapp's default if unknown)."""
         claim = parse_task_id(task_id)
         if claim is None:
             return
+        kwargs[_RETRY_FOR] = lease or get_settings().DEFAULT_LEASE_SECONDS
         if self.pending is not None and outcome == SUCCEEDED and kwargs.get("headers"):
             self.pending.add((claim, outcome, kwargs))
         else:
@@ -420,6 +436,7 @@ class WorkerHooks:
                     lambda: complete_successes([(j, t, h) for (j, t), h in batch]),
                     what="completions",
                     attempts=10,
+                    at_least=max(kwargs.get(_RETRY_FOR, 0.0) for _, _, kwargs in items),
                 )
             except Exception as exc:  # never break the worker; the leases will expire
                 log.exception(
@@ -436,14 +453,17 @@ class WorkerHooks:
 
     def _record(self, claim: tuple[int, int], outcome: str, kwargs: dict[str, Any]) -> None:
         job_id, token = claim
+        fields = {k: v for k, v in kwargs.items() if k != _RETRY_FOR}
         try:
-            # Long enough to ride out a database restart; after that the lease expires and the
-            # job runs again (at-least-once), which is the safe failure. A retry of a
-            # completion whose commit landed finds it recorded and changes nothing.
+            # For as long as the lease could be alive: a database back within it must get the
+            # outcome before the lease expires. After that the lease has expired and the job
+            # runs again (at-least-once), which is the safe failure. A retry of a completion
+            # whose commit landed finds it recorded and changes nothing.
             result = with_retries(
-                lambda: complete_run(job_id, token, outcome, **kwargs),
+                lambda: complete_run(job_id, token, outcome, **fields),
                 what="completion",
                 attempts=10,
+                at_least=kwargs.get(_RETRY_FOR, 0.0),
             )
         except Exception as exc:  # never break the worker; the lease will expire
             log.exception(

@@ -78,3 +78,45 @@ def test_a_run_waiting_in_a_rate_limit_bucket_is_still_renewed(hooks):
     hooks._due_for_renewal()
     assert CLAIM not in hooks.held
 
+
+# --- completions through a database outage ------------------------------------------------
+
+
+class Clock:
+    """``time.monotonic`` and ``time.sleep`` for the retry loop, without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_completion_is_retried_through_an_outage_shorter_than_the_run_lease(monkeypatch):
+    from django.db import OperationalError
+
+    from schedapp import db
+    from schedapp.claims import Completion, CompletionResult
+
+    clock = Clock()
+    monkeypatch.setattr(db.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(db.time, "sleep", clock.sleep)
+    monkeypatch.setattr(db, "reset_connection", lambda: None)
+    written: list[float] = []
+
+    def complete_run(job_id, token, outcome, **fields):
+        if clock.now < 45:  # the database restarts for 45 s, within the run's 60 s lease
+            raise OperationalError("server closed the connection unexpectedly")
+        written.append(clock.now)
+        return CompletionResult(Completion.APPLIED)
+
+    monkeypatch.setattr(worker, "complete_run", complete_run)
+    task = SimpleNamespace(request=SimpleNamespace(schedapp_lease=60))
+    # When the task fails as the database goes away
+    WorkerHooks().on_task_failure(sender=task, task_id=task_id_for(*CLAIM), exception=KeyError())
+    # Then its outcome is written once the database is back, not dropped after a fixed
+    # number of attempts (the run would be reaped and run again)
+    assert len(written) == 1 and 45 <= written[0] < 51
