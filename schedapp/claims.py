@@ -713,6 +713,38 @@ def _write_after_run(
         notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)
 
 
+EXPIRED = "expired before a worker started it"
+
+
+def record_expired(job_id: int, token: int) -> CompletionResult | None:
+    """Celery discarded a schedapp message past its ``expires``, as it does any task's: the
+    run is ``skipped`` and its occurrence dropped (``policies.plan_after_expiry``). A run a
+    door already admitted (another copy is executing) is left alone. Returns the completion
+    when the job moved on, None when only the run was closed or nothing changed."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
+        run = (
+            JobRun.objects.filter(job_id=job_id, token=token)
+            .values("status", "scheduled_for")
+            .first()
+        )
+        if run is None or run["status"] != RunStatus.DISPATCHED:
+            return None
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED
+        )
+        live = (JobState.RUNNING, JobState.PAUSED)
+        if job is None or job.token != token or job.state not in live:
+            return None
+        try:
+            plan = policies.plan_after_expiry(_facts(job, ran_for=run["scheduled_for"]))
+        except Exception as exc:  # written behind the API's back, or another croniter/tzdata
+            quarantined = _quarantine_locked(job_id, _unschedulable(exc))
+            return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
+        _write_after_run(job_id, token, plan, status=RunStatus.SKIPPED, error=EXPIRED)
+    return CompletionResult(Completion.APPLIED)
+
+
 def record_cancelled(job_id: int, token: int, *, terminated: bool) -> CompletionResult | None:
     """A schedapp task was revoked. After ``api.cancel`` (which bumped the token) only the run
     is closed; a revoke from elsewhere (``celery control revoke``) counts as a failed attempt,

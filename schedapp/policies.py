@@ -161,6 +161,16 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
     )
 
 
+def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:
+    """A message Celery discarded past its ``expires``: the occurrence is dropped, as under
+    Celery beat, and the job goes on with the next one, no attempt counted. A one-off job has
+    no next one and ends ``cancelled``: it never ran."""
+    plan = plan_after_success(job, rng=rng)
+    if isinstance(job.schedule, Once) and plan.state == "succeeded":
+        return AfterRun("cancelled", plan.scheduled_for, None, None, 0)
+    return plan
+
+
 def plan_after_failure(
     job: JobFacts, delay: timedelta | None = None, rng: Rng = random.random
 ) -> AfterRun:

@@ -64,6 +64,7 @@ from .claims import (
     complete_run,
     complete_successes,
     record_cancelled,
+    record_expired,
     renew_leases,
 )
 from .conf import get_settings
@@ -395,11 +396,26 @@ class WorkerHooks:
         )
 
     def on_task_revoked(
-        self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+        self,
+        sender: Any = None,
+        request: Any = None,
+        terminated: bool = False,
+        expired: bool = False,
+        **_: Any,
     ) -> None:
+        """A run revoked (``api.cancel``, ``celery control revoke``), or a message Celery
+        discarded because it arrived past its ``expires``: that occurrence is dropped, as
+        under Celery beat, rather than failed and retried."""
         task_id = getattr(request, "id", None)
         claim = parse_task_id(task_id)
         if claim is None:
+            return
+        if expired and not terminated:
+            result = with_retries(
+                lambda: record_expired(claim[0], claim[1]), what="expired", attempts=3
+            )
+            if result is not None:
+                metrics.run_finished("skipped")
             return
         result = with_retries(
             lambda: record_cancelled(claim[0], claim[1], terminated=terminated),

@@ -273,6 +273,32 @@ def test_a_copy_that_never_started_here_does_not_fail_a_run_another_worker_is_ex
     assert (job.state, job.last_status) == (JobState.SUCCEEDED, claims.SUCCEEDED)
 
 
+def test_a_message_celery_discards_as_expired_drops_its_occurrence_as_under_celery_beat():
+    from types import SimpleNamespace
+
+    from schedapp.worker import WorkerHooks
+
+    # Given a recurring job and a one-off whose messages waited in the queue past their
+    # ``expires`` (Celery discards such a message and reports it as revoked, expired)
+    recurring, every = claimed_recurring(max_retries=1)
+    one_off, once = claim_one(name="one-off")
+    hooks = WorkerHooks()
+    for run in (every, once):
+        request = SimpleNamespace(id=run.task_id)
+        hooks.on_task_revoked(request=request, terminated=False, expired=True)
+    # Then the recurring job goes on with its next occurrence, no attempt counted (not a
+    # failure retried, and never a dead job after max_retries expiries)
+    recurring.refresh_from_db()
+    assert (recurring.state, recurring.retry_count) == (JobState.SCHEDULED, 0)
+    assert recurring.scheduled_for == every.scheduled_for + timedelta(seconds=60)
+    # and the one-off, which has no next occurrence, ends without having run
+    one_off.refresh_from_db()
+    assert (one_off.state, one_off.retry_count) == (JobState.CANCELLED, 0)
+    for run in (every, once):
+        r = JobRun.objects.get(pk=run.run_id)
+        assert (r.status, r.error) == (RunStatus.SKIPPED, "expired before a worker started it")
+
+
 # --- renewal ----------------------------------------------------------------------------------
 
 
