@@ -53,6 +53,8 @@ FORM_FIELDS = [
     "message_options",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
+# Typed and shown as wall-clock time in the job's zone, to the second.
+WALL_TIMES = ("run_at", "interval_anchor", "not_before", "expires_at")
 
 
 def _datalist(field: forms.Field, list_id: str) -> None:
@@ -90,7 +92,7 @@ class JobForm(forms.ModelForm):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
         instance = self.instance
-        for name in ("run_at", "interval_anchor", "not_before", "expires_at"):  # job's zone
+        for name in WALL_TIMES:  # in the job's zone
             value = getattr(instance, name)
             if instance.pk and value is not None and name in self.fields:
                 local = value.astimezone(safe_zone(instance.timezone))
@@ -154,13 +156,26 @@ class JobForm(forms.ModelForm):
                 values[name] = ""
         if values.get("message_options") is None:
             values["message_options"] = {}
-        for name in ("run_at", "interval_anchor", "not_before", "expires_at"):
-            value = values.get(name)
+        for name in WALL_TIMES:
+            value = data.get(name)
             if isinstance(value, datetime) and "timezone" not in self.errors:
-                values[name] = in_zone(value, values.get("timezone") or "UTC")
+                values[name] = self._instant(name, value, values.get("timezone") or "UTC")
         if not values.get("interval"):
             values["interval_anchor"] = None  # a phase belongs to an interval only
         return values
+
+    def _instant(self, name: str, value: datetime, zone: str) -> datetime:
+        """The instant a date-time field means. Left as shown, it keeps the stored instant:
+        the form shows it to the second only, so reading it back would move the job's
+        schedule and count as a reschedule (a one-off in flight would run again)."""
+        stored = getattr(self.instance, name) if self.instance.pk else None
+        untouched = name not in self.changed_data and "timezone" not in self.changed_data
+        if stored is not None and untouched:
+            return stored
+        instant = in_zone(value, zone)
+        if stored is not None and instant == stored.replace(microsecond=0):
+            return stored  # typed again as shown
+        return instant
 
     def _attach(self, exc: ValidationError) -> None:
         for field, messages in exc.message_dict.items():

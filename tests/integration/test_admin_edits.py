@@ -1,0 +1,123 @@
+"""Saving the job page changes only what the operator changed: the date-times it shows (to the
+second, in the job's zone) are kept as stored when left alone, so an unrelated edit never
+reschedules the job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from html.parser import HTMLParser
+
+import pytest
+from django.urls import reverse
+
+from schedapp import api, claims
+from schedapp.claims import DoorVerdict, admit_run, claim_due_jobs, complete_run
+from schedapp.db import db_now
+from schedapp.models import Job, JobState
+
+pytestmark = [pytest.mark.django_db]
+
+
+class _JobForm(HTMLParser):
+    """The fields of the job form as a browser posts them: inputs, ticked boxes, textareas and
+    the selected option of each select."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, str] = {}
+        self._in_form = False
+        self._textarea: str | None = None
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "form":
+            self._in_form = a.get("id") == "job_form"
+        if not self._in_form or tag not in ("input", "textarea", "select", "option"):
+            return
+        name = a.get("name", "")
+        if tag == "input" and name and a.get("type") != "submit":
+            box = a.get("type") in ("checkbox", "radio")
+            if box and "checked" not in a:
+                return
+            self.data[name] = a.get("value", "on" if box else "")
+        elif tag == "textarea":
+            self._textarea = name
+            self.data[name] = ""
+        elif tag == "select":
+            self._select = name
+        elif tag == "option" and self._select:
+            if self._select not in self.data or "selected" in a:
+                self.data[self._select] = a.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._in_form = False
+        elif tag == "textarea" and self._textarea:
+            # HTML drops the newline that starts a textarea's content (Django writes one)
+            self.data[self._textarea] = self.data[self._textarea].removeprefix("\n")
+            self._textarea = None
+        elif tag == "select":
+            self._select = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.data[self._textarea] += data
+
+
+def change_url(job: Job) -> str:
+    return reverse("admin:schedapp_job_change", args=[job.pk])
+
+
+def as_shown(admin_client, job: Job) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """What "Save" posts when the operator opens the job page and changes nothing."""
+    parser = _JobForm()
+    parser.feed(admin_client.get(change_url(job)).content.decode())
+    assert "run_at_0" in parser.data and "priority" in parser.data, parser.data
+    return parser.data
+
+
+def save(admin_client, job: Job, **changes: str) -> None:  # type: ignore[no-untyped-def]
+    response = admin_client.post(change_url(job), {**as_shown(admin_client, job), **changes})
+    form = response.context["adminform"].form if response.context else None
+    assert response.status_code == 302, form.errors if form else response.status_code
+
+
+def test_editing_a_running_one_off_does_not_run_it_again(admin_client):
+    # Given a one-off due a second ago (its run_at has microseconds), claimed and started
+    when = db_now().replace(microsecond=123456) - timedelta(seconds=1)
+    job = api.schedule("project.tasks.record", run_at=when, name="once")
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    assert admit_run(job.pk, run.token, "w1", admission="w1-1") is DoorVerdict.ADMITTED
+
+    # When the operator changes only its priority while it runs, and the run then succeeds
+    save(admin_client, job, priority="5")
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+
+    # Then the job is done, its run_at exactly as it was: it will not run again
+    job.refresh_from_db()
+    assert (job.priority, job.state, job.run_at, job.next_run_at) == (
+        5,
+        JobState.SUCCEEDED,
+        when,
+        None,
+    )
+
+
+def test_changing_only_the_queue_keeps_an_interval_jobs_phase_and_next_run(admin_client):
+    # Given an interval job from the API: its anchor is the instant it was created
+    job = api.schedule("project.tasks.record", interval=300, name="every-5-min")
+    before = Job.objects.get(pk=job.pk)
+    assert before.interval_anchor.microsecond  # what the form cannot show
+
+    # When only its queue changes in the admin
+    save(admin_client, job, queue="slow")
+
+    # Then its occurrences stay where they were
+    after = Job.objects.get(pk=job.pk)
+    assert after.queue == "slow"
+    assert (after.interval_anchor, after.scheduled_for, after.next_run_at) == (
+        before.interval_anchor,
+        before.scheduled_for,
+        before.next_run_at,
+    )
