@@ -11,7 +11,7 @@ like cron, not in the server's ``TIME_ZONE``.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
@@ -19,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
+from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
 from ..models import Job, field_default
 from ..schedules import Once, fire_times
@@ -98,6 +99,12 @@ class JobForm(forms.ModelForm):
                 local = value.astimezone(safe_zone(instance.timezone))
                 self.initial[name] = local.replace(tzinfo=None)
 
+    def full_clean(self) -> None:
+        """Parse date-times in UTC, where every wall time exists once: they are the job's
+        zone's (``in_zone``), and the server's zone would refuse its own DST hours."""
+        with django_tz.override(UTC):
+            super().full_clean()
+
     @property
     def adding(self) -> bool:
         return self.instance.pk is None
@@ -172,7 +179,11 @@ class JobForm(forms.ModelForm):
         untouched = name not in self.changed_data and "timezone" not in self.changed_data
         if stored is not None and untouched:
             return stored
-        instant = in_zone(value, zone)
+        try:
+            instant = in_zone(value, zone)
+        except ValidationError as exc:
+            self.add_error(name, exc)
+            return stored or value  # said once: validation goes on with a valid instant
         if stored is not None and instant == stored.replace(microsecond=0):
             return stored  # typed again as shown
         return instant
@@ -192,10 +203,23 @@ class JobForm(forms.ModelForm):
 
 
 def in_zone(value: datetime, zone_name: str) -> datetime:
-    """Re-read an aware datetime's wall-clock time in ``zone_name`` (the form parsed it in the
-    current Django time zone)."""
+    """Re-read a datetime's wall-clock time in ``zone_name`` (the form parsed it in UTC).
+
+    A wall time the zone shows twice (the hour repeated when summer time ends) means its first
+    instant, as a cron job at that time runs at its first (``schedules``). One the zone skips
+    (spring forward) is refused with a ``ValidationError``: moving it silently would run the
+    job at a time nobody typed.
+    """
     naive = django_tz.make_naive(value) if django_tz.is_aware(value) else value
-    return naive.replace(tzinfo=safe_zone(zone_name))
+    zone = safe_zone(zone_name)
+    readings = instants(naive, zone, wildcard_hour=True)  # every instant showing it, in order
+    if not readings:
+        after = end_of_gap(naive, zone).astimezone(zone)
+        raise ValidationError(
+            f"{naive:%Y-%m-%d %H:%M:%S} does not exist in {zone_name}: the clocks skip it, "
+            f"jumping to {after:%H:%M:%S}; enter a time outside the gap."
+        )
+    return readings[0].astimezone(zone)
 
 
 def preview_for(
@@ -285,4 +309,8 @@ def _run_at(params: Any, zone: str, errors: dict[str, list[str]]) -> datetime | 
     if parsed_day is None or parsed_clock is None:
         errors["run_at"] = ["Enter a valid date/time."]
         return None
-    return datetime.combine(parsed_day, parsed_clock).replace(tzinfo=safe_zone(zone or "UTC"))
+    try:
+        return in_zone(datetime.combine(parsed_day, parsed_clock), zone or "UTC")
+    except ValidationError as exc:
+        errors["run_at"] = exc.messages
+        return None

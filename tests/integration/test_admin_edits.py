@@ -1,13 +1,14 @@
 """Saving the job page changes only what the operator changed: the date-times it shows (to the
 second, in the job's zone) are kept as stored when left alone, so an unrelated edit never
-reschedules the job."""
+reschedules the job; and a wall time the zone skips is refused."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 
 import pytest
+from django.test import override_settings
 from django.urls import reverse
 
 from schedapp import api, claims
@@ -121,3 +122,62 @@ def test_changing_only_the_queue_keeps_an_interval_jobs_phase_and_next_run(admin
         before.scheduled_for,
         before.next_run_at,
     )
+
+
+@pytest.mark.parametrize("server_zone", ["UTC", "Europe/Paris"])
+def test_an_unchanged_ambiguous_run_at_is_kept(admin_client, server_zone):
+    # Given a one-off at 02:30 Paris time the second time the clocks show it (02:30+01:00)
+    when = datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
+    job = api.schedule(
+        "project.tasks.record", run_at=when, timezone="Europe/Paris", name="fall-back"
+    )
+
+    # When only its priority changes (the server's own zone has no say in the job's times)
+    with override_settings(TIME_ZONE=server_zone):
+        save(admin_client, job, priority="5")
+
+    # Then it still runs at the second 02:30
+    job.refresh_from_db()
+    assert (job.priority, job.run_at, job.next_run_at) == (5, when, when)
+
+
+def test_a_run_at_the_zone_skips_is_refused_on_its_field(admin_client):
+    # Given a one-off in Paris
+    job = api.schedule(
+        "project.tasks.record",
+        run_at=datetime(2027, 3, 1, 9, 0, tzinfo=UTC),
+        timezone="Europe/Paris",
+        name="spring-forward",
+    )
+    # When the operator moves it to 02:30 on the night the clocks jump from 02:00 to 03:00
+    data = {**as_shown(admin_client, job), "run_at_0": "2027-03-28", "run_at_1": "02:30:00"}
+    response = admin_client.post(change_url(job), data)
+
+    # Then the form says why, on run_at, and the job is unchanged
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["run_at"], errors
+    assert "does not exist in Europe/Paris" in errors["run_at"][0]
+    assert Job.objects.get(pk=job.pk).run_at == datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
+    # ... as does the preview while it is typed
+    preview = admin_client.get(
+        reverse("admin:schedapp_job_preview"),
+        {"run_at_0": "2027-03-28", "run_at_1": "02:30:00", "timezone": "Europe/Paris"},
+    ).json()
+    assert preview["errors"]["run_at"] == errors["run_at"]
+
+
+def test_a_changed_ambiguous_run_at_means_its_first_reading(admin_client):
+    # Given a one-off in Paris
+    job = api.schedule(
+        "project.tasks.record",
+        run_at=datetime(2026, 10, 1, 9, 0, tzinfo=UTC),
+        timezone="Europe/Paris",
+        name="fall-back",
+    )
+    # When the operator moves it to 02:30 on the night that hour happens twice
+    save(admin_client, job, run_at_0="2026-10-25", run_at_1="02:30:00")
+
+    # Then it runs at the first 02:30 (summer time), as a cron job at 02:30 would
+    job.refresh_from_db()
+    assert job.run_at == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
