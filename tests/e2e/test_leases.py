@@ -71,7 +71,11 @@ def test_a_worker_killed_mid_task_is_replaced_after_the_lease_expires(fleet):
         message="the job ran again and finished",
     )
     # Then the first run is lost, the second succeeded on the other worker
-    lost, done = runs_of(job)
+    runs = runs_of(job)
+    lost, done = [r for r in runs if r.started_at is not None]
+    # (on a slow machine the other worker may still be starting when the occurrence is sent
+    # again: a copy no door admitted within its lease is sent once more, never executed)
+    assert all(r.status in (RunStatus.LOST, RunStatus.SKIPPED) for r in runs if not r.started_at)
     assert lost.status == RunStatus.LOST and lost.worker.startswith("worker2@")
     assert done.status == RunStatus.SUCCEEDED and done.worker.startswith("worker3@")
     assert done.scheduled_for == lost.scheduled_for and done.token > lost.token
