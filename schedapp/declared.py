@@ -242,12 +242,13 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
 def _keep_phase(spec: Mapping[str, Any], values: dict[str, Any], job: Job | None) -> None:
     """An interval declared without an anchor keeps the phase the job has (its first run),
     and a beat_schedule entry's relative phase the one it got at its first sync: a beat
-    starting again must not move the job."""
+    starting again must not move the job. A declared ``not_before`` stays as declared."""
     given = "interval_anchor" in spec and not spec.get("_keep_phase")
     if job is not None and job.interval is not None and job.interval == values["interval"]:
         if not given:
             values["interval_anchor"] = job.interval_anchor
-            values["not_before"] = job.not_before if spec.get("_keep_phase") else None
+            if spec.get("_keep_phase"):  # a relative entry's first run, computed at first sync
+                values["not_before"] = job.not_before
     elif not given and not spec.get("_keep_phase"):
         values.pop("interval_anchor", None)  # a new interval: the update resets its phase
 

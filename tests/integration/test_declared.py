@@ -12,6 +12,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from schedapp import api, declared
+from schedapp.db import db_now
 from schedapp.models import Job, JobSource, JobState
 
 pytestmark = [pytest.mark.django_db]
@@ -172,3 +173,19 @@ def test_the_demo_projects_declarations_are_valid():
     for name, spec in demo.SCHEDAPP_JOBS.items():
         values = declared.declared_values(name, spec)
         assert values["task"] == spec["task"]
+
+
+def test_a_declared_interval_keeps_its_not_before_on_every_later_sync():
+    """A start a week ahead must survive each beat start, or the job fires a week early."""
+    start = db_now().replace(microsecond=0) + timedelta(days=7)
+    jobs = {"weekly-start": {"task": "project.tasks.noop", "interval": 3600, "not_before": start}}
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        assert declared.sync_declared_jobs().created == ["weekly-start"]
+        job = Job.objects.get(name="weekly-start")
+        first = (job.not_before, job.interval_anchor, job.next_run_at, job.updated_at)
+        assert job.not_before == start and job.next_run_at >= start
+        for _ in range(2):
+            report = declared.sync_declared_jobs()
+            assert (report.updated, report.unchanged) == ({}, ["weekly-start"])
+    job.refresh_from_db()
+    assert (job.not_before, job.interval_anchor, job.next_run_at, job.updated_at) == first
