@@ -451,6 +451,10 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         merged.update(solar_event="", latitude=None, longitude=None, cron_day_or=True)
         merged.update(not_before=None, expires_at=None, message_options={})
         merged.update(item.spec)
+        if "interval_anchor" not in item.spec and merged["interval"] == existing.interval:
+            # The source gives no phase: the one the job took at its first run stays (a new
+            # interval still gets a new one, as api.update resets it with the schedule).
+            merged["interval_anchor"] = existing.interval_anchor
         cleaned = validate_job(merged)
         changes = changed_fields(existing, cleaned)
         if not changes:

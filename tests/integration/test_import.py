@@ -113,6 +113,20 @@ def test_import_is_idempotent_by_name_and_update_follows_changes():
     assert "unchanged: weekday-report" in out
 
 
+def test_update_of_an_unchanged_interval_entry_keeps_its_phase():
+    """The entry gives no phase: re-importing it must not move the job's to now."""
+    entries = {"ten-minutes": {"task": "project.tasks.noop", "schedule": timedelta(minutes=10)}}
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        run()
+        job = Job.objects.get(name="ten-minutes")
+        before = (job.interval_anchor, job.next_run_at, job.updated_at)
+        for _ in range(2):
+            out, _ = run("--update")
+            assert "unchanged: ten-minutes" in out and "0 updated" in out
+    job.refresh_from_db()
+    assert (job.interval_anchor, job.next_run_at, job.updated_at) == before
+
+
 def test_update_never_touches_a_job_created_by_someone_else():
     from schedapp import api
 
