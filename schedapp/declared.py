@@ -139,7 +139,10 @@ def beat_schedule_declarations() -> dict[str, dict[str, Any]]:
     for name, entry in (celery_app().conf.beat_schedule or {}).items():
         item = map_beat_entry(str(name), entry)
         if item.problem:
-            found[str(name)] = {"_unmapped": f"beat_schedule entry not run: {item.problem}"}
+            found[str(name)] = {
+                "_unmapped": f"beat_schedule entry not run: {item.problem}",
+                "_field": item.problem_field,
+            }
             continue
         found[str(name)] = {"task": item.task, **item.spec, "_keep_phase": True}
         for note in item.notes:
@@ -159,7 +162,7 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})
     if "_unmapped" in spec:
-        raise ValidationError({f"{name}.schedule": [spec["_unmapped"]]})
+        raise ValidationError({f"{name}.{spec.get('_field', 'schedule')}": [spec["_unmapped"]]})
     spec = {k: v for k, v in spec.items() if not k.startswith("_")}
     values = {f: field_default(f) for f in JOB_FIELDS}
     values.update(run_at=None, cron="", interval=None, interval_anchor=None, name=name)

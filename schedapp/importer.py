@@ -20,10 +20,12 @@ Mapping, with Celery's semantics:
   mapped (reported; ``schedapp_import --strict`` exits non-zero).
 * args, kwargs and the entry's ``options`` (queue, routing_key, exchange, priority, expires,
   headers) -> the job's message options, sent as apply_async sends them; other options are
-  reported as ignored. django-celery-beat's ``start_time``/``expires`` -> ``not_before``/
-  ``expires_at``; its ``expire_seconds``, priority, exchange, routing key and headers ->
-  message options. A disabled ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs
-  once, at its next fire time.
+  reported as ignored. args that are not a list or tuple, kwargs or options that are not a
+  mapping, and a schedule that is not a finite number of seconds -> not mapped, as Celery
+  refuses them (a str's characters are never taken for args). django-celery-beat's
+  ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``,
+  priority, exchange, routing key and headers -> message options. A disabled
+  ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -31,6 +33,8 @@ django-celery-beat is never a dependency: it is imported only when asked for.
 from __future__ import annotations
 
 import json
+import math
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -64,6 +68,7 @@ class Candidate:
     notes: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # source settings with no equivalent
     problem: str | None = None
+    problem_field: str = "schedule"  # the entry's field the problem is in
 
 
 @dataclass
@@ -168,11 +173,20 @@ def map_celery_schedule(
     elif isinstance(value, timedelta):
         every = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        every = timedelta(seconds=value)
+        # Celery's beat fails on these at start (timedelta refuses them): refused here, not raised
+        if not math.isfinite(value):
+            return None, f"schedule {value!r} is not a finite number of seconds"
+        try:
+            every = timedelta(seconds=value)
+        except OverflowError:
+            return None, f"schedule {value!r} is more seconds than a timedelta holds"
     else:
         return None, f"schedule of type {type(value).__name__} is not supported"
     if relative:
-        return relative_interval(every, timezone or _app_timezone(), now), None
+        try:
+            return relative_interval(every, timezone or _app_timezone(), now), None
+        except OverflowError:  # its first run, rounded, is past the year 9999
+            return None, f"schedule {every} is too long to run relative=True"
     return {"interval": every}, None
 
 
@@ -245,10 +259,23 @@ def map_beat_entry(
     if schedule is None:
         item.problem = problem
         return item
+    # Empty means none, as in Celery's beat; anything else must be what Celery sends: it
+    # refuses args that are not a list or tuple (amqp.as_task_v2), and a str or a dict would
+    # otherwise be split into characters or keys without a word.
+    fields = {key: entry.get(key) or empty for key, (empty, _, _) in _ENTRY_FIELDS.items()}
+    for key, (_, kinds, what) in _ENTRY_FIELDS.items():
+        value = fields[key]
+        if not isinstance(value, kinds):
+            item.problem_field = key
+            item.problem = (
+                f"{key} must be {what}, as Celery requires, not "
+                f"{type(value).__name__} {reprlib.repr(value)}"
+            )
+            return item
     item.spec.update(schedule)
-    item.spec["args"] = list(entry.get("args") or ())
-    item.spec["kwargs"] = dict(entry.get("kwargs") or {})
-    options = dict(entry.get("options") or {})
+    item.spec["args"] = list(fields["args"])
+    item.spec["kwargs"] = dict(fields["kwargs"])
+    options = dict(fields["options"])
     message: dict[str, Any] = {}
     for key in MESSAGE_OPTIONS:
         if options.get(key) is not None:
@@ -262,6 +289,14 @@ def map_beat_entry(
         item.ignored += ignored
         item.notes.append(f"options ignored: {', '.join(ignored)}")
     return item
+
+
+# An entry's field: (its value when empty, the types Celery takes, those types in words).
+_ENTRY_FIELDS: dict[str, tuple[Any, Any, str]] = {
+    "args": ((), (list, tuple), "a list or a tuple"),
+    "kwargs": ({}, Mapping, "a mapping"),
+    "options": ({}, Mapping, "a mapping"),
+}
 
 
 def from_beat_schedule(

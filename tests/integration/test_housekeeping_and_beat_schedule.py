@@ -87,3 +87,31 @@ def test_a_custom_schedule_class_in_beat_schedule_is_reported_and_not_run(beat_s
     (message,) = report.errors["offset"]
     assert "OffsettingSchedule" in message and "not run" in message
     assert report.errors["offset"] and "OffsettingSchedule" in report.errors["offset"][0]
+
+
+# A field Celery would refuse (or misread), per entry: (field, what the entry has instead).
+MALFORMED = {
+    "int-args": ("args", {"args": (16)}),  # the missing comma: an int, not a tuple
+    "str-args": ("args", {"args": ("hello")}),  # a str, which iterating splits into characters
+    "dict-args": ("args", {"args": {"a": 1}}),  # a dict, which iterating turns into its keys
+    "str-kwargs": ("kwargs", {"kwargs": "x"}),
+    "str-options": ("options", {"options": "q"}),
+    "nan-schedule": ("schedule", {"schedule": float("nan")}),
+    "inf-schedule": ("schedule", {"schedule": float("inf")}),
+    "huge-relative": ("schedule", {"schedule": timedelta(days=10**8), "relative": True}),
+}
+
+
+@override_settings(SCHEDAPP_HOUSEKEEPING=True)
+def test_a_malformed_beat_schedule_entry_is_reported_and_the_others_still_sync(beat_schedule):
+    good = {"task": "project.tasks.record", "schedule": 60.0}
+    beat_schedule(
+        {"fine": good, **{name: {**good, **instead} for name, (_, instead) in MALFORMED.items()}}
+    )
+    report = declared.sync_declared_jobs()
+    assert sorted(report.created) == ["fine", "schedapp-cleanup-results", "schedapp-prune-runs"]
+    assert set(report.errors) == set(MALFORMED)
+    for name, (field, _) in MALFORMED.items():
+        (message,) = report.errors[name]
+        assert message.startswith(f"{name}.{field}: beat_schedule entry not run: {field} "), message
+    assert not Job.objects.filter(name__in=list(MALFORMED)).exists()

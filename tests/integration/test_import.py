@@ -127,6 +127,20 @@ def test_update_of_an_unchanged_interval_entry_keeps_its_phase():
     assert (job.interval_anchor, job.next_run_at, job.updated_at) == before
 
 
+def test_a_malformed_entry_is_not_mapped_and_the_others_are_imported():
+    """Celery refuses args that are not a list or tuple: an import must not guess."""
+    entries = {
+        "fine": {"task": "project.tasks.record", "schedule": 60, "args": ["a"]},
+        "comma": {"task": "project.tasks.record", "schedule": 60, "args": ("hello")},
+        "nan": {"task": "project.tasks.record", "schedule": float("nan")},
+    }
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        _, err = run()
+    assert list(Job.objects.values_list("name", "args")) == [("fine", ["a"])]
+    assert "NOT MAPPED comma: args must be a list or a tuple" in err
+    assert "NOT MAPPED nan: schedule " in err
+
+
 def test_update_never_touches_a_job_created_by_someone_else():
     from schedapp import api
 

@@ -256,6 +256,23 @@ def test_a_beat_schedule_entry_with_an_unknown_task_is_reported(celery_conf):
     assert "'typo'" in found[0].msg and "task" in found[0].msg
 
 
+def test_a_malformed_beat_schedule_entry_is_reported_not_a_crash(celery_conf):
+    """A missing comma in ``args`` (an int) or a NaN schedule once made ``manage.py check``
+    raise; each is a warning naming the entry and the field."""
+    entries = {
+        **ENTRY,
+        "comma": {"task": "project.tasks.add", "schedule": 30.0, "args": (16)},
+        "nan": {"task": "project.tasks.add", "schedule": float("nan")},
+        "opts": {"task": "project.tasks.add", "schedule": 30.0, "options": "q"},
+    }
+    celery_conf(beat_schedule=entries, beat_scheduler="schedapp.beat:LeaseScheduler")
+    found = checks.check_beat_schedule()
+    assert ids(found) == ["schedapp.W011"] * 3
+    for message, field in zip(found, ("args", "schedule", "options"), strict=True):
+        assert f"{message.obj!r} is not run by schedapp's LeaseScheduler: {field}: " in message.msg
+    assert declared_errors({}) == {}  # the declared jobs' check reads them too, and survives
+
+
 def test_beat_schedule_with_another_scheduler_or_empty_is_not(celery_conf):
     celery_conf(beat_schedule=ENTRY, beat_scheduler="celery.beat:PersistentScheduler")
     assert checks.check_beat_schedule() == []
