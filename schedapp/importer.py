@@ -21,8 +21,9 @@ Mapping, with Celery's semantics:
 * args, kwargs and the entry's ``options`` (queue, routing_key, exchange, priority, expires,
   headers) -> the job's message options, sent as apply_async sends them; other options are
   reported as ignored. args that are not a list or tuple, kwargs or options that are not a
-  mapping, and a schedule that is not a finite number of seconds -> not mapped, as Celery
-  refuses them (a str's characters are never taken for args). django-celery-beat's
+  mapping, and a schedule that is not a finite number of seconds -> not mapped (a deliberate
+  difference where Celery's beat would take a str's characters or a dict's keys for the
+  args; where it fails at each send, on a number). django-celery-beat's
   ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``,
   priority, exchange, routing key and headers -> message options. A disabled
   ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
@@ -259,16 +260,16 @@ def map_beat_entry(
     if schedule is None:
         item.problem = problem
         return item
-    # Empty means none, as in Celery's beat; anything else must be what Celery sends: it
-    # refuses args that are not a list or tuple (amqp.as_task_v2), and a str or a dict would
-    # otherwise be split into characters or keys without a word.
+    # Empty means none, as in Celery's beat. Otherwise args must be a list or a tuple: Celery's
+    # beat fails at every send on a number and sends a str's characters or a dict's keys as the
+    # arguments (almost always a missing comma); refused here once, with the entry's name.
     fields = {key: entry.get(key) or empty for key, (empty, _, _) in _ENTRY_FIELDS.items()}
     for key, (_, kinds, what) in _ENTRY_FIELDS.items():
         value = fields[key]
         if not isinstance(value, kinds):
             item.problem_field = key
             item.problem = (
-                f"{key} must be {what}, as Celery requires, not "
+                f"{key} must be {what}, not "
                 f"{type(value).__name__} {reprlib.repr(value)}"
             )
             return item
