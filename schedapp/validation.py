@@ -319,7 +319,7 @@ class JobValidator:
         self._zones: dict[Any, tuple[str | None, str | None]] = {}
         self._crons: dict[Any, Cron | ScheduleError] = {}
         self._intervals: dict[Any, Interval | ScheduleError] = {}
-        self._run_ats: dict[datetime, Once | ScheduleError] = {}
+        self._run_ats: dict[tuple[datetime, int], Once | ScheduleError] = {}
         self._message_options: dict[str, tuple[dict[str, Any], str | None]] = {}
         self._options: dict[Any, Options] = {}
         self._last_options: tuple[tuple[Any, ...], Options] | None = None
@@ -534,17 +534,19 @@ class JobValidator:
         _check_window(values, checked)
 
     def _run_at(self, value: Any) -> Once | ScheduleError:
-        # Equal aware datetimes are the same instant, hence the same Once; a naive one is
-        # never equal to an aware one, so it cannot borrow an aware one's verdict.
+        # Equal aware datetimes are the same instant, hence the same Once, but for ``fold``:
+        # Python compares two readings of a repeated wall time in one zone as equal, an hour
+        # apart. A naive one is never equal to an aware one, so it cannot borrow its verdict.
         cacheable = type(value) is datetime
-        verdict = self._run_ats.get(value) if cacheable else None
+        key = (value, value.fold) if cacheable else None
+        verdict = self._run_ats.get(key) if cacheable else None
         if verdict is None:
             try:
                 verdict = parse_run_at(value)
             except ScheduleError as exc:
                 verdict = exc
             if cacheable:
-                _remember(self._run_ats, value, verdict)
+                _remember(self._run_ats, key, verdict)
         return verdict
 
     def _interval(self, value: Any) -> Interval | ScheduleError:

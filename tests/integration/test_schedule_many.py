@@ -195,6 +195,20 @@ def test_first_fire_times_are_those_schedule_computes(writer):
             )
 
 
+def test_the_two_readings_of_a_repeated_wall_time_stay_two_instants(writer):
+    # Given the hour Paris repeats when summer time ends, read once in each offset (fold)
+    first = datetime(2031, 10, 26, 2, 30, tzinfo=ZoneInfo("Europe/Paris"))
+    second = first.replace(fold=1)
+    # When both are scheduled in one call (equal as Python compares them, one hour apart)
+    api.schedule_many([once(1, run_at=first), once(2, run_at=second)])
+    # Then each job runs at its own instant, as api.schedule would store it
+    runs = {j.name: j.run_at for j in Job.objects.filter(name__in=["job-1", "job-2"])}
+    assert runs == {
+        "job-1": datetime(2031, 10, 26, 0, 30, tzinfo=UTC),
+        "job-2": datetime(2031, 10, 26, 1, 30, tzinfo=UTC),
+    }
+
+
 def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
     # Backslashes, quotes, non-ASCII and nested JSON: what COPY's formats must escape or not
     awkward = {
