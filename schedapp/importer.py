@@ -138,7 +138,12 @@ def crontab_expression(schedule: Any) -> str:
 
 
 def _app_timezone() -> str:
-    zone = celery_app().conf.timezone or settings.TIME_ZONE or "UTC"
+    """The zone Celery's beat runs a crontab in (``app.timezone``): ``conf.timezone`` (which
+    falls back to TIME_ZONE only in a configuration read from Django's settings), else UTC
+    under ``enable_utc`` (the default), else local time, which Django sets to TIME_ZONE.
+    Read from the configuration rather than ``app.timezone``, which Celery caches."""
+    conf = celery_app().conf
+    zone = conf.timezone or ("UTC" if conf.enable_utc else settings.TIME_ZONE or "UTC")
     return str(getattr(zone, "key", zone))
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
 
+import pytest
+from celery import Celery
 from celery.schedules import crontab, schedule
 
 from schedapp import importer
@@ -150,3 +156,65 @@ def test_a_custom_subclass_is_refused_with_a_clear_message_not_turned_into_an_in
     item = importer.map_beat_entry("x", {"task": "t", "schedule": value}, "UTC", NOW)
     assert item.problem is not None and "OffsettingSchedule" in item.problem
     assert "refuses" in item.problem and not item.spec
+
+
+zone_app: Any = None  # the Celery app SCHEDAPP_CELERY_APP names in the zone tests
+
+
+@pytest.fixture
+def celery_app_named(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """Makes a new Celery app, configured from Django's settings (namespace CELERY) as the
+    project's is or only in code, and names it in SCHEDAPP_CELERY_APP."""
+
+    def make(from_django: bool, **conf: Any) -> Any:
+        app = Celery("zones", set_as_current=False)
+        if from_django:
+            app.config_from_object("django.conf:settings", namespace="CELERY")
+        app.conf.update(conf)
+        monkeypatch.setattr(sys.modules[__name__], "zone_app", app)
+        return app
+
+    settings.SCHEDAPP_CELERY_APP = f"{__name__}:zone_app"
+    return make
+
+
+@pytest.mark.parametrize(
+    ("from_django", "celery_timezone", "zone"),
+    [
+        (False, None, "UTC"),  # enable_utc, nothing set: UTC whatever Django's TIME_ZONE
+        (True, None, "Europe/Paris"),  # Celery's conf.timezone falls back to TIME_ZONE
+        (False, "America/New_York", "America/New_York"),
+        (True, "America/New_York", "America/New_York"),
+    ],
+)
+def test_a_crontab_runs_in_the_zone_celerys_own_beat_uses_for_the_app(
+    settings, celery_app_named, from_django, celery_timezone, zone
+):
+    """crontab(hour=7, minute=30) fires at 07:30 in Celery's ``app.timezone`` (the oracle, of
+    a new app so not cached), whatever Django's TIME_ZONE says beside it."""
+    from schedapp.models import schedule_of
+    from schedapp.schedules import fire_times
+
+    settings.TIME_ZONE = "Europe/Paris"
+    del settings.CELERY_TIMEZONE  # the project sets it to TIME_ZONE
+    if celery_timezone and from_django:
+        settings.CELERY_TIMEZONE = celery_timezone
+    conf = {"timezone": celery_timezone} if celery_timezone and not from_django else {}
+    app = celery_app_named(from_django, **conf)
+    spec, problem = importer.map_celery_schedule(crontab(hour=7, minute=30))
+    assert problem is None
+    assert spec["timezone"] == app.timezone.key == zone
+    (first,) = fire_times(schedule_of(spec), NOW, limit=1)
+    local = NOW.astimezone(ZoneInfo(zone))
+    day = local.date() if local.hour < 7 else local.date() + timedelta(days=1)
+    assert first == datetime(day.year, day.month, day.day, 7, 30, tzinfo=ZoneInfo(zone))
+
+
+def test_a_crontab_without_utc_or_a_zone_runs_in_local_time_which_is_djangos_time_zone(
+    settings, celery_app_named
+):
+    """enable_utc=False and no zone Celery can see: Celery uses the local time zone, which
+    under Django is TIME_ZONE (Django sets TZ from it)."""
+    settings.TIME_ZONE = "Europe/Paris"
+    celery_app_named(False, enable_utc=False)
+    assert importer.map_celery_schedule(crontab(hour=7))[0]["timezone"] == "Europe/Paris"
