@@ -401,9 +401,11 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
     expires = exec_options.pop("expires", None)
     routed = app.amqp.router.route(exec_options, task, (), {}, task_obj)
     q = routed.get("queue")
+    exchange = routed.get("exchange")
+    if q is None and exchange is None:  # a route with neither ({"priority": 7}): as
+        q = app.amqp.default_queue  # send_task_message, the default queue
     if isinstance(q, str):
         q = app.amqp.queues[q]
-    exchange = routed.get("exchange")
     routing_key = routed.get("routing_key")
     exchange_type = getattr(getattr(q, "exchange", None), "type", None) or "direct"
     if (not exchange or not routing_key) and exchange_type == "direct":

@@ -8,11 +8,13 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
+from celery import Celery
 from django.conf import settings
+from kombu import Producer
 
 from project.celery import app
 from schedapp.claims import ClaimedRun
-from schedapp.dispatch import Dispatcher, _redis_channel
+from schedapp.dispatch import Dispatcher, _redis_channel, resolve_route
 
 pytestmark = pytest.mark.usefixtures("broker_url")
 
@@ -203,3 +205,50 @@ def test_the_current_kombu_gets_the_fast_path():
     dispatcher = Dispatcher(app)
     assert dispatcher.publish([claimed(1, 1)]).error is None
     assert dispatcher._fast_ok is True
+
+
+def routed_app(routes: dict) -> Celery:
+    """A Celery app of the test's own (its router is cached) with these ``task_routes``."""
+    routed = Celery("routed", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    routed.conf.update(task_routes=routes, task_serializer="json")
+    return routed
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"priority": 7},  # no queue: send_task_message falls back to task_default_queue
+        {"routing_key": "rk"},  # the same: '' exchange, the default queue's name as key
+        {"exchange": "ex", "routing_key": "rk"},  # as given, no queue
+        {"queue": "reports", "priority": 3},
+    ],
+)
+def test_a_task_route_resolves_to_where_send_task_publishes_it(route, monkeypatch):
+    routed = routed_app({"project.tasks.record": dict(route)})
+    sent: list[dict] = []
+    monkeypatch.setattr(Producer, "publish", lambda self, body, **kwargs: sent.append(kwargs))
+    routed.send_task("project.tasks.record")
+    (celerys,) = sent
+    ours = resolve_route(routed, "project.tasks.record", "")
+    assert (ours.exchange, ours.routing_key, ours.priority) == (
+        celerys["exchange"],
+        celerys["routing_key"],
+        celerys.get("priority"),
+    )
+    declared = [q.name for q in celerys["declare"] or ()]
+    assert ([ours.queue.name] if ours.queue is not None else []) == declared
+
+
+def test_a_route_without_a_queue_delivers_to_the_default_queue_as_celery_does():
+    """Before, to Redis lists no worker reads: "rk", and "None" (its priority-6 list)."""
+    routed = routed_app(
+        {"project.tasks.record": {"priority": 7}, "project.tasks.noop": {"routing_key": "rk"}}
+    )
+    result = Dispatcher(routed).publish([claimed(1, 1), claimed(2, 1, task="project.tasks.noop")])
+    assert result.error is None and len(result.published) == 2
+    (priority,) = stored(f"celery{SEP}6")
+    assert priority["headers"]["id"] == "schedapp:1:1"
+    assert priority["properties"]["priority"] == 7
+    (keyed,) = stored("celery")
+    assert keyed["headers"]["id"] == "schedapp:2:1"
+    assert keyed["properties"]["delivery_info"]["routing_key"] == "celery"
