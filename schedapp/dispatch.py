@@ -74,6 +74,9 @@ class Route:
     soft_time_limit: float | None = None
     delivery_mode: int = 2
     headers: tuple[tuple[str, Any], ...] = ()  # the job's own (message options)
+    # The task's own (apply_async's default); None for a task this app does not know, as
+    # send_task sends it. A False header would make the worker store the result regardless.
+    ignore_result: bool | None = False
 
 
 def message_body(run: ClaimedRun) -> bytes:
@@ -108,7 +111,7 @@ def message_headers(
             run.kwargs_json if len(run.kwargs_json) <= 1024 else run.kwargs_json[:1021] + "..."
         ),
         "origin": origin,
-        "ignore_result": False,
+        "ignore_result": route.ignore_result if route is not None else False,
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
@@ -431,6 +434,7 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
         soft_time_limit=soft_time_limit,
         delivery_mode=2 if mode in (2, "persistent", None) else 1,
         headers=tuple(headers.items()),
+        ignore_result=task_obj.ignore_result if task_obj is not None else None,
     )
 
 

@@ -252,3 +252,44 @@ def test_a_route_without_a_queue_delivers_to_the_default_queue_as_celery_does():
     (keyed,) = stored("celery")
     assert keyed["headers"]["id"] == "schedapp:2:1"
     assert keyed["properties"]["delivery_info"]["routing_key"] == "celery"
+
+
+def app_with_tasks() -> Celery:
+    """An app of the test's own with a task that ignores its result and one that does not."""
+    own = Celery("own", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    own.conf.task_serializer = "json"
+
+    @own.task(name="project.tasks.quiet", ignore_result=True, shared=False)
+    def quiet(label: str = "") -> None: ...
+
+    @own.task(name="project.tasks.loud", shared=False)
+    def loud(label: str = "") -> None: ...
+
+    return own
+
+
+def beat_and_dispatch(own: Celery, task: str) -> tuple[dict, dict]:
+    """The message Celery's own beat sends for an entry of ``task`` (Scheduler.apply_async),
+    and a dispatch's, as Redis stores them."""
+    from celery.beat import ScheduleEntry, Scheduler
+
+    Dispatcher(own, origin="test").publish([claimed(task=task)])
+    entry = ScheduleEntry(name="a job", task=task, kwargs={"label": "x\u00e9"}, app=own)
+    Scheduler(own, lazy=True).apply_async(entry, advance=False)
+    celerys, ours = stored()
+    return celerys, ours
+
+
+@pytest.mark.parametrize(
+    ("task", "ignore_result"),
+    [
+        ("project.tasks.quiet", True),  # @task(ignore_result=True): apply_async's default
+        ("project.tasks.loud", False),  # from task_ignore_result, False by default
+        ("project.tasks.elsewhere", None),  # not registered here: beat's send_task sends None
+    ],
+)
+def test_a_dispatch_sends_ignore_result_as_celerys_beat_does_for_the_task(task, ignore_result):
+    """A False header overrides the task's own ignore_result on the worker: results stored."""
+    celerys, ours = beat_and_dispatch(app_with_tasks(), task)
+    assert ours["headers"]["ignore_result"] is celerys["headers"]["ignore_result"]
+    assert ours["headers"]["ignore_result"] is ignore_result
