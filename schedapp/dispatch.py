@@ -8,9 +8,10 @@ in its headers, what the worker needs to fence the run: job, run, token, occurre
 and idempotency key; its task id is deterministic per claim.
 
 What a message says is what ``apply_async`` would send for the same task (DESIGN 20): the
-task's own options (queue, routing_key, exchange, priority, expires, time limits),
-``task_routes`` and ``task_default_*``, then the job's queue and message options over them,
-resolved once per (task, queue, options) and cached. ``before_task_publish`` and
+task's own options (queue, routing_key, exchange, priority, expires, time limits,
+ignore_result), ``task_routes`` and ``task_default_*``, then the job's queue and message
+options over them, resolved once per (task, queue, options) and cached; with the header
+Celery's own beat adds (``celery_beat_task``, from Celery 5.7). ``before_task_publish`` and
 ``after_task_publish`` fire for every message when they have receivers (Celery's own check),
 and headers a receiver adds are sent. The Redis fast path writes what kombu's Redis transport
 would store, through a few of kombu's private helpers: a kombu whose helpers or message
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import VERSION as CELERY_VERSION
 from celery import Celery, signals
 from kombu import Exchange, Producer, Queue
 
@@ -49,6 +51,11 @@ from .validation import task_not_allowed
 log = logging.getLogger("schedapp.dispatch")
 
 _EMBED = '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
+# The header Celery's beat adds to what it sends, over the entry's own headers
+# (Scheduler.apply_async), from Celery 5.7; earlier beats add none, so neither do we there.
+BEAT_HEADERS: tuple[tuple[str, Any], ...] = (
+    (("celery_beat_task", True),) if CELERY_VERSION >= (5, 7) else ()
+)
 
 
 @dataclass
@@ -126,6 +133,7 @@ def message_headers(
     }
     if route is not None and route.headers:
         headers.update(route.headers)  # apply_async(headers=...) merges them the same way
+    headers.update(BEAT_HEADERS)
     return headers
 
 

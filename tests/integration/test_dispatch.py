@@ -6,6 +6,7 @@ import base64
 import json
 from datetime import UTC, datetime
 
+import celery
 import pytest
 import redis
 from celery import Celery
@@ -14,7 +15,7 @@ from kombu import Producer
 
 from project.celery import app
 from schedapp.claims import ClaimedRun
-from schedapp.dispatch import Dispatcher, _redis_channel, resolve_route
+from schedapp.dispatch import BEAT_HEADERS, Dispatcher, _redis_channel, resolve_route
 
 pytestmark = pytest.mark.usefixtures("broker_url")
 
@@ -117,7 +118,8 @@ def test_a_tasks_own_options_are_published_as_apply_async_publishes_them():
     """@shared_task(queue="slowq", priority=7, expires=30, time_limit=60, ...) with a job that
     leaves queue empty: published to "celery" with no priority nor expiry before."""
     Dispatcher(app, origin="test").publish([claimed(task="project.tasks.routed")])
-    app.tasks["project.tasks.routed"].apply_async(kwargs={"label": "x\u00e9"})
+    beats = dict(BEAT_HEADERS)  # as Celery's beat calls apply_async
+    app.tasks["project.tasks.routed"].apply_async(kwargs={"label": "x\u00e9"}, headers=beats)
     assert stored("celery") == [] and stored("slowq") == []  # priority 7: its own list
     celerys, ours = stored(f"slowq{SEP}6")
     assert ours["headers"]["timelimit"] == celerys["headers"]["timelimit"] == [60, 50]
@@ -293,3 +295,23 @@ def test_a_dispatch_sends_ignore_result_as_celerys_beat_does_for_the_task(task, 
     celerys, ours = beat_and_dispatch(app_with_tasks(), task)
     assert ours["headers"]["ignore_result"] is celerys["headers"]["ignore_result"]
     assert ours["headers"]["ignore_result"] is ignore_result
+
+
+def test_a_dispatch_carries_every_header_celerys_own_beat_sends():
+    """Celery 5.7's beat marks its messages (celery_beat_task); earlier beats do not."""
+    celerys, ours = beat_and_dispatch(app_with_tasks(), "project.tasks.quiet")
+    assert ("celery_beat_task" in ours["headers"]) is (celery.VERSION >= (5, 7))
+    for key in PER_MESSAGE:
+        celerys["headers"].pop(key), ours["headers"].pop(key)
+    assert {k: v for k, v in ours["headers"].items() if not k.startswith("schedapp")} == (
+        celerys["headers"]
+    )
+
+
+def test_a_jobs_own_celery_beat_task_header_does_not_hide_that_beat_sent_it():
+    """Celery's beat sets the header over an entry's own headers; so does a dispatch."""
+    options = json.dumps({"headers": {"celery_beat_task": False, "team": "ops"}})
+    Dispatcher(app).publish([claimed(message_options=options)])
+    (message,) = stored()
+    assert message["headers"]["team"] == "ops"
+    assert message["headers"].get("celery_beat_task") is (celery.VERSION >= (5, 7))
