@@ -419,6 +419,12 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
         q = app.amqp.queues[q]
     routing_key = routed.get("routing_key")
     exchange_type = getattr(getattr(q, "exchange", None), "type", None) or "direct"
+    if exchange_type == "fanout":
+        raise ValueError(
+            f"it is routed to the broadcast (fanout) exchange {q.exchange.name!r}, which "
+            "would run each occurrence on every worker; schedapp runs each occurrence once, "
+            "on one worker (route the task to an ordinary queue)"
+        )
     if (not exchange or not routing_key) and exchange_type == "direct":
         exchange, routing_key = "", q.name if q is not None else routing_key
     elif exchange is None:

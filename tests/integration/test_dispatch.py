@@ -315,3 +315,19 @@ def test_a_jobs_own_celery_beat_task_header_does_not_hide_that_beat_sent_it():
     (message,) = stored()
     assert message["headers"]["team"] == "ops"
     assert message["headers"].get("celery_beat_task") is (celery.VERSION >= (5, 7))
+
+
+def test_a_task_routed_to_a_broadcast_queue_is_refused_with_the_reason():
+    """Before, on Redis, it was pushed into the fanout queue's list, which workers never read
+    (they take fanout messages by pub/sub): every dispatch silently lost."""
+    from kombu.common import Broadcast
+
+    routed = routed_app({"project.tasks.record": {"queue": "everyone"}})
+    routed.conf.task_queues = [Broadcast("everyone"), routed.amqp.Queues({}).new_missing("celery")]
+    with pytest.raises(ValueError, match="broadcast"):
+        resolve_route(routed, "project.tasks.record", "")
+    result = Dispatcher(routed).publish([claimed(1, 1)])
+    assert result.published == []
+    ((run, reason),) = result.refused
+    assert run.job_id == 1 and "broadcast (fanout) exchange" in reason
+    assert "once, on one worker" in reason
