@@ -222,8 +222,17 @@ def resume(job: JobRef) -> Job:
             raise JobStateError(f"job {current.pk} is {current.state}, not paused.")
         _still_allowed(current)
         now = db_now()
-        lease_held = current.lease_expires_at is not None and current.lease_expires_at > now
-        current.state = JobState.RUNNING if lease_held else JobState.SCHEDULED
+        # A live lease: a run in flight when the job was paused goes on under it. An expired
+        # one over a run that had started (its worker died meanwhile) is the reaper's, which
+        # closes the run as lost and counts the attempt, as for any dead worker.
+        lease = current.lease_expires_at
+        in_flight = lease is not None and (
+            lease > now
+            or JobRun.objects.filter(
+                job=current, token=current.token, status=RunStatus.RUNNING
+            ).exists()
+        )
+        current.state = JobState.RUNNING if in_flight else JobState.SCHEDULED
         if current.state == JobState.SCHEDULED:
             current.claimed_by, current.lease_expires_at = "", None
             current.unstarted_dispatches = 0  # a person's action: an ordinary wait again
@@ -242,6 +251,8 @@ def resume(job: JobRef) -> Job:
         )
         if current.state == JobState.SCHEDULED:
             notify_due(current.next_run_at)
+        elif lease is not None and lease <= now:
+            notify_due(now)  # wake a beat to reap it
     return current
 
 

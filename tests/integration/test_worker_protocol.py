@@ -299,6 +299,24 @@ def test_a_message_celery_discards_as_expired_drops_its_occurrence_as_under_cele
         assert (r.status, r.error) == (RunStatus.SKIPPED, "expired before a worker started it")
 
 
+def test_resuming_a_job_whose_worker_died_while_it_was_paused_closes_that_run_as_lost():
+    # Given a run in flight when the job was paused, whose worker then died: its lease expired
+    # before any beat reaped it
+    job, run = claimed(max_retries=3, retry_backoff=0)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    api.pause(job.pk)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    # When the operator resumes it and a beat reaps
+    api.resume(job.pk)
+    claims.reap_expired_leases(10)
+    # Then the dead run is closed as lost and counts as a failed attempt, as the reaper does
+    # for any run whose worker died (it stayed "running" forever, its attempt never counted)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
+    assert job.token > run.token
+
+
 # --- renewal ----------------------------------------------------------------------------------
 
 
