@@ -66,6 +66,11 @@ _FIELD_CHARS = re.compile(r"^[0-9A-Za-z*/,\-#?L]+$")
 # croniter reads an equal range ("1-1", "jan-jan/2") as the whole field; cron means the one value.
 _EQUAL_RANGE = re.compile(r"^([0-9A-Za-z]+)-([0-9A-Za-z]+)(?:/[0-9]+)?$")
 _EPSILON = timedelta(microseconds=1)
+# The instants a job may hold: a year inside each end of what datetime represents, so that
+# one read in any zone (offsets are under a day) or pushed by a jitter (at most a week) still is.
+EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+LATEST = datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+OUT_OF_RANGE = "is out of the supported range: 0002-01-01 to 9998-12-31 (UTC)."
 # Celery's crontab takes full names; croniter only the three-letter forms.
 _FULL_NAMES = {
     name.lower(): name[:3].lower()
@@ -243,7 +248,13 @@ def parse_run_at(value: object, field: str = "run_at") -> Once:
         raise ScheduleError(field, "must be a datetime.")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ScheduleError(field, "must be timezone-aware (naive datetimes are ambiguous).")
-    return Once(value.astimezone(UTC))
+    try:
+        at = value.astimezone(UTC)
+    except OverflowError:  # year 1 east of UTC, or year 9999 west of it
+        at = None
+    if at is None or not EARLIEST <= at <= LATEST:
+        raise ScheduleError(field, f"{value.isoformat()} {OUT_OF_RANGE}")
+    return Once(at)
 
 
 def parse_solar(event: object, latitude: object, longitude: object) -> Solar:
@@ -332,10 +343,23 @@ def first_fire_time(schedule: Schedule, now: datetime) -> datetime:
     whose ``expires`` leaves no occurrence after ``now`` raises ScheduleError."""
     if isinstance(schedule, Once):
         return schedule.at
-    nxt = next_fire_time(schedule, now)
+    try:
+        nxt = next_fire_time(schedule, now)
+    except (OverflowError, CroniterError, ValueError) as exc:  # walked off the end of datetime
+        raise ScheduleError(_kind_field(schedule), f"its first occurrence {OUT_OF_RANGE}") from exc
     if nxt is None:  # cron validated to fire, intervals always do: only an expiry ends them
         raise ScheduleError("expires_at", "has passed: the schedule has no occurrence left.")
+    if nxt > LATEST:  # a start late in the range: the job would run where jitter overflows
+        raise ScheduleError(
+            _kind_field(schedule), f"its first occurrence, {nxt.isoformat()}, {OUT_OF_RANGE}"
+        )
     return nxt
+
+
+def _kind_field(schedule: Recurring) -> str:
+    if isinstance(schedule, Interval):
+        return "interval"
+    return "solar_event" if isinstance(schedule, Solar) else "cron"
 
 
 def fire_times(

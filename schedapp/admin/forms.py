@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_date, parse_duration, parse_time
 from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
 from ..models import Job, field_default
-from ..schedules import Once, fire_times
+from ..schedules import OUT_OF_RANGE, Once, fire_times
 from ..validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
 
 FORM_FIELDS = [
@@ -208,11 +208,14 @@ def in_zone(value: datetime, zone_name: str) -> datetime:
     A wall time the zone shows twice (the hour repeated when summer time ends) means its first
     instant, as a cron job at that time runs at its first (``schedules``). One the zone skips
     (spring forward) is refused with a ``ValidationError``: moving it silently would run the
-    job at a time nobody typed.
+    job at a time nobody typed. So is one too near the ends of ``datetime`` to read in the zone.
     """
     naive = django_tz.make_naive(value) if django_tz.is_aware(value) else value
     zone = safe_zone(zone_name)
-    readings = instants(naive, zone, wildcard_hour=True)  # every instant showing it, in order
+    try:
+        readings = instants(naive, zone, wildcard_hour=True)  # every instant showing it, in order
+    except OverflowError as exc:  # the first or last day datetime holds, read in a far zone
+        raise ValidationError(f"{naive:%Y-%m-%d %H:%M:%S} {OUT_OF_RANGE}") from exc
     if not readings:
         after = end_of_gap(naive, zone).astimezone(zone)
         raise ValidationError(

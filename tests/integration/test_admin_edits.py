@@ -15,6 +15,7 @@ from schedapp import api, claims
 from schedapp.claims import DoorVerdict, admit_run, claim_due_jobs, complete_run
 from schedapp.db import db_now
 from schedapp.models import Job, JobState
+from tests.integration.test_admin import form_data
 
 pytestmark = [pytest.mark.django_db]
 
@@ -165,6 +166,47 @@ def test_a_run_at_the_zone_skips_is_refused_on_its_field(admin_client):
         {"run_at_0": "2027-03-28", "run_at_1": "02:30:00", "timezone": "Europe/Paris"},
     ).json()
     assert preview["errors"]["run_at"] == errors["run_at"]
+
+
+@pytest.mark.parametrize(
+    ("day", "clock", "zone"),
+    [("0001-01-01", "00:00:00", "Asia/Tokyo"), ("9999-12-31", "23:59:59", "America/New_York")],
+)
+def test_a_run_at_beyond_the_supported_range_is_refused(admin_client, day, clock, zone):
+    # When the operator adds a one-off at the very first or last second datetime holds
+    data = {"cron": "", "run_at_0": day, "run_at_1": clock, "timezone": zone}
+    response = admin_client.post(reverse("admin:schedapp_job_add"), form_data(**data))
+
+    # Then the form says so on run_at, and nothing is written
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["run_at"], errors
+    assert "out of the supported range" in errors["run_at"][0]
+    assert not Job.objects.exists()
+    # ... as does the preview while it is typed
+    preview = admin_client.get(
+        reverse("admin:schedapp_job_preview"),
+        {"run_at_0": day, "run_at_1": clock, "timezone": zone},
+    )
+    assert preview.status_code == 200
+    assert preview.json()["errors"]["run_at"] == errors["run_at"]
+
+
+@pytest.mark.parametrize("field", ["interval_anchor", "not_before", "expires_at"])
+def test_the_other_date_times_beyond_the_range_are_refused_on_their_field(admin_client, field):
+    data = {
+        "cron": "",
+        "interval": "60",
+        f"{field}_0": "0001-01-01",
+        f"{field}_1": "00:00:00",
+        "timezone": "Asia/Tokyo",
+    }
+    response = admin_client.post(reverse("admin:schedapp_job_add"), form_data(**data))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == [field], errors
+    assert "out of the supported range" in errors[field][0]
+    assert not Job.objects.exists()
 
 
 def test_a_changed_ambiguous_run_at_means_its_first_reading(admin_client):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
@@ -19,6 +19,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK = "project.tasks.record"
 SOON = datetime(2030, 1, 1, tzinfo=UTC)
+EAST = timezone(timedelta(hours=5))
+WEST = timezone(timedelta(hours=-5))
+LAST_HOUR = datetime(9999, 12, 31, 23, tzinfo=UTC)
 
 
 def errors_of(call) -> dict[str, list[str]]:
@@ -203,3 +206,55 @@ def test_duplicate_copies_task_schedule_and_policy():
         7,
         3,
     )
+
+
+# --- the ends of datetime ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"run_at": datetime(1, 1, 1, tzinfo=EAST)}, "run_at"),
+        ({"run_at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=WEST)}, "run_at"),
+        ({"run_at": datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC), "jitter": 100}, "run_at"),
+        ({"interval": 60, "interval_anchor": datetime(1, 1, 1, tzinfo=EAST)}, "interval_anchor"),
+        ({"interval": 60, "not_before": datetime(1, 1, 1, tzinfo=EAST)}, "not_before"),
+        ({"cron": "0 0 * * *", "expires_at": LAST_HOUR.replace(tzinfo=WEST)}, "expires_at"),
+        ({"cron": "0 0 * * *", "not_before": LAST_HOUR}, "not_before"),
+    ],
+)
+def test_a_time_outside_the_supported_range_is_a_field_error(kwargs, field):
+    messages = errors_of(lambda: api.schedule(TASK, **kwargs))
+    assert any("out of the supported range" in m for m in messages[field]), messages
+    bulk = errors_of(lambda: api.schedule_many([{"task": TASK, **kwargs}]))
+    assert bulk[f"0.{field}"] == messages[field]
+    job = api.schedule(TASK, interval=60, name="kept")
+    with pytest.raises(ValidationError) as info:
+        api.update(job, **kwargs)
+    assert info.value.message_dict[field] == messages[field]
+    assert Job.objects.get(pk=job.pk).interval == timedelta(seconds=60)
+
+
+def test_the_ends_of_the_supported_range_are_accepted_with_any_zone_and_jitter():
+    first = api.schedule(
+        TASK, run_at=datetime(2, 1, 1, tzinfo=UTC), timezone="Pacific/Kiritimati", name="first"
+    )
+    last = api.schedule(
+        TASK,
+        run_at=datetime(9998, 12, 31, 23, 59, 59, tzinfo=UTC),
+        timezone="Pacific/Kiritimati",
+        jitter=7 * 86400,
+        name="last",
+    )
+    assert first.next_run_at == datetime(2, 1, 1, tzinfo=UTC)
+    assert last.next_run_at >= last.run_at
+
+
+@pytest.mark.parametrize("cron", ["0 0 31 12 *", "0 0 29 2 *", "0 12 L * 1#2,1#4"])
+def test_a_first_occurrence_past_the_supported_range_is_a_field_error(cron):
+    # from the last instant of the range, the first occurrence is in year 9999 (where a jitter
+    # overflows) or past the end of datetime
+    start = datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    messages = errors_of(lambda: api.schedule(TASK, cron=cron, not_before=start))
+    assert any("out of the supported range" in m for m in messages["cron"]), messages
+
