@@ -31,6 +31,7 @@ from .validation import (
     JobChanges,
     JobOptions,
     celery_app,
+    generated_name,
     job_defaults,
     name_taken,
     source_problem,
@@ -62,7 +63,7 @@ def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults, overridden by what the caller gave (None means "default" for options)."""
     values = with_defaults(job_defaults(), {**given, "task": task})
     if values.get("name") is None and isinstance(task, str):
-        values["name"] = f"{task}-{uuid.uuid4().hex[:12]}"
+        values["name"] = generated_name(task, f"-{uuid.uuid4().hex[:12]}")
     return values
 
 
@@ -140,7 +141,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
 
     It returns a count, not the jobs: a million ``Job`` objects would not fit the memory
     that streaming saves. Find jobs by the names you gave (unnamed ones are named
-    ``"<task>-<call id>-<index>"``).
+    ``"<task>-<call id>-<index>"``, the task cut short if the whole would pass 200 characters).
     """
     return bulk.schedule_many(specs, chunk_size=chunk_size)
 
@@ -371,9 +372,8 @@ def duplicate(job: JobRef, *, name: str | None = None) -> Job:
     if source.run_at is not None:
         fields["run_at"] = max(source.run_at, db_now())  # a one-off in the past runs now
     with transaction.atomic():
-        copy = schedule(
-            source.task, name=name or f"{source.name} (copy {uuid.uuid4().hex[:6]})", **fields
-        )
+        copy_name = name or generated_name(source.name, f" (copy {uuid.uuid4().hex[:6]})")
+        copy = schedule(source.task, name=copy_name, **fields)
         copy.state = JobState.PAUSED
         copy.save(update_fields=["state", "updated_at"])
     return copy

@@ -43,6 +43,7 @@ from .store import get_store
 from .validation import (
     Checked,
     JobValidator,
+    generated_name,
     job_defaults,
     name_taken,
     source_problem,
@@ -146,7 +147,7 @@ class _Ingest:
         source = values.pop("source", "api")
         task = values["task"]
         if values["name"] is None and isinstance(task, str):
-            values["name"] = f"{task}-{self.call}-{index}"
+            values["name"] = generated_name(task, f"-{self.call}-{index}")
         checked = self.validator.check(values)
         if checked.errors:
             self.fail(index, checked.errors)

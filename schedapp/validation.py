@@ -164,6 +164,12 @@ def name_taken(name: str) -> str:
     return f"a job named {name!r} already exists."
 
 
+def generated_name(stem: str, suffix: str) -> str:
+    """``stem + suffix`` cut to a job name's limit by shortening the stem: the suffix is what
+    makes the name unique, and nobody should get a name error for a name they did not give."""
+    return stem[: max(0, NAME_MAX - len(suffix))] + suffix
+
+
 def job_defaults() -> dict[str, Any]:
     """Every optional field's value when the caller gives none (or None): the model's
     defaults (several read SCHEDAPP_* settings), no schedule and no name."""

@@ -7,6 +7,7 @@ from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery import shared_task
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
@@ -258,3 +259,32 @@ def test_a_first_occurrence_past_the_supported_range_is_a_field_error(cron):
     messages = errors_of(lambda: api.schedule(TASK, cron=cron, not_before=start))
     assert any("out of the supported range" in m for m in messages["cron"]), messages
 
+
+# --- generated names fit the name's limit -----------------------------------------------------
+
+
+def test_a_copy_of_a_job_with_a_long_name_gets_a_name_that_fits():
+    job = api.schedule(TASK, interval=60, name="n" * 200)
+    first, second = api.duplicate(job), api.duplicate(job)
+    for copy in (first, second):
+        assert len(copy.name) == 200
+        assert copy.name.startswith("n" * 150) and " (copy " in copy.name
+    assert first.name != second.name
+
+
+LONG_TASK = "project.tasks." + "t" * 186  # 200 characters, the most a task name may have
+
+
+@shared_task(name=LONG_TASK)
+def long_named_task() -> None:
+    pass
+
+
+def test_an_unnamed_job_of_a_long_named_task_gets_a_name_that_fits():
+    single = api.schedule(LONG_TASK, interval=60)
+    assert api.schedule_many([{"task": LONG_TASK, "interval": 60} for _ in range(2)]) == 2
+    names = [single.name, *Job.objects.exclude(pk=single.pk).values_list("name", flat=True)]
+    assert len(set(names)) == 3
+    for name in names:
+        assert len(name) <= 200 and name.startswith(LONG_TASK[:150])
+    assert sorted(n.rsplit("-", 1)[1] for n in names[1:]) == ["0", "1"]
