@@ -176,22 +176,36 @@ class ScheduleKindFilter(admin.SimpleListFilter):
 class RunJobFilter(admin.SimpleListFilter):
     """The runs of one job (``?job=<id>``), linked from the job's page.
 
-    It lists only the selected job (one query by primary key), never every job."""
+    It lists only the selected job (one query by primary key), never every job. A value that
+    is no job id (a typo, "²", past bigint) matches no run, and the filter says so."""
 
     title = "job"
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         value = self.value()
-        if not value or not value.isdigit():
+        if not value:
             return []
-        name = Job.objects.filter(pk=int(value)).values_list("name", flat=True).first()
+        job_id = _job_id(value)
+        if job_id is None:
+            return [(value, f"no job {value!r}")]
+        name = Job.objects.filter(pk=job_id).values_list("name", flat=True).first()
         return [(value, name or f"job {value} (deleted)")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
         if not value:
             return queryset
-        if not value.isdigit():
+        job_id = _job_id(value)
+        if job_id is None:
             return queryset.none()
-        return queryset.filter(job_id=int(value))
+        return queryset.filter(job_id=job_id)
+
+
+def _job_id(value: str) -> int | None:
+    """The job id ``value`` spells in ASCII digits, within bigint; None if it spells none
+    (``str.isdigit`` also accepts "²", which ``int`` refuses)."""
+    if not (value.isascii() and value.isdigit()):
+        return None
+    job_id = int(value)
+    return job_id if job_id < 2**63 else None

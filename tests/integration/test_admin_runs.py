@@ -123,6 +123,14 @@ def test_job_page_links_to_its_runs_which_are_paginated(admin_client, job):
     assert len(second.result_list) == 30
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661", "99999999999999999999", "-1", "x", " 1"])
+def test_a_job_filter_that_is_no_job_id_shows_no_runs(admin_client, job, value):
+    add_run(job, 1, "succeeded")
+    response = admin_client.get(reverse("admin:schedapp_jobrun_changelist"), {"job": value})
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+
+
 def test_runs_can_be_found_by_task_id_and_filtered_by_status(admin_client, job):
     add_run(job, 1, "succeeded")
     add_run(job, 2, "lost")
