@@ -613,12 +613,7 @@ def _complete(
     rng: policies.Rng,
 ) -> CompletionResult:
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
-        run = (
-            JobRun.objects.filter(job_id=job_id, token=token)
-            .values("status", "scheduled_for")
-            .first()
-        )
+        job, run = _lock_job_and_run(job_id, token)
         if run is None or run["status"] not in accepted:
             return CompletionResult(Completion.ALREADY_RECORDED)
         fresh = (
@@ -662,6 +657,13 @@ def _complete(
             extra={"action": "dead", "job": job_id},
         )
     return CompletionResult(Completion.APPLIED, dead=plan.dead)
+
+
+def _lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any] | None]:
+    """The job row, locked first as everywhere, then what an outcome reads of its run."""
+    job = Job.objects.select_for_update().filter(id=job_id).first()
+    run = JobRun.objects.filter(job_id=job_id, token=token).values("status", "scheduled_for")
+    return job, run.first()
 
 
 def _facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
@@ -722,12 +724,7 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
     door already admitted (another copy is executing) is left alone. Returns the completion
     when the job moved on, None when only the run was closed or nothing changed."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).first()  # the job row first
-        run = (
-            JobRun.objects.filter(job_id=job_id, token=token)
-            .values("status", "scheduled_for")
-            .first()
-        )
+        job, run = _lock_job_and_run(job_id, token)
         if run is None or run["status"] != RunStatus.DISPATCHED:
             return None
         JobRun.objects.filter(job_id=job_id, token=token).update(
