@@ -322,7 +322,9 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
     The fencing token moves on, so a run in flight can no longer change the job, and its
     Celery task is revoked: a message not yet started is discarded; one already executing
     runs to its end unless ``terminate=True``, which kills it with SIGTERM (for prefork
-    workers; Celery cannot terminate thread or solo pool tasks).
+    workers; Celery cannot terminate thread or solo pool tasks). Its run is closed
+    ``cancelled`` here and now, not when (or if) its worker reports: a worker that dies
+    meanwhile must not leave it ``running``, and what the task reports changes nothing.
     """
     with transaction.atomic():
         current = _locked(job)
@@ -337,6 +339,12 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
         )
         JobRun.objects.filter(job=current, status=RunStatus.DISPATCHED).update(
             status=RunStatus.CANCELLED, finished_at=Now(), error="cancelled before it started"
+        )
+        JobRun.objects.filter(job=current, status=RunStatus.RUNNING).update(
+            status=RunStatus.CANCELLED,
+            finished_at=Now(),
+            error="cancelled while running: its task was revoked and "
+            + ("terminated (SIGTERM)" if terminate else "may run on to its end"),
         )
         current.state = JobState.CANCELLED
         current.token += 1

@@ -398,12 +398,14 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
 @dataclass(frozen=True)
 class Renewal:
     """What one lease heartbeat found: leases renewed, runs that finished normally since (the
-    worker has not noticed yet), runs that moved on before they ever started (a message that
+    worker has not noticed yet), runs closed by a cancel (the task may run on; nothing it
+    reports changes the job), runs that moved on before they ever started (a message that
     arrived after its lease expired: the door will refuse it), and leases lost while running
-    (reclaimed, reaped or cancelled)."""
+    (reclaimed or reaped)."""
 
     renewed: set[tuple[int, int]] = field(default_factory=set)
     finished: set[tuple[int, int]] = field(default_factory=set)
+    cancelled: set[tuple[int, int]] = field(default_factory=set)
     unstarted: set[tuple[int, int]] = field(default_factory=set)
     lost: set[tuple[int, int]] = field(default_factory=set)
 
@@ -413,9 +415,10 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
 
     A lease that can no longer be renewed is *lost* only if its run had started and did not
     simply finish: a run whose completion committed a moment ago (the worker's main process
-    has not seen it yet) is reported as finished, and one that never started anywhere (its
-    message waited in this worker while the job moved on) as unstarted, not as an alarm. On
-    PostgreSQL this is the function ``schedapp_renew_leases`` (migration 0009).
+    has not seen it yet) is reported as finished, one a cancel closed as cancelled, and one
+    that never started anywhere (its message waited in this worker while the job moved on) as
+    unstarted, not as an alarm. On
+    PostgreSQL this is the function ``schedapp_renew_leases`` (migration 0011).
     """
     if not held:
         return Renewal()
@@ -424,6 +427,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     sets = {
         "renewed": result.renewed,
         "finished": result.finished,
+        "cancelled": result.cancelled,
         "unstarted": result.unstarted,
         "lost": result.lost,
     }

@@ -225,9 +225,17 @@ class WorkerHooks:
             for key in renewal.renewed:
                 if key in self.held:
                     self.held[key].renewed_at = now
-            for key in renewal.finished | renewal.unstarted | renewal.lost:
+            for key in renewal.finished | renewal.cancelled | renewal.unstarted | renewal.lost:
                 self.held.pop(key, None)
         metrics.heartbeat("worker", renewed=len(renewal.renewed), lost=len(renewal.lost))
+        for job_id, token in sorted(renewal.cancelled):
+            log.info(
+                "job %s was cancelled while this worker held token %s: no longer renewed, and "
+                "nothing its task reports will change the job",
+                job_id,
+                token,
+                extra={"action": "lease_cancelled", "job": job_id, "token": token},
+            )
         for job_id, token in sorted(renewal.unstarted):
             log.info(
                 "job %s token %s was claimed again before it started here; the copy this "
@@ -238,7 +246,7 @@ class WorkerHooks:
             )
         for job_id, token in sorted(renewal.lost):
             log.error(
-                "job %s lost its lease (token %s was reclaimed, reaped or cancelled while this "
+                "job %s lost its lease (token %s was reclaimed or reaped while this "
                 "worker held it): its outcome will be recorded as stale",
                 job_id,
                 token,

@@ -86,7 +86,8 @@ class Store(Protocol):
         """The door (``claims.admit_run``)."""
 
     def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
-        """One heartbeat for every held lease: ``(job, token, renewed|finished|unstarted|lost)``."""
+        """One heartbeat for every held lease: ``(job, token, outcome)``, the outcome one of
+        renewed, finished, cancelled, unstarted or lost."""
 
     def succeed_run(self, args: list[Any]) -> bool:
         """The common success in one call; False: take the general path."""

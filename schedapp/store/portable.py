@@ -243,6 +243,8 @@ def _renew(now: datetime, held: Sequence[tuple[int, int]]) -> list[tuple[int, in
         status, stale, started = runs.get(key, (None, False, True))
         if key in renewed:
             outcome = "renewed"
+        elif status == RunStatus.CANCELLED:
+            outcome = "cancelled"
         elif status in _FINISHED_NORMALLY and not stale:
             outcome = "finished"
         elif status is not None and started is None:

@@ -246,3 +246,34 @@ def test_a_backlog_behind_a_busy_worker_is_not_multiplied_by_re_sends(fleet):
     )
     assert max(sends.values()) <= 5, sends
     assert not Job.objects.filter(state=JobState.DEAD).exists()
+
+
+def test_a_job_cancelled_while_its_task_runs_raises_no_alarm_and_leaves_no_run_running(fleet):
+    # Given a worker renewing every 0.2 s and a 3 s task with a 3 s lease, running
+    fleet.beat()
+    worker = fleet.worker(concurrency=2, settings={"SCHEDAPP_LEASE_HEARTBEAT": 0.2})
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "cancel-soft", "sleep": 3},
+        run_at=db_now(),
+        lease_seconds=3,
+        name="cancel-soft",
+    )
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=20)
+    # When the operator cancels it without terminating it: the task runs on to its end
+    api.cancel(job)
+    wait_until(
+        lambda: Execution.objects.filter(job_id=job.pk, finished_at__isnull=False).exists(),
+        timeout=20,
+        message="the task ran to its end",
+    )
+    time.sleep(1)  # its renewals and its completion have come and gone
+    # Then its run says it was cancelled, the job stays cancelled, and the worker's log says
+    # so at INFO: no "lost its lease" error, no "stale completion" warning (both were logged)
+    run = JobRun.objects.get(job=job)
+    assert run.status == RunStatus.CANCELLED
+    assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+    log = worker.log()
+    assert "lost its lease" not in log
+    assert "stale completion" not in log
+    assert f"job {job.pk} was cancelled while this worker held token {run.token}" in log

@@ -3,6 +3,7 @@ completions, each idempotent and serialised with the reaper and the API on the j
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -317,6 +318,55 @@ def test_resuming_a_job_whose_worker_died_while_it_was_paused_closes_that_run_as
     assert job.token > run.token
 
 
+# --- cancel while a run executes ---------------------------------------------------------------
+
+
+def test_a_run_cancelled_while_executing_is_closed_even_if_its_worker_then_dies():
+    # Given a run executing on a worker
+    job, run = claimed(max_retries=3)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    # When the operator cancels the job, and that worker then dies (nothing more is ever
+    # written for this run: it renews nothing, records nothing) and a beat reaps
+    api.cancel(job.pk)
+    claims.reap_expired_leases(10)
+    # Then the run is closed as cancelled, not left "running" in the history for ever
+    closed = JobRun.objects.get(pk=run.run_id)
+    assert closed.status == RunStatus.CANCELLED
+    assert closed.finished_at is not None
+    assert "cancelled while running" in closed.error
+    assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+def test_renewal_of_a_run_cancelled_while_executing_is_no_lost_lease():
+    job, run = claimed()
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.cancel(job.pk)
+    # The worker still runs it (a revoke without terminate lets it finish) and renews it
+    renewal = renew_leases([(job.pk, run.token)])
+    # Then that is the cancel it is, not the alarm of a lease lost to a reaper or a beat
+    assert not renewal.lost and not renewal.renewed
+    assert renewal.cancelled == {(job.pk, run.token)}
+
+
+def test_the_outcome_of_a_run_cancelled_while_executing_changes_nothing_and_warns_of_nothing(
+    caplog,
+):
+    job, run = claimed_recurring()
+    admit_run(job.pk, run.token, "w1", "a1")
+    api.cancel(job.pk)
+    token = Job.objects.get(pk=job.pk).token
+    # When the task, revoked but not terminated, runs to its end and reports
+    with caplog.at_level(logging.INFO, logger="schedapp"):
+        for outcome in (claims.SUCCEEDED, claims.FAILED):
+            result = complete_run(job.pk, run.token, outcome, headers=headers_of(run))
+            assert result.completion is Completion.ALREADY_RECORDED
+    # Then the job stays cancelled, the run stays as the cancel closed it, and nothing is
+    # logged as a warning (it was "stale completion of job ...: not applied")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert Job.objects.values_list("state", "token").get(pk=job.pk) == (JobState.CANCELLED, token)
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.CANCELLED
+
+
 # --- renewal ----------------------------------------------------------------------------------
 
 
@@ -418,7 +468,7 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     runs = sorted(claim_due_jobs("beat-1", 10).runs, key=lambda r: r.name)
     for run in runs:
         admit_run(run.job_id, run.token, "w1", f"a{run.token}")
-    api.cancel(runs[2].job_id)  # its completion will be stale
+    _lose_lease(runs[2].job_id)  # its completion will be stale
     items = [(r.job_id, r.token, headers_of(r)) for r in runs]
     # When they are recorded together, twice (the first write's reply was lost)
     first = claims.complete_successes(items)
@@ -434,6 +484,12 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     assert once.state == JobState.SUCCEEDED
     assert every.scheduled_for == runs[1].scheduled_for + timedelta(seconds=60)
 
+
+
+def _lose_lease(job_id: int) -> None:
+    """The job moves on under a run in flight: its lease expired and a beat reaped it."""
+    Job.objects.filter(pk=job_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    claims.reap_expired_leases(10)
 
 # --- a pool process's successes ride with its next door ---------------------------------------
 
@@ -526,11 +582,12 @@ def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
     hooks = pool_hooks()
     done = succeeded_in(hooks)
     _, nxt = claim_one(name="next")
-    api.cancel(done.job_id)  # while the success waited for the door
+    _lose_lease(done.job_id)  # while the success waited for the door
     hooks.admit(_Task(), nxt.task_id)
     r = JobRun.objects.get(pk=done.run_id)
     assert r.stale and r.status == RunStatus.SUCCEEDED
-    assert Job.objects.get(pk=done.job_id).state == JobState.CANCELLED
+    job = Job.objects.get(pk=done.job_id)
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)  # the reaper's, not moved on
     assert _run_status(nxt) == RunStatus.RUNNING
     hooks.pending.close()
 
