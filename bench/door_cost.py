@@ -114,8 +114,9 @@ def as_raw_sql(n: int) -> dict[str, Any]:
         def door(row: Any) -> None:
             admit = [row[0], row[1], "bench@door", "a"]
             if previous:
+                success = _one_off_success(*previous.pop())
                 conn.execute(query("succeed_run_then_admit"),
-                             [*_one_off_success(*previous.pop()), *admit])
+                             [*success, *admit, [success[0], row[0]]])  # + the rows to lock
             else:
                 conn.execute(query("admit_run"), admit)
             previous.append(row)
