@@ -157,7 +157,8 @@ def _locked(job: JobRef) -> Job:
 def update(job: JobRef, **changes: Unpack[JobChanges]) -> Job:
     """Change a job's fields. A new schedule replaces the old one (give only the new kind)
     and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
-    from its next occurrence."""
+    from its next occurrence. None gives an option the default ``schedule`` would (clears
+    ``expires_at``, resets ``max_retries``), as ``schedule`` reads None."""
     unknown = set(changes) - set(JOB_FIELDS)
     if unknown:
         raise ValidationError({f: [f"unknown option {f!r}."] for f in sorted(unknown)})
@@ -170,7 +171,8 @@ def update(job: JobRef, **changes: Unpack[JobChanges]) -> Job:
             values["solar_event"] = None
             if "solar_event" not in changes:
                 values.update(latitude=None, longitude=None)
-        values.update(changes)
+        given = with_defaults(job_defaults(), changes)
+        values.update({f: given[f] for f in changes})
         cleaned = validate_job(values, check_task="task" in changes)
         for field, value in cleaned.items():
             setattr(current, field, value)

@@ -151,6 +151,32 @@ def test_update_replaces_the_schedule_and_recomputes_next_run():
     assert Job.objects.get(pk=job.pk).interval == timedelta(seconds=10)  # unchanged
 
 
+
+def test_update_with_none_gives_an_option_the_default_schedule_would_have_given_it():
+    # Given a job whose options were set, including an expiry window
+    job = api.schedule(
+        TASK,
+        interval=60,
+        name="opts",
+        max_retries=7,
+        priority=9,
+        lease_seconds=120,
+        expires_at=SOON,
+    )
+    # When an update passes None for them (as `schedule` reads None: "the default")
+    updated = api.update(job, max_retries=None, priority=None, lease_seconds=None, expires_at=None)
+    # Then each takes the default a new job gets, and the window is cleared
+    fresh = api.schedule(TASK, interval=60, name="defaults")
+    for field in ("max_retries", "priority", "lease_seconds", "expires_at"):
+        assert getattr(updated, field) == getattr(fresh, field), field
+        assert getattr(Job.objects.get(pk=job.pk), field) == getattr(fresh, field), field
+    assert updated.expires_at is None
+    # while None for the task itself is still an error naming it, and changes nothing
+    with pytest.raises(ValidationError) as info:
+        api.update(job, task=None, max_retries=5)
+    assert "task" in info.value.message_dict
+    assert Job.objects.get(pk=job.pk).max_retries == fresh.max_retries
+
 def test_pause_resume_cancel_requeue_and_run_now():
     job = api.schedule(TASK, run_at=SOON, name="one")
     assert api.pause(job).state == JobState.PAUSED
