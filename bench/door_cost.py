@@ -114,9 +114,8 @@ def as_raw_sql(n: int) -> dict[str, Any]:
         def door(row: Any) -> None:
             admit = [row[0], row[1], "bench@door", "a"]
             if previous:
-                success = _one_off_success(*previous.pop())
                 conn.execute(query("succeed_run_then_admit"),
-                             [*success, *admit, [success[0], row[0]]])  # + the rows to lock
+                             [*_one_off_success(*previous.pop()), *admit])
             else:
                 conn.execute(query("admit_run"), admit)
             previous.append(row)

@@ -96,23 +96,16 @@ SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)
 SELECT idx, applied FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: succeed_run_then_admit
--- The same for the common case of one success: the arguments of succeed_run, then of admit_run,
--- then the ids of both jobs, whose rows are locked first (as succeed_runs_then_admit's).
+-- The same for the common case of one success: the arguments of succeed_run, then of admit_run.
 SELECT schedapp_succeed_run(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run(%s, %s, %s, %s)
-FROM (SELECT count(*) FROM (SELECT FROM schedapp_job WHERE id = ANY (%s::bigint[])
-                            ORDER BY id FOR UPDATE) j) locked
 
 -- name: succeed_runs_then_admit
 -- A pool process's successes since its last round trip, then the door of its next run, in one
--- statement and one commit: the arguments of succeed_runs, then those of admit_run, then the
--- ids of all their jobs. Returns the (1-based) indexes of the successes applied on the common
--- path, and the door's verdict. The job rows are locked first, in id order as renewals lock
--- them: successes first, then the door, would deadlock with a renewal of the same runs.
+-- statement and one commit: the arguments of succeed_runs, then those of admit_run. Returns
+-- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
 SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), ARRAY[]::int[])
         FROM schedapp_succeed_runs(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
        schedapp_admit_run(%s, %s, %s, %s)
-FROM (SELECT count(*) FROM (SELECT FROM schedapp_job WHERE id = ANY (%s::bigint[])
-                            ORDER BY id FOR UPDATE) j) locked
 
 -- name: notify_at
 -- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.

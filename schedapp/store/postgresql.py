@@ -77,15 +77,14 @@ class PostgreSQLStore:
     ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
         if not columns:
             return [], self.admit(job_id, token, worker, admission)
-        locked = [*columns[0], job_id]  # every job row the statement writes: locked first
         if len(columns[0]) == 1:  # the common case, without arrays
             ((ok, verdict),) = call_function(
                 query("succeed_run_then_admit"),
-                [*(col[0] for col in columns), job_id, token, worker, admission, locked],
+                [*(col[0] for col in columns), job_id, token, worker, admission],
             )
             return [(1, bool(ok))], DoorVerdict(verdict)
         ((applied, verdict),) = call_function(
-            query("succeed_runs_then_admit"), [*columns, job_id, token, worker, admission, locked]
+            query("succeed_runs_then_admit"), [*columns, job_id, token, worker, admission]
         )
         return [(idx, True) for idx in applied], DoorVerdict(verdict)
 

@@ -564,55 +564,6 @@ def test_a_door_carrying_successes_is_one_statement(successes, function_calls):
     hooks.pending.close()
 
 
-@pytest.mark.postgresql
-@pytest.mark.parametrize("successes", [1, 2])
-def test_a_door_carrying_successes_locks_its_job_rows_in_id_order_as_renewals_do(successes):
-    # Given runs this worker holds: the next one's job (lower id) claimed, waiting for its
-    # door, and runs of higher ids that succeeded in the pool process, waiting for that door
-    _, nxt = claim_one(name="next")
-    done = [claim_one(name=f"every-minute-{i}", interval=60)[1] for i in range(successes)]
-    for run in done:
-        admit_run(run.job_id, run.token, "w1", f"a{run.token}")
-    assert all(run.job_id > nxt.job_id for run in done)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (door_pid,) = cursor.fetchone()
-    renewal_locked, door_waits = threading.Event(), threading.Event()
-
-    def renew_in_id_order():
-        # The main process's renewal of all of them: it locks the job rows in id order, and
-        # here takes the next lock once the door's statement is waiting for one of its rows
-        with transaction.atomic(), connection.cursor() as cursor:
-            Job.objects.select_for_update().get(pk=nxt.job_id)
-            renewal_locked.set()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                cursor.execute("SELECT pg_backend_pid() = ANY (pg_blocking_pids(%s))", [door_pid])
-                if cursor.fetchone()[0]:
-                    door_waits.set()
-                    break
-                time.sleep(0.01)
-            list(
-                Job.objects.select_for_update()
-                .filter(pk__in=[r.job_id for r in done])
-                .order_by("pk")
-            )
-
-    renewal, renewed = in_thread(renew_in_id_order)
-    assert renewal_locked.wait(10)
-    # When the pool process's door carries the successes (one statement, as the worker calls it)
-    verdict, results = claims.admit_run_after_successes(
-        [(r.job_id, r.token, headers_of(r)) for r in done], nxt.job_id, nxt.token, "w1", "door"
-    )
-    renewal.join(10)
-    # Then the two waited for each other in turn, without a deadlock: both writes landed
-    assert "finished" in renewed and "error" not in renewed and door_waits.is_set(), renewed
-    assert verdict is DoorVerdict.ADMITTED
-    assert [r.completion for r in results] == [Completion.APPLIED] * successes
-    assert {_run_status(r) for r in done} == {RunStatus.SUCCEEDED}
-    assert _run_status(nxt) == RunStatus.RUNNING
-
-
 def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
     from celery.exceptions import Ignore
 
