@@ -408,6 +408,12 @@ class Renewal:
     cancelled: set[tuple[int, int]] = field(default_factory=set)
     unstarted: set[tuple[int, int]] = field(default_factory=set)
     lost: set[tuple[int, int]] = field(default_factory=set)
+    busy: set[tuple[int, int]] = field(default_factory=set)  # still held: renew next time
+
+
+# A job row held by a door, a completion or the API is held for about a millisecond.
+_BUSY_ATTEMPTS = 4
+_BUSY_PAUSE = 0.02
 
 
 def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
@@ -417,12 +423,11 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     simply finish: a run whose completion committed a moment ago (the worker's main process
     has not seen it yet) is reported as finished, one a cancel closed as cancelled, and one
     that never started anywhere (its message waited in this worker while the job moved on) as
-    unstarted, not as an alarm. On
-    PostgreSQL this is the function ``schedapp_renew_leases`` (migration 0011).
+    unstarted, not as an alarm. A renewal never waits for a job row another transaction holds
+    (waiting, it could deadlock with a door carrying a success): such leases are tried again
+    a moment later, and any still busy are left ``busy`` for the next heartbeat. On
+    PostgreSQL this is the function ``schedapp_renew_leases`` (migration 0012).
     """
-    if not held:
-        return Renewal()
-    rows = get_store().renew(held)
     result = Renewal()
     sets = {
         "renewed": result.renewed,
@@ -430,9 +435,18 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
         "cancelled": result.cancelled,
         "unstarted": result.unstarted,
         "lost": result.lost,
+        "busy": result.busy,
     }
-    for job_id, token, outcome in rows:
-        sets[outcome].add((job_id, token))
+    pending = list(held)
+    for attempt in range(_BUSY_ATTEMPTS):
+        if not pending:
+            break
+        if attempt:
+            time.sleep(_BUSY_PAUSE)
+        result.busy.clear()
+        for job_id, token, outcome in get_store().renew(pending):
+            sets[outcome].add((job_id, token))
+        pending = sorted(result.busy)
     return result
 
 

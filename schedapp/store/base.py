@@ -87,7 +87,8 @@ class Store(Protocol):
 
     def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
         """One heartbeat for every held lease: ``(job, token, outcome)``, the outcome one of
-        renewed, finished, cancelled, unstarted or lost."""
+        renewed, finished, cancelled, unstarted, lost, or busy (its job row held by another
+        transaction: not waited for)."""
 
     def succeed_run(self, args: list[Any]) -> bool:
         """The common success in one call; False: take the general path."""

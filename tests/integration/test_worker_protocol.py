@@ -417,6 +417,46 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
     assert JobRun.objects.get(pk=run.run_id).heartbeats == 1
 
 
+
+@pytest.mark.postgresql
+def test_a_renewal_never_waits_for_a_job_row_another_transaction_holds():
+    # Given two runs a worker holds, one of whose job rows another transaction holds locked
+    # (a pool process's door carrying a success locks that success's row, then the door's:
+    # a renewal waiting for one of them while holding the other was a deadlock)
+    busy_job, busy_run = claimed(lease_seconds=30, name="busy")
+    free_job, free_run = claimed(lease_seconds=30, name="free")
+    for job, run in ((busy_job, busy_run), (free_job, free_run)):
+        assert admit_run(job.pk, run.token, "w1", f"a{job.pk}") is DoorVerdict.ADMITTED
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=busy_job.pk)
+            locked.set()
+            release.wait(20)
+
+    holder, _ = in_thread(hold_the_row)
+    assert locked.wait(10)
+    busy, free = (busy_job.pk, busy_run.token), (free_job.pk, free_run.token)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '3s'")  # a renewal that waits fails the test
+        # When the worker renews both
+        renewal = renew_leases([busy, free])
+    finally:
+        release.set()
+        holder.join(10)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    # Then it renewed the one it could lock, left the other held for its next heartbeat, and
+    # raised no alarm for it
+    assert renewal.renewed == {free}
+    assert renewal.busy == {busy}
+    assert not renewal.lost
+    # and once the row is free again, that one is renewed too
+    assert renew_leases([busy]).renewed == {busy}
+    assert JobRun.objects.get(pk=busy_run.run_id).heartbeats == 1
+
 @pytest.fixture
 def function_calls(monkeypatch) -> list[str]:
     """The worker's hot statements (PL/pgSQL function calls) made from now on."""
