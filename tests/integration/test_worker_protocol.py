@@ -356,13 +356,19 @@ def test_the_outcome_of_a_run_cancelled_while_executing_changes_nothing_and_warn
     api.cancel(job.pk)
     token = Job.objects.get(pk=job.pk).token
     # When the task, revoked but not terminated, runs to its end and reports
-    with caplog.at_level(logging.INFO, logger="schedapp"):
-        for outcome in (claims.SUCCEEDED, claims.FAILED):
-            result = complete_run(job.pk, run.token, outcome, headers=headers_of(run))
-            assert result.completion is Completion.ALREADY_RECORDED
+    schedapp_log = logging.getLogger("schedapp")  # it does not propagate to pytest's root
+    schedapp_log.addHandler(caplog.handler)
+    try:
+        results = [
+            complete_run(job.pk, run.token, outcome, headers=headers_of(run)).completion
+            for outcome in (claims.SUCCEEDED, claims.FAILED)
+        ]
+    finally:
+        schedapp_log.removeHandler(caplog.handler)
     # Then the job stays cancelled, the run stays as the cancel closed it, and nothing is
     # logged as a warning (it was "stale completion of job ...: not applied")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert results == [Completion.ALREADY_RECORDED] * 2
     assert Job.objects.values_list("state", "token").get(pk=job.pk) == (JobState.CANCELLED, token)
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.CANCELLED
 
