@@ -9,8 +9,8 @@ and idempotency key; its task id is deterministic per claim.
 
 What a message says is what ``apply_async`` would send for the same task (DESIGN 20): the
 task's own options (queue, routing_key, exchange, priority, expires, time limits,
-ignore_result), ``task_routes`` and ``task_default_*``, then the job's queue and message
-options over them, resolved once per (task, queue, options) and cached; with the header
+ignore_result, compression), ``task_routes`` and ``task_default_*``, then the job's queue and
+message options over them, resolved once per (task, queue, options) and cached; with the header
 Celery's own beat adds (``celery_beat_task``, from Celery 5.7). ``before_task_publish`` and
 ``after_task_publish`` fire for every message when they have receivers (Celery's own check),
 and headers a receiver adds are sent. The Redis fast path writes what kombu's Redis transport
@@ -34,6 +34,7 @@ from typing import Any
 from celery import VERSION as CELERY_VERSION
 from celery import Celery, signals
 from kombu import Exchange, Producer, Queue
+from kombu.compression import compress
 
 from .claims import ClaimedRun
 from .message import (
@@ -84,6 +85,9 @@ class Route:
     # The task's own (apply_async's default); None for a task this app does not know, as
     # send_task sends it. A False header would make the worker store the result regardless.
     ignore_result: bool | None = False
+    # kombu's name of the body's compression (``gzip``, ``bzip2``...): the task's own
+    # ``compression`` option, else ``task_compression``; None sends the body as it is.
+    compression: str | None = None
 
 
 def message_body(run: ClaimedRun) -> bytes:
@@ -313,6 +317,7 @@ class Dispatcher:
             priority=route.priority or 0,
             delivery_mode=route.delivery_mode,
             declare=declare,
+            compression=route.compression,
             retry=False,
             **extra,
         )
@@ -326,7 +331,13 @@ def redis_message(
     run: ClaimedRun, route: Route, origin: str, headers: dict[str, Any] | None = None
 ) -> str:
     """The JSON kombu's Redis transport stores for a published message (its
-    ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell."""
+    ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell.
+    A compressed body names its compression in ``headers``, as kombu's ``Producer`` adds it."""
+    if headers is None:
+        headers = message_headers(run, origin, route)
+    body = message_body(run)
+    if route.compression:
+        body, headers["compression"] = compress(body, route.compression)
     properties: dict[str, Any] = {
         "correlation_id": run.task_id,
         "reply_to": "",
@@ -342,10 +353,10 @@ def redis_message(
     )
     return json.dumps(
         {
-            "body": base64.b64encode(message_body(run)).decode(),
+            "body": base64.b64encode(body).decode(),
             "content-encoding": "utf-8",
             "content-type": "application/json",
-            "headers": headers if headers is not None else message_headers(run, origin, route),
+            "headers": headers,
             "properties": properties,
         }
     )
@@ -449,6 +460,7 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
         delivery_mode=2 if mode in (2, "persistent", None) else 1,
         headers=tuple(headers.items()),
         ignore_result=task_obj.ignore_result if task_obj is not None else None,
+        compression=routed.get("compression") or app.conf.task_compression,
     )
 
 

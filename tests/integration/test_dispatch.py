@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import celery
 import pytest
@@ -331,3 +332,55 @@ def test_a_task_routed_to_a_broadcast_queue_is_refused_with_the_reason():
     ((run, reason),) = result.refused
     assert run.job_id == 1 and "broadcast (fanout) exchange" in reason
     assert "once, on one worker" in reason
+
+
+def app_compressing(setting: str | None) -> Celery:
+    """``app_with_tasks`` with ``task_compression`` set, and a task with its own."""
+    own = app_with_tasks()
+    own.conf.task_compression = setting
+
+    @own.task(name="project.tasks.packed", compression="bzip2", shared=False)
+    def packed(label: str = "") -> None: ...
+
+    return own
+
+
+def unpacked(message: dict) -> tuple[Any, ...]:
+    from kombu.compression import decompress
+
+    body = base64.b64decode(message["body"])
+    if "compression" in message["headers"]:
+        body = decompress(body, message["headers"]["compression"])
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize(
+    ("setting", "task", "compression"),
+    [
+        ("gzip", "project.tasks.loud", "application/x-gzip"),  # task_compression
+        (None, "project.tasks.packed", "application/x-bz2"),  # @task(compression=...)
+        ("gzip", "project.tasks.packed", "application/x-bz2"),  # the task's own first
+        (None, "project.tasks.loud", None),
+    ],
+)
+def test_a_dispatch_is_compressed_as_apply_async_compresses_it(setting, task, compression, fast):
+    """Before, sent uncompressed whatever task_compression and the task said."""
+    own = app_compressing(setting)
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    dispatcher.publish([claimed(task=task)])
+    own.tasks[task].apply_async(kwargs={"label": "x\u00e9"}, headers=dict(BEAT_HEADERS))
+    celerys, ours = stored()
+    assert ours["headers"].get("compression") == celerys["headers"].get("compression")
+    assert ours["headers"].get("compression") == compression
+    assert unpacked(ours) == unpacked(celerys)
+    assert unpacked(ours)[1] == {"label": "xé"}
+    for message in (ours, celerys):
+        for key in PER_MESSAGE:
+            message["headers"].pop(key)
+        for key in ("correlation_id", "delivery_tag", "reply_to"):
+            message["properties"].pop(key)
+        message.pop("body")
+    ours["headers"] = {k: v for k, v in ours["headers"].items() if not k.startswith("schedapp")}
+    assert ours == celerys
