@@ -151,6 +151,7 @@ class Dispatcher:
         self._fast_ok: bool | None = None  # kombu's Redis internals as this module knows them
         self._declared: set[str] = set()
         self._queues: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._event_dispatcher: Any = None  # the app's, once task_send_sent_event is on
 
     def route(self, task: str, queue: str, options: str = "{}") -> Route:
         """How a message of ``task`` with the job's ``queue`` and message ``options`` (JSON
@@ -234,6 +235,7 @@ class Dispatcher:
         nothing as far as we know: on an error every run is released (and so fenced)."""
         pipe = channel.client.pipeline(transaction=False)
         signalled = _has_receivers()
+        events = self._events()
         sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
         now = self.app.now()
         for run in runs:
@@ -244,6 +246,7 @@ class Dispatcher:
             headers = message_headers(run, self.origin, route, now)
             if signalled:
                 _before_publish(run, route, headers)
+            if signalled or events is not None:
                 sent.append((run, route, headers))
             payload = redis_message(run, route, self.origin, headers)
             if route.priority:
@@ -256,6 +259,20 @@ class Dispatcher:
         pipe.execute()
         for run, route, headers in sent:
             _after_publish(run, route, headers)
+        if events is not None:
+            _send_task_sent(events, producer, sent)
+
+    def _events(self) -> Any:
+        """The event dispatcher ``task-sent`` events go through, as ``send_task_message``
+        sends them when ``task_send_sent_event`` is on (Flower shows them); else None."""
+        if not self.app.conf.task_send_sent_event:
+            return None
+        if self._event_dispatcher is None:  # Celery's own (amqp._event_dispatcher), which
+            # buffers what it cannot publish for ever: we log and drop it instead
+            self._event_dispatcher = self.app.events.Dispatcher(
+                enabled=False, buffer_while_offline=False
+            )
+        return self._event_dispatcher
 
     def _bound_queues(self, channel: Any, route: Route) -> tuple[str, ...]:
         """The queue lists a route delivers to, as kombu's exchange lookup finds them.
@@ -323,6 +340,9 @@ class Dispatcher:
         )
         if signalled:
             _after_publish(run, route, headers)
+        events = self._events()
+        if events is not None:
+            _send_task_sent(events, producer, [(run, route, headers)])
         if declare:
             self._declared.add(route.queue.name)  # type: ignore[union-attr]
 
@@ -503,6 +523,41 @@ def _after_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> No
         exchange=route.exchange,
         routing_key=route.routing_key,
     )
+
+
+def _send_task_sent(
+    events: Any, producer: Producer, sent: Sequence[tuple[ClaimedRun, Route, dict[str, Any]]]
+) -> None:
+    """A ``task-sent`` event per published message, with ``send_task_message``'s fields. The
+    messages are on the broker: an event that cannot be published is logged, never a failed
+    run."""
+    try:
+        for _run, route, headers in sent:
+            events.publish(
+                "task-sent",
+                {
+                    "uuid": headers["id"],
+                    "root_id": headers["root_id"],
+                    "parent_id": headers["parent_id"],
+                    "name": headers["task"],
+                    "args": headers["argsrepr"],
+                    "kwargs": headers["kwargsrepr"],
+                    "retries": headers["retries"],
+                    "eta": headers["eta"],
+                    "expires": headers["expires"],
+                    "queue": route.queue.name if route.queue is not None else None,
+                    "exchange": route.exchange,
+                    "routing_key": route.routing_key,
+                },
+                producer,
+                retry=False,
+            )
+    except Exception as exc:
+        log.warning(
+            "task-sent events not sent: %s",
+            exc,
+            extra={"action": "sent_event_failed", "count": len(sent)},
+        )
 
 
 def _redis_channel(producer: Producer) -> Any:

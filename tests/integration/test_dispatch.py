@@ -384,3 +384,69 @@ def test_a_dispatch_is_compressed_as_apply_async_compresses_it(setting, task, co
         message.pop("body")
     ours["headers"] = {k: v for k, v in ours["headers"].items() if not k.startswith("schedapp")}
     assert ours == celerys
+
+
+def sent_events(publish: Any) -> list[dict]:
+    """The ``task-sent`` events ``publish()`` puts on the broker, as an event monitor (Flower)
+    receives them: Celery's event exchange is Redis pub/sub, on channels of every database."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    with client.pubsub() as pubsub:
+        pubsub.psubscribe(f"/{db}.celeryev/task.*")  # kombu's keyprefix_fanout
+        pubsub.get_message(timeout=1)  # the subscription's confirmation
+        publish()
+        events = []
+        while (message := pubsub.get_message(timeout=0.5)) is not None:
+            payload = json.loads(message["data"])
+            events.append(json.loads(base64.b64decode(payload["body"])))
+    return events
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_dispatch_sends_the_task_sent_event_apply_async_sends(fast):
+    """With task_send_sent_event; before, none: Flower never saw a dispatch sent."""
+    own = app_with_tasks()
+    own.conf.task_send_sent_event = True
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    dispatcher.publish([claimed(1, 1, task="project.tasks.loud")])  # bindings declared
+
+    def both() -> None:
+        dispatcher.publish([claimed(task="project.tasks.loud")])
+        own.tasks["project.tasks.loud"].apply_async(
+            kwargs={"label": "x\u00e9"}, headers=dict(BEAT_HEADERS)
+        )
+
+    ours, celerys = sent_events(both)
+    assert celerys["type"] == "task-sent"
+    assert ours["uuid"] == "schedapp:7:3"
+    for event in (ours, celerys):
+        for key in ("uuid", "root_id", "args", "kwargs", "timestamp", "clock"):
+            event.pop(key)
+    assert ours == celerys
+
+
+def test_no_task_sent_event_without_task_send_sent_event():
+    own = app_with_tasks()
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher.publish([claimed(1, 1, task="project.tasks.loud")])
+    assert sent_events(lambda: dispatcher.publish([claimed(task="project.tasks.loud")])) == []
+
+
+def test_a_task_sent_event_that_cannot_be_sent_does_not_fail_the_published_runs(monkeypatch):
+    from schedapp import dispatch
+
+    warned: list[str] = []
+    monkeypatch.setattr(dispatch.log, "warning", lambda msg, *a, **k: warned.append(msg % a))
+    own = app_with_tasks()
+    own.conf.task_send_sent_event = True
+    dispatcher = Dispatcher(own, origin="test")
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("celeryev refused")
+
+    dispatcher._events().publish = refused
+    result = dispatcher.publish([claimed(task="project.tasks.loud")])
+    assert result.error is None and len(result.published) == 1
+    assert len(stored()) == 1
+    assert warned == ["task-sent events not sent: celeryev refused"]
