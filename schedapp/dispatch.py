@@ -26,13 +26,13 @@ import json
 import logging
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import VERSION as CELERY_VERSION
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from celery.utils.saferepr import saferepr
 from kombu import Exchange, Producer, Queue
 from kombu.compression import compress
@@ -90,6 +90,9 @@ class Route:
     # ``compression`` option, else ``task_compression``; None sends the body as it is.
     compression: str | None = None
     repr_levels: int = 3  # task_repr_maxlevels (Celery 5.7; 3 before): argsrepr's depth
+    # The task's own ``shadow_name(args, kwargs, options)`` with the job's options, as
+    # apply_async calls it; None for a task that defines none (the header is None).
+    shadow: Callable[[Any, Any], str | None] | None = None
 
 
 def message_body(run: ClaimedRun) -> bytes:
@@ -131,6 +134,9 @@ def message_headers(
     the app's zone) dates an ``expires`` given in seconds, as Celery does."""
     task_id = run.task_id
     levels = route.repr_levels if route is not None else 3
+    shadow = None
+    if route is not None and route.shadow is not None:
+        shadow = route.shadow(run.args, run.kwargs)
     expires = None
     if route is not None and route.expires is not None:
         expires = ((now or datetime.now(UTC)) + timedelta(seconds=route.expires)).isoformat()
@@ -138,7 +144,7 @@ def message_headers(
         "lang": "py",
         "task": run.task,
         "id": task_id,
-        "shadow": None,
+        "shadow": shadow,
         "eta": None,
         "expires": expires,
         "group": None,
@@ -235,9 +241,11 @@ class Dispatcher:
             problem = verdicts[run.task]
             if problem is None:
                 try:
-                    self.route(run.task, run.queue, run.message_options)
+                    route = self.route(run.task, run.queue, run.message_options)
                 except Exception as exc:
                     problem = f"cannot route task {run.task!r} (queue {run.queue!r}): {exc}"
+                else:  # apply_async would raise, every time: the job cannot be sent
+                    problem = _shadow_problem(run, route)
             if problem is None:
                 ok.append(run)
             else:
@@ -462,6 +470,7 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
     if task_obj is not None and hasattr(task_obj, "_get_exec_options"):
         exec_options = {k: v for k, v in task_obj._get_exec_options().items() if v is not None}
     message = json.loads(options) if options and options != "{}" else {}
+    shadow = _shadow(task_obj, queue, message)
     headers = message.pop("headers", None) or {}
     if queue:
         exec_options["queue"] = queue
@@ -510,7 +519,38 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
         ignore_result=task_obj.ignore_result if task_obj is not None else None,
         compression=routed.get("compression") or app.conf.task_compression,
         repr_levels=app.conf.get("task_repr_maxlevels", 3),
+        shadow=shadow,
     )
+
+
+def _shadow(
+    task: Task | None, queue: str, message: dict[str, Any]
+) -> Callable[[Any, Any], str | None] | None:
+    """The task's ``shadow_name``, given the options Celery's beat would give
+    ``apply_async`` for the job (its queue and message options, and the beat's header);
+    None for a task whose class does not define one."""
+    if task is None or type(task).shadow_name is Task.shadow_name:
+        return None
+    given = {"queue": queue, **message} if queue else dict(message)
+    headers = {**given.pop("headers", {}), **dict(BEAT_HEADERS)}
+    shadow_name = task.shadow_name
+
+    def shadow(args: Any, kwargs: Any) -> str | None:
+        options = {**given, "headers": dict(headers)} if headers else dict(given)
+        return shadow_name(args, kwargs, options)
+
+    return shadow
+
+
+def _shadow_problem(run: ClaimedRun, route: Route) -> str | None:
+    """Why the task's ``shadow_name`` cannot name this run (it raised), or None."""
+    if route.shadow is None:
+        return None
+    try:
+        route.shadow(run.args, run.kwargs)
+    except Exception as exc:
+        return f"the shadow_name of task {run.task!r} raised for this job: {exc!r}"
+    return None
 
 
 def _has_receivers() -> bool:

@@ -483,3 +483,48 @@ def test_argsrepr_and_kwargsrepr_are_the_python_reprs_apply_async_sends(args_jso
         celerys_event["args"],
         celerys_event["kwargs"],
     )
+
+
+def app_with_shadows() -> Celery:
+    """``app_with_tasks`` with a task naming itself by its arguments and options, through
+    ``@task(shadow_name=...)``, and one through a Task class of its own."""
+    from celery import Task
+
+    own = app_with_tasks()
+
+    def by_label(task: Any, args: Any, kwargs: Any, options: Any) -> str:
+        return f"report:{kwargs['label']}:{list(args)}:{options}"
+
+    @own.task(name="project.tasks.shadowed", shadow_name=by_label, shared=False)
+    def shadowed(*args: Any, **kwargs: Any) -> None: ...
+
+    class Named(Task):
+        def shadow_name(self, args: Any, kwargs: Any, options: Any) -> str:
+            if kwargs.get("label") == "boom":
+                raise KeyError("no name for boom")
+            return f"named:{kwargs['label']}"
+
+    @own.task(name="project.tasks.named", base=Named, shared=False)
+    def named(*args: Any, **kwargs: Any) -> None: ...
+
+    return own
+
+
+@pytest.mark.parametrize("task", ["project.tasks.shadowed", "project.tasks.named"])
+def test_the_shadow_header_is_the_tasks_shadow_name_as_celerys_beat_sends_it(task):
+    """Before, None: workers' logs and monitors showed the task's name, not its shadow."""
+    celerys, ours = beat_and_dispatch(app_with_shadows(), task)
+    assert ours["headers"]["shadow"] == celerys["headers"]["shadow"]
+    assert ours["headers"]["shadow"].startswith(("report:xé:[]:", "named:xé"))
+
+
+def test_a_run_whose_shadow_name_raises_is_refused_with_the_reason():
+    """apply_async would raise: the job is quarantined, and the rest of the batch sent."""
+    fine = claimed(1, 1, task="project.tasks.named")
+    boom = replace(claimed(2, 1, task="project.tasks.named"), kwargs_json='{"label": "boom"}')
+    result = Dispatcher(app_with_shadows()).publish([fine, boom])
+    assert result.error is None and result.published == [fine]
+    ((run, reason),) = result.refused
+    assert run == boom and "shadow_name" in reason and "no name for boom" in reason
+    (message,) = stored()
+    assert message["headers"]["shadow"] == "named:xé"
