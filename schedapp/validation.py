@@ -62,10 +62,12 @@ CELERY_FIELDS = (
 )
 # Per-job Celery message options, as apply_async takes them (over the task's own options).
 MESSAGE_OPTIONS = ("queue", "routing_key", "exchange", "priority", "expires", "headers")
-# Headers a job may not set: the protocol's own and schedapp's fencing headers.
+# Headers a job may not set: the protocol's own, kombu's (``compression`` names how the body
+# is compressed: a worker would decompress a body sent as it is) and schedapp's fencing headers.
 RESERVED_HEADERS = frozenset(
     "lang task id shadow eta expires group group_index retries timelimit root_id parent_id "
-    "argsrepr kwargsrepr origin ignore_result replaced_task_nesting stamped_headers stamps".split()
+    "argsrepr kwargsrepr origin ignore_result replaced_task_nesting stamped_headers stamps "
+    "compression".split()
 ) | frozenset(RUN_HEADERS)
 
 

@@ -60,6 +60,9 @@ def test_an_expiry_already_past_is_refused_on_its_field():
         ({"priority": 256}, "priority"),
         ({"expires": -1}, "expires"),
         ({"headers": {"id": "x"}}, "headers may not set"),
+        # a worker would decompress a body sent as it is (kombu reads the body's compression
+        # from this header)
+        ({"headers": {"compression": "application/x-gzip"}}, "headers may not set"),
         ({"routing": "x"}, "unknown option"),
     ],
 )
