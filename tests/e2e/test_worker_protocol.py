@@ -249,12 +249,13 @@ def test_a_backlog_behind_a_busy_worker_is_not_multiplied_by_re_sends(fleet):
 
 
 def test_a_job_cancelled_while_its_task_runs_raises_no_alarm_and_leaves_no_run_running(fleet):
-    # Given a worker renewing every 0.2 s and a 3 s task with a 3 s lease, running
+    # Given a worker renewing every 0.2 s and a 5 s task with a 3 s lease (renewed every
+    # second), running
     fleet.beat()
     worker = fleet.worker(concurrency=2, settings={"SCHEDAPP_LEASE_HEARTBEAT": 0.2})
     job = api.schedule(
         "project.tasks.record",
-        kwargs={"label": "cancel-soft", "sleep": 3},
+        kwargs={"label": "cancel-soft", "sleep": 5},
         run_at=db_now(),
         lease_seconds=3,
         name="cancel-soft",
