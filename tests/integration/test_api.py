@@ -151,7 +151,6 @@ def test_update_replaces_the_schedule_and_recomputes_next_run():
     assert Job.objects.get(pk=job.pk).interval == timedelta(seconds=10)  # unchanged
 
 
-
 def test_update_with_none_gives_an_option_the_default_schedule_would_have_given_it():
     # Given a job whose options were set, including an expiry window
     job = api.schedule(
@@ -176,6 +175,7 @@ def test_update_with_none_gives_an_option_the_default_schedule_would_have_given_
         api.update(job, task=None, max_retries=5)
     assert "task" in info.value.message_dict
     assert Job.objects.get(pk=job.pk).max_retries == fresh.max_retries
+
 
 def test_pause_resume_cancel_requeue_and_run_now():
     job = api.schedule(TASK, run_at=SOON, name="one")

@@ -423,7 +423,6 @@ def test_renewal_keeps_a_paused_jobs_running_lease():
     assert JobRun.objects.get(pk=run.run_id).heartbeats == 1
 
 
-
 @pytest.mark.postgresql
 def test_a_renewal_never_waits_for_a_job_row_another_transaction_holds():
     # Given two runs a worker holds, one of whose job rows another transaction holds locked
@@ -462,6 +461,7 @@ def test_a_renewal_never_waits_for_a_job_row_another_transaction_holds():
     # and once the row is free again, that one is renewed too
     assert renew_leases([busy]).renewed == {busy}
     assert JobRun.objects.get(pk=busy_run.run_id).heartbeats == 1
+
 
 @pytest.fixture
 def function_calls(monkeypatch) -> list[str]:
@@ -531,11 +531,11 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     assert every.scheduled_for == runs[1].scheduled_for + timedelta(seconds=60)
 
 
-
 def _lose_lease(job_id: int) -> None:
     """The job moves on under a run in flight: its lease expired and a beat reaped it."""
     Job.objects.filter(pk=job_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
     claims.reap_expired_leases(10)
+
 
 # --- a pool process's successes ride with its next door ---------------------------------------
 
