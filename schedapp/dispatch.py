@@ -293,8 +293,9 @@ class Dispatcher:
             for queue in queues:
                 pipe.lpush(queue, payload)
         pipe.execute()
-        for run, route, headers in sent:
-            _after_publish(run, route, headers)
+        if signalled:  # not for the events alone: each signal parses its message's body
+            for run, route, headers in sent:
+                _after_publish(run, route, headers)
         if events is not None:
             _send_task_sent(events, producer, sent)
 

@@ -427,6 +427,19 @@ def test_a_dispatch_sends_the_task_sent_event_apply_async_sends(fast):
     assert ours == celerys
 
 
+def test_task_sent_events_alone_do_not_send_the_publish_signals(monkeypatch):
+    """Without receivers the publish signals are skipped (each parses its message's body):
+    turning on task-sent events must not bring them back."""
+    from schedapp import dispatch
+
+    signalled: list[str] = []
+    monkeypatch.setattr(dispatch, "_after_publish", lambda run, *_: signalled.append(run.task_id))
+    own = app_with_tasks()
+    own.conf.task_send_sent_event = True
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher.publish([claimed(1, 1, task="project.tasks.loud")])
+    assert signalled == []
+
 def test_no_task_sent_event_without_task_send_sent_event():
     own = app_with_tasks()
     dispatcher = Dispatcher(own, origin="test")
