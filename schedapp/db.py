@@ -43,6 +43,12 @@ def reset_connection() -> None:
         pass
 
 
+# Statements PostgreSQL aborted to break a lock conflict (Django raises them as the
+# OperationalError of a lost connection): retried as well, on the same connection, and logged
+# as what they are.
+_LOCK_CONFLICTS = {"40P01": "deadlock detected", "40001": "serialization failure"}
+
+
 def with_retries(
     fn: Callable[[], T],
     *,
@@ -52,7 +58,8 @@ def with_retries(
     max_delay: float = 5.0,
     at_least: float = 0.0,
 ) -> T:
-    """Run ``fn``, reconnecting and retrying with backoff while the database is unreachable.
+    """Run ``fn``, reconnecting and retrying with backoff while the database is unreachable
+    (or aborts the statement to break a deadlock: retried without reconnecting).
 
     Used where giving up early loses information (a completion, a heartbeat); after the last
     attempt the error propagates and the lease is left to expire, which is safe. Retries go
@@ -68,11 +75,14 @@ def with_retries(
         try:
             return fn()
         except CONNECTION_ERRORS as exc:
-            reset_connection()
+            conflict = _LOCK_CONFLICTS.get(getattr(exc.__cause__, "sqlstate", None) or "")
+            if conflict is None:
+                reset_connection()
             if attempt >= attempts and time.monotonic() - started >= at_least:
                 raise
             log.warning(
-                "database unavailable during %s (attempt %d): %s; retrying in %.1fs",
+                "database %s during %s (attempt %d): %s; retrying in %.1fs",
+                f"conflict ({conflict})" if conflict else "unavailable",
                 what,
                 attempt,
                 exc,

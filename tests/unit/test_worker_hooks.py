@@ -120,3 +120,43 @@ def test_a_completion_is_retried_through_an_outage_shorter_than_the_run_lease(mo
     # Then its outcome is written once the database is back, not dropped after a fixed
     # number of attempts (the run would be reaped and run again)
     assert len(written) == 1 and 45 <= written[0] < 51
+
+
+@pytest.mark.parametrize(
+    ("cause", "said", "resets"),
+    [
+        ("DeadlockDetected", "database conflict (deadlock detected) during door", 0),
+        ("SerializationFailure", "database conflict (serialization failure) during door", 0),
+        ("AdminShutdown", "database unavailable during door", 1),
+    ],
+)
+def test_a_lock_conflict_is_retried_as_such_not_reported_as_an_outage(
+    monkeypatch, cause, said, resets
+):
+    from django.db import OperationalError
+    from psycopg import errors
+
+    from schedapp import db
+
+    clock, warned, reset = Clock(), [], []
+    monkeypatch.setattr(db.time, "sleep", clock.sleep)
+    monkeypatch.setattr(db, "reset_connection", lambda: reset.append(1))
+    monkeypatch.setattr(db.log, "warning", lambda msg, *a, **k: warned.append(msg % a))
+    calls: list[int] = []
+
+    def door() -> str:
+        calls.append(1)
+        if len(calls) == 1:  # as Django raises it: its OperationalError from psycopg's
+            try:
+                raise getattr(errors, cause)(cause)
+            except errors.Error as exc:
+                raise OperationalError(str(exc)) from exc
+        return "admitted"
+
+    # When PostgreSQL breaks a deadlock (or a serialization failure) by aborting our statement
+    assert db.with_retries(door, what="door") == "admitted"
+    # Then it is retried and logged as the conflict it is, on the same connection; a lost
+    # connection is still an outage, and reconnected
+    assert len(calls) == 2
+    assert warned[0].startswith(said), warned
+    assert len(reset) == resets
