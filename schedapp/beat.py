@@ -154,7 +154,9 @@ class LeaseScheduler(Scheduler):
             self._broker_down = False
             log.info("broker reachable again", extra={"action": "broker_back"})
         batch = self.settings.BATCH_SIZE
-        result = claim_due_jobs(self.beat_id, batch)
+        result = claim_due_jobs(
+            self.beat_id, batch, message_expiry=self._dispatcher.message_expiry
+        )
         claimed_at = time.monotonic()
         reap = result.reap
         metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)

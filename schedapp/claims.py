@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -84,6 +84,7 @@ class ReapResult:
     expired: int = 0  # leases reaped
     started: int = 0  # ... whose run had started (a failed attempt)
     dead: int = 0  # ... which exhausted the job's retries
+    dropped: int = 0  # ... never started, their message expired: occurrence dropped
     quarantined: list[Quarantined] = field(default_factory=list)
 
 
@@ -109,7 +110,12 @@ def job_schedule(job: Job) -> Schedule:
 # The statements are in sql/queries.sql (claim_due_jobs, next_due, restamp_leases).
 
 
-def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> ClaimResult:
+def claim_due_jobs(
+    beat: str,
+    limit: int,
+    rng: policies.Rng = random.random,
+    message_expiry: MessageExpiry | None = None,
+) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
 
     Also reaps leases that expired, so their jobs are claimable again (in this same claim when
@@ -117,13 +123,14 @@ def claim_due_jobs(beat: str, limit: int, rng: policies.Rng = random.random) -> 
     that decides misfires. A job whose stored schedule cannot be understood is quarantined,
     never allowed to fail the claim. If the transaction ran long enough to eat into the leases
     it granted, they are stamped again from the clock just before it commits: a lease is never
-    already expired when it is granted.
+    already expired when it is granted. ``message_expiry`` is the reaper's (see
+    ``reap_expired_leases``).
     """
     result = ClaimResult()
     store = get_store()
     started = time.monotonic()
     with transaction.atomic():
-        result.reap = _reap(limit, rng)
+        result.reap = _reap(limit, rng, message_expiry)
         rows, now = store.claim(beat, limit)
         result.claimed = len(rows)
         late = [r for r in rows if r["late"]]
@@ -306,19 +313,34 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
 # --- reaping -------------------------------------------------------------------------------
 
 
-def reap_expired_leases(limit: int, rng: policies.Rng = random.random) -> ReapResult:
+# How many seconds a job's message lives once published (its ``expires``), None for ever: the
+# beat's answer from the route it publishes the job with.
+MessageExpiry = Callable[[Job], "float | None"]
+
+
+def reap_expired_leases(
+    limit: int,
+    rng: policies.Rng = random.random,
+    message_expiry: MessageExpiry | None = None,
+) -> ReapResult:
     """Make jobs whose lease expired claimable again, marking their runs ``lost``.
 
     A run that had started counts as a failed attempt (so a task that kills its worker every
     time ends dead instead of looping); one that never started (a beat died between claim and
-    publish, a broker lost the message) is simply dispatched again. A paused job's lease is
-    reaped too (its worker died mid-run): its run is closed and the job stays paused.
+    publish, a broker lost the message) is simply dispatched again, unless its message's
+    ``expires`` (``message_expiry``) has passed since the claim: then no worker would run it
+    (Celery discards it; RabbitMQ drops it unseen), and its occurrence is dropped as Celery
+    beat's would be (``record_expired``) instead of being sent again with a fresh expiry.
+    A paused job's lease is reaped too (its worker died mid-run): its run is closed and the
+    job stays paused.
     """
     with transaction.atomic(savepoint=False):
-        return _reap(limit, rng)
+        return _reap(limit, rng, message_expiry)
 
 
-def _reap(limit: int, rng: policies.Rng) -> ReapResult:
+def _reap(
+    limit: int, rng: policies.Rng, message_expiry: MessageExpiry | None = None
+) -> ReapResult:
     expired = list(
         Job.objects.select_for_update(skip_locked=True)
         .filter(state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now())
@@ -332,13 +354,30 @@ def _reap(limit: int, rng: policies.Rng) -> ReapResult:
             "job_id", "scheduled_for"
         )
     )
+    unsent = _messages_expired(
+        [j for j in expired if j.id not in started], claims, message_expiry
+    )
+    if unsent:
+        JobRun.objects.filter(
+            pairs([c for c in claims if c[0] in unsent], "job_id"), status=RunStatus.DISPATCHED
+        ).update(status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED)
     JobRun.objects.filter(pairs(claims, "job_id"), status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.LOST,
         finished_at=Now(),
         error="lease expired: the worker or beat holding it stopped renewing it",
     )
-    result = ReapResult(expired=len(expired), started=len(started))
+    result = ReapResult(expired=len(expired), started=len(started), dropped=len(unsent))
     for job in expired:
+        if job.id in unsent:
+            try:
+                plan = policies.plan_after_expiry(_facts(job, ran_for=unsent[job.id]))
+            except Exception as exc:
+                result.quarantined.append(_quarantine_locked(job.id, _unschedulable(exc)))
+                continue
+            _write_after_run(
+                job.id, job.token, plan, status=RunStatus.SKIPPED, error=EXPIRED, bump_token=True
+            )
+            continue
         if job.id not in started:
             Job.objects.filter(id=job.id).update(
                 state=JobState.SCHEDULED if job.state == JobState.RUNNING else JobState.PAUSED,
@@ -366,12 +405,43 @@ def _reap(limit: int, rng: policies.Rng) -> ReapResult:
         )
         result.dead += plan.dead
     log.warning(
-        "reaped %d expired lease(s) (%d had started)",
+        "reaped %d expired lease(s) (%d had started, %d never started and their message "
+        "expired: occurrence dropped)",
         len(expired),
         len(started),
+        len(unsent),
         extra={"action": "reap", "count": len(expired)},
     )
     return result
+
+
+def _messages_expired(
+    unstarted: list[Job], claims: list[tuple[int, int]], message_expiry: MessageExpiry | None
+) -> dict[int, datetime]:
+    """The unstarted jobs whose message is past its ``expires``, counted from the claim
+    (``dispatched_at``; the message left moments after it) in the database's clock: job id ->
+    the occurrence its run was for."""
+    if message_expiry is None or not unstarted:
+        return {}
+    lives: dict[int, float] = {}
+    for job in unstarted:
+        try:
+            seconds = message_expiry(job)
+        except Exception:  # a route that no longer resolves: the publish will say so
+            seconds = None
+        if seconds is not None:
+            lives[job.id] = seconds
+    if not lives:
+        return {}
+    runs = JobRun.objects.filter(
+        pairs([c for c in claims if c[0] in lives], "job_id"), status=RunStatus.DISPATCHED
+    ).values_list("job_id", "dispatched_at", "scheduled_for")
+    now = get_store().now()
+    return {
+        job_id: scheduled_for
+        for job_id, sent, scheduled_for in runs
+        if sent + timedelta(seconds=lives[job_id]) <= now
+    }
 
 
 # --- worker side -----------------------------------------------------------------------------

@@ -265,6 +265,12 @@ class Dispatcher:
             )
             return False
 
+    def message_expiry(self, job: Any) -> float | None:
+        """Seconds a message of ``job`` (a ``Job``) lives once published, its ``expires``;
+        None: for ever. The reaper drops an occurrence whose message is past it unstarted."""
+        options = json.dumps(job.message_options) if job.message_options else "{}"
+        return self.route(job.task, job.queue, options).expires
+
     def _publish_redis(self, producer: Producer, channel: Any, runs: Sequence[ClaimedRun]) -> None:
         """The fast path for Redis: the exact message kombu's Redis transport would store,
         built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or

@@ -5,6 +5,7 @@ reach the task, on a real beat and worker, over Redis and over RabbitMQ."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -94,3 +95,41 @@ def test_a_job_with_no_queue_is_published_with_its_tasks_own_options(
         except BaseException:
             print(fleet.logs())
             raise
+
+
+def test_an_occurrence_whose_message_expired_unseen_is_dropped_not_sent_again(fleet_on_each_broker):
+    from schedapp import api
+    from schedapp.db import db_now
+    from schedapp.models import JobRun, JobState, RunStatus
+
+    fleet = fleet_on_each_broker
+    # Given a one-off whose message expires 1 s after it is sent (RabbitMQ drops it unseen;
+    # Redis keeps it for a worker to discard), sent while no worker runs, its lease 2 s
+    fleet.beat()
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "expiring"},
+        run_at=db_now(),
+        lease_seconds=2,
+        max_retries=0,
+        message_options={"expires": 1},
+        name="expiring",
+    )
+    # When its lease expires unstarted and the beat reaps it, and only then a worker starts
+    wait_until(
+        lambda: JobRun.objects.filter(job=job).exclude(status=RunStatus.DISPATCHED).exists(),
+        timeout=60,
+        message="the reap",
+    )
+    fleet.worker(concurrency=1)
+    final = (JobState.CANCELLED, JobState.SUCCEEDED, JobState.DEAD)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state in final, timeout=60, message="the job ended"
+    )
+    time.sleep(2)
+    # Then the occurrence was dropped as Celery beat drops an expired message: never sent
+    # again with a fresh expiry, never run, the one-off cancelled
+    assert not Execution.objects.filter(label="expiring").exists()
+    assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+    runs = list(JobRun.objects.filter(job=job).values_list("status", "error"))
+    assert runs == [(RunStatus.SKIPPED, "expired before a worker started it")]

@@ -300,6 +300,34 @@ def test_a_message_celery_discards_as_expired_drops_its_occurrence_as_under_cele
         assert (r.status, r.error) == (RunStatus.SKIPPED, "expired before a worker started it")
 
 
+def test_the_reaper_drops_an_occurrence_whose_message_expired_unstarted_and_resends_the_rest():
+    # Given three recurring jobs whose messages nobody took before their leases expired: two
+    # sent with a 5 s ``expires`` 10 s ago (RabbitMQ dropped them unseen), one with 60 s
+    dropped, every = claimed_recurring(name="dropped", max_retries=1)
+    kept, again = claimed_recurring(name="kept", max_retries=1)
+    forever, always = claimed_recurring(name="forever", max_retries=1)
+    lives = {dropped.pk: 5.0, kept.pk: 60.0, forever.pk: None}
+    JobRun.objects.update(dispatched_at=db_now() - timedelta(seconds=10))
+    Job.objects.update(lease_expires_at=db_now() - timedelta(seconds=1))
+    # When a beat reaps them
+    result = claims.reap_expired_leases(10, message_expiry=lambda job: lives[job.pk])
+    # Then the expired one's occurrence is dropped, as Celery beat's: its next one is due,
+    # no attempt counted, and the old claim is fenced off
+    assert (result.expired, result.dropped) == (3, 1)
+    dropped.refresh_from_db()
+    assert (dropped.state, dropped.retry_count) == (JobState.SCHEDULED, 0)
+    assert dropped.scheduled_for == every.scheduled_for + timedelta(seconds=60)
+    assert dropped.token > every.token
+    run = JobRun.objects.get(pk=every.run_id)
+    assert (run.status, run.error) == (RunStatus.SKIPPED, "expired before a worker started it")
+    # and the others, whose messages may still run somewhere, are sent again for the same
+    # occurrence, as before
+    for job, run in ((kept, again), (forever, always)):
+        job.refresh_from_db()
+        assert (job.state, job.scheduled_for) == (JobState.SCHEDULED, run.scheduled_for)
+        assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
+
+
 def test_resuming_a_job_whose_worker_died_while_it_was_paused_closes_that_run_as_lost():
     # Given a run in flight when the job was paused, whose worker then died: its lease expired
     # before any beat reaped it
