@@ -184,7 +184,6 @@ class Dispatcher:
         self._routes: dict[tuple[str, str, str], Route] = {}
         self._fast_ok: bool | None = None  # kombu's Redis internals as this module knows them
         self._declared: set[str] = set()
-        self._queues: dict[tuple[str, str], tuple[str, ...]] = {}
         self._event_dispatcher: Any = None  # the app's, once task_send_sent_event is on
 
     def route(self, task: str, queue: str, options: str = "{}") -> Route:
@@ -217,7 +216,6 @@ class Dispatcher:
                     self._publish_kombu(producer, runs, result)
         except Exception as exc:  # broker down, connection reset, ...: the lease recovers
             self._declared.clear()  # a restarted broker may have lost its bindings
-            self._queues.clear()
             result.error = exc
             done = {r.run_id for r in result.published}
             result.failed = [r for r in runs if r.run_id not in done]
@@ -274,17 +272,24 @@ class Dispatcher:
     def _publish_redis(self, producer: Producer, channel: Any, runs: Sequence[ClaimedRun]) -> None:
         """The fast path for Redis: the exact message kombu's Redis transport would store,
         built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or
-        nothing as far as we know: on an error every run is released (and so fenced)."""
+        nothing as far as we know: on an error every run is released (and so fenced).
+
+        A route's queues are looked up once per batch, not kept: kombu's own publish reads
+        the exchange's bindings at every publish, so a queue bound later (a new worker's)
+        gets the next message, and a deleted one no more."""
         pipe = channel.client.pipeline(transaction=False)
+        bound: dict[tuple[str, str], tuple[str, ...]] = {}  # this batch's lookups
         signalled = _has_receivers()
         events = self._events()
         sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
         now = self.app.now()
         for run in runs:
             route = self.route(run.task, run.queue, run.message_options)
-            queues = self._queues.get((route.exchange, route.routing_key)) or self._bound_queues(
-                channel, route
-            )
+            queues = bound.get((route.exchange, route.routing_key))
+            if queues is None:
+                queues = bound[(route.exchange, route.routing_key)] = self._bound_queues(
+                    channel, route
+                )
             headers = message_headers(run, self.origin, route, now)
             if signalled:
                 _before_publish(run, route, headers)
@@ -334,7 +339,6 @@ class Dispatcher:
                 f"no queue is bound to exchange {route.exchange!r} with routing "
                 f"key {route.routing_key!r}"
             )
-        self._queues[(route.exchange, route.routing_key)] = queues
         return queues
 
     def _publish_kombu(

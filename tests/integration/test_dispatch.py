@@ -13,7 +13,7 @@ import pytest
 import redis
 from celery import Celery
 from django.conf import settings
-from kombu import Producer
+from kombu import Exchange, Producer, Queue
 
 from project.celery import app
 from schedapp.claims import ClaimedRun
@@ -256,6 +256,54 @@ def test_a_route_without_a_queue_delivers_to_the_default_queue_as_celery_does():
     (keyed,) = stored("celery")
     assert keyed["headers"]["id"] == "schedapp:2:1"
     assert keyed["properties"]["delivery_info"]["routing_key"] == "celery"
+
+
+def app_routing_to_a_topic_exchange(name: str) -> tuple[Celery, Exchange]:
+    """``project.tasks.record`` to the topic exchange ``name`` with key "<name>.daily"; its
+    queue ``name`` binds "<name>.#". A name of each test's own: kombu's producer pool, global
+    per broker URL, keeps the exchanges and bindings its connection declared across tests."""
+    exchange = Exchange(name, type="topic")
+    own = routed_app({"project.tasks.record": {"queue": name, "routing_key": f"{name}.daily"}})
+    own.conf.task_queues = [Queue(name, exchange, routing_key=f"{name}.#")]
+    return own, exchange
+
+
+def ids(queue: str) -> list[str]:
+    return [message["headers"]["id"] for message in stored(queue)]
+
+
+def test_a_queue_bound_after_a_dispatch_receives_the_next_as_kombus_publish_delivers_it():
+    """A new worker's queue bound to the route's exchange: kombu's publish reads the bindings
+    at every publish. Before, the fast path kept the queues it had found at its first
+    publish on the route until the beat restarted: the new queue got nothing."""
+    own, exchange = app_routing_to_a_topic_exchange("late")
+    dispatcher = Dispatcher(own)
+    assert dispatcher.publish([claimed(1, 1)]).error is None
+    assert dispatcher._fast_ok is True
+    eu = Queue("late-eu", exchange, routing_key="late.#")
+    with own.connection_for_write() as conn:
+        eu.bind(conn.default_channel).declare()  # as the worker consuming it declares it
+    assert dispatcher.publish([claimed(2, 1), claimed(3, 1)]).error is None
+    celerys = own.send_task("project.tasks.record").id
+    assert ids("late") == [celerys, "schedapp:3:1", "schedapp:2:1", "schedapp:1:1"]
+    assert ids("late-eu") == [celerys, "schedapp:3:1", "schedapp:2:1"]
+
+
+def test_a_queue_deleted_after_a_dispatch_receives_no_more_as_with_kombus_publish():
+    """Deleting a queue removes its binding: kombu's publish no longer delivers to it.
+    Before, the fast path went on pushing into the deleted queue's list."""
+    own, exchange = app_routing_to_a_topic_exchange("gone")
+    dispatcher = Dispatcher(own)
+    with own.connection_for_write() as conn:
+        eu = Queue("gone-eu", exchange, routing_key="gone.#").bind(conn.default_channel)
+        eu.declare()
+        assert dispatcher.publish([claimed(1, 1)]).error is None
+        assert ids("gone-eu") == ["schedapp:1:1"]
+        eu.delete()  # its binding and its list (the connection that declared it knows both)
+    assert dispatcher.publish([claimed(2, 1)]).error is None
+    celerys = own.send_task("project.tasks.record").id
+    assert ids("gone") == [celerys, "schedapp:2:1", "schedapp:1:1"]
+    assert ids("gone-eu") == []
 
 
 def app_with_tasks() -> Celery:
