@@ -327,12 +327,18 @@ class Dispatcher:
 
         An empty lookup means the bindings are gone (a Redis restart without persistence, a
         flushed database): declare the queue again rather than push into nowhere, as kombu's
-        own publish silently would.
+        own publish silently would, and bind it to the route's key as kombu's ``queue_bind``
+        stores a binding (the exchange type's pattern: a topic exchange's matches that key
+        alone).
         """
         queues = tuple(channel._lookup(route.exchange, route.routing_key))
         if not queues and route.queue is not None:
             route.queue.bind(channel).declare()  # kombu may skip this: it remembers the old
-            channel._queue_bind(route.exchange, route.routing_key, "", route.queue.name)
+            # queue_bind's own storing, without its skip of a binding this connection made
+            binding = channel.typeof(route.exchange).prepare_bind(
+                route.queue.name, route.exchange, route.routing_key, None
+            )
+            channel._queue_bind(route.exchange, *binding)
             queues = tuple(channel._lookup(route.exchange, route.routing_key))
         if not queues:
             raise LookupError(
@@ -429,9 +435,10 @@ def redis_message(
     )
 
 
-# kombu's private Redis helpers the fast path calls; a kombu without one of them, or whose
-# stored message has another layout, gets the public path instead.
-REDIS_INTERNALS = ("_lookup", "_queue_bind", "_q_for_pri", "_get_message_priority")
+# kombu's Redis helpers the fast path calls (private, or of its virtual transport alone); a
+# kombu without one of them, or whose stored message has another layout, gets the public path
+# instead.
+REDIS_INTERNALS = ("_lookup", "_queue_bind", "_q_for_pri", "_get_message_priority", "typeof")
 
 
 def redis_internals_match(channel: Any, origin: str = "check") -> bool:

@@ -306,6 +306,26 @@ def test_a_queue_deleted_after_a_dispatch_receives_no_more_as_with_kombus_publis
     assert ids("gone-eu") == []
 
 
+def test_a_lost_binding_comes_back_with_its_topic_pattern_not_one_matching_every_key():
+    """Bindings lost (a flushed or restarted Redis): the fast path binds the route's queue
+    again as kombu's ``queue_bind`` stores a binding, with the topic exchange's pattern.
+    Before, it stored an empty pattern, which kombu's topic lookup matches to every key: the
+    other tasks' messages to that exchange, kombu's and the fast path's, went into it too."""
+    own, exchange = app_routing_to_a_topic_exchange("lost")
+    dispatcher = Dispatcher(own)
+    assert dispatcher.publish([claimed(1, 1)]).error is None
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()  # bindings gone
+    assert dispatcher.publish([claimed(2, 1)]).error is None  # binds the queue again
+    other = Queue("lost-other", exchange, routing_key="lost-other.#")
+    with own.connection_for_write() as conn:
+        other.bind(conn.default_channel).declare()  # as the worker consuming it declares it
+    celerys = own.send_task("project.tasks.record", routing_key="lost-other.x").id
+    options = '{"routing_key": "lost-other.x"}'
+    assert dispatcher.publish([claimed(3, 1, message_options=options)]).error is None
+    assert ids("lost") == ["schedapp:2:1"]
+    assert ids("lost-other") == ["schedapp:3:1", celerys]
+
+
 def app_with_tasks() -> Celery:
     """An app of the test's own with a task that ignores its result and one that does not."""
     own = Celery("own", broker=settings.CELERY_BROKER_URL, set_as_current=False)
