@@ -35,6 +35,7 @@ from celery import VERSION as CELERY_VERSION
 from celery import Celery, Task, signals
 from celery.utils.saferepr import saferepr
 from kombu import Exchange, Producer, Queue
+from kombu.common import maybe_declare
 from kombu.compression import compress
 
 from .claims import ClaimedRun
@@ -330,7 +331,15 @@ class Dispatcher:
         own publish silently would, and bind it to the route's key as kombu's ``queue_bind``
         stores a binding (the exchange type's pattern: a topic exchange's matches that key
         alone).
+
+        The lookup matches by the exchange's type as this connection knows it (direct when it
+        declared no such exchange): the route's queue is declared first, as kombu's publish
+        declares it (``maybe_declare``: once per connection), which records its exchange's
+        type, so a topic exchange is matched as one. An exchange a route names alone is
+        declared by neither.
         """
+        if route.queue is not None:
+            maybe_declare(route.queue, channel)
         queues = tuple(channel._lookup(route.exchange, route.routing_key))
         if not queues and route.queue is not None:
             route.queue.bind(channel).declare()  # kombu may skip this: it remembers the old

@@ -326,6 +326,44 @@ def test_a_lost_binding_comes_back_with_its_topic_pattern_not_one_matching_every
     assert ids("lost-other") == ["schedapp:3:1", celerys]
 
 
+def test_a_fresh_connection_matches_a_topic_exchange_as_topic_as_kombus_publish_does():
+    """A connection that has not declared the route's exchange: kombu's publish declares the
+    queue (and so its exchange, its type) before its lookup. Before, the fast path's lookup
+    took the exchange for a direct one there: an exact binding matched, so a pattern's
+    queue got nothing."""
+    exchange = Exchange("fresh", type="topic")
+    own = routed_app({"project.tasks.record": {"queue": "fresh", "routing_key": "fresh.daily"}})
+    own.conf.task_queues = [
+        Queue("fresh", exchange, routing_key="fresh.daily"),
+        Queue("fresh-all", exchange, routing_key="fresh.#"),
+    ]
+    with own.connection_for_write() as conn:  # as the workers consuming them declare them
+        for queue in own.conf.task_queues:
+            queue.bind(conn.default_channel).declare()
+    assert Dispatcher(own).publish([claimed(1, 1)]).error is None
+    celerys = own.send_task("project.tasks.record").id
+    assert ids("fresh") == [celerys, "schedapp:1:1"]
+    assert ids("fresh-all") == [celerys, "schedapp:1:1"]
+
+
+def test_an_exchange_named_by_a_route_alone_is_matched_as_kombus_publish_matches_it():
+    """``task_routes`` naming an exchange and no queue: kombu's publish declares nothing, so
+    its lookup takes the exchange for what the connection declared, else direct; the fast
+    path invents no type either."""
+    own = routed_app({"project.tasks.record": {"exchange": "named", "routing_key": "named.daily"}})
+    exchange = Exchange("named", type="topic")
+    with own.connection_for_write() as conn:  # as the workers consuming them declare them
+        for queue in (
+            Queue("named", exchange, routing_key="named.daily"),
+            Queue("named-all", exchange, routing_key="named.#"),
+        ):
+            queue.bind(conn.default_channel).declare()
+    assert Dispatcher(own).publish([claimed(1, 1)]).error is None
+    celerys = own.send_task("project.tasks.record").id
+    assert ids("named") == [celerys, "schedapp:1:1"]
+    assert ids("named-all") == []
+
+
 def app_with_tasks() -> Celery:
     """An app of the test's own with a task that ignores its result and one that does not."""
     own = Celery("own", broker=settings.CELERY_BROKER_URL, set_as_current=False)
