@@ -128,16 +128,26 @@ def json_saferepr(text: str, empty: Any, levels: int = 3) -> str:
     return saferepr(value, REPR_MAXSIZE, maxlevels=levels)
 
 
+_UNNAMED: Any = object()
+
+
 def message_headers(
-    run: ClaimedRun, origin: str, route: Route | None = None, now: datetime | None = None
+    run: ClaimedRun,
+    origin: str,
+    route: Route | None = None,
+    now: datetime | None = None,
+    shadow: str | None = _UNNAMED,
 ) -> dict[str, Any]:
     """The protocol-2 headers ``apply_async`` would send, plus schedapp's. ``now`` (aware,
-    the app's zone) dates an ``expires`` given in seconds, as Celery does."""
+    the app's zone) dates an ``expires`` given in seconds, as Celery does; ``shadow`` is the
+    task's ``shadow_name`` for this run when the caller already asked it (once per message,
+    as ``apply_async`` asks)."""
     task_id = run.task_id
     levels = route.repr_levels if route is not None else 3
-    shadow = None
-    if route is not None and route.shadow is not None:
-        shadow = route.shadow(run.args, run.kwargs)
+    if shadow is _UNNAMED:
+        shadow = None
+        if route is not None and route.shadow is not None:
+            shadow = route.shadow(run.args, run.kwargs)
     expires = None
     if route is not None and route.expires is not None:
         expires = ((now or datetime.now(UTC)) + timedelta(seconds=route.expires)).isoformat()
@@ -186,6 +196,7 @@ class Dispatcher:
         self._fast_ok: bool | None = None  # kombu's Redis internals as this module knows them
         self._declared: set[str] = set()
         self._event_dispatcher: Any = None  # the app's, once task_send_sent_event is on
+        self._shadow_names: dict[str, str | None] = {}  # this batch's, by task id
 
     def route(self, task: str, queue: str, options: str = "{}") -> Route:
         """How a message of ``task`` with the job's ``queue`` and message ``options`` (JSON
@@ -234,6 +245,7 @@ class Dispatcher:
         job cannot hold back the batch."""
         ok = []
         verdicts: dict[str, str | None] = {}  # the allowlist's, once per task name a batch
+        self._shadow_names = {}
         for run in runs:
             if run.task not in verdicts:
                 verdicts[run.task] = task_not_allowed(run.task)
@@ -244,12 +256,29 @@ class Dispatcher:
                 except Exception as exc:
                     problem = f"cannot route task {run.task!r} (queue {run.queue!r}): {exc}"
                 else:  # apply_async would raise, every time: the job cannot be sent
-                    problem = _shadow_problem(run, route)
+                    problem = self._ask_shadow_name(run, route)
             if problem is None:
                 ok.append(run)
             else:
                 result.refused.append((run, problem))
         return ok
+
+    def _ask_shadow_name(self, run: ClaimedRun, route: Route) -> str | None:
+        """Ask the task's ``shadow_name`` for this run's name, once, as ``apply_async`` asks it
+        once per message; the name is kept for the message. Returns why it cannot name the
+        run (it raised), or None."""
+        if route.shadow is None:
+            return None
+        try:
+            self._shadow_names[run.task_id] = route.shadow(run.args, run.kwargs)
+        except Exception as exc:
+            return f"the shadow_name of task {run.task!r} raised for this job: {exc!r}"
+        return None
+
+    def _shadow_name(self, run: ClaimedRun) -> str | None:
+        """The name ``_admissible`` got from the task's ``shadow_name`` for ``run`` (or
+        ``_UNNAMED``: the task defines none, or the run did not go through it)."""
+        return self._shadow_names.get(run.task_id, _UNNAMED)
 
     def probe(self) -> bool:
         """Whether the broker answers: one connection attempt, no publish, no claim."""
@@ -291,7 +320,7 @@ class Dispatcher:
                 queues = bound[(route.exchange, route.routing_key)] = self._bound_queues(
                     channel, route
                 )
-            headers = message_headers(run, self.origin, route, now)
+            headers = message_headers(run, self.origin, route, now, self._shadow_name(run))
             if signalled:
                 _before_publish(run, route, headers)
             if signalled or events is not None:
@@ -377,7 +406,7 @@ class Dispatcher:
         declare = None
         if route.queue is not None and route.queue.name not in self._declared:
             declare = [route.queue]
-        headers = message_headers(run, self.origin, route, self.app.now())
+        headers = message_headers(run, self.origin, route, self.app.now(), self._shadow_name(run))
         signalled = _has_receivers()
         if signalled:
             _before_publish(run, route, headers)
@@ -567,17 +596,6 @@ def _shadow(
         return shadow_name(args, kwargs, options)
 
     return shadow
-
-
-def _shadow_problem(run: ClaimedRun, route: Route) -> str | None:
-    """Why the task's ``shadow_name`` cannot name this run (it raised), or None."""
-    if route.shadow is None:
-        return None
-    try:
-        route.shadow(run.args, run.kwargs)
-    except Exception as exc:
-        return f"the shadow_name of task {run.task!r} raised for this job: {exc!r}"
-    return None
 
 
 def _has_receivers() -> bool:

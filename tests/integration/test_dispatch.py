@@ -546,6 +546,7 @@ def test_task_sent_events_alone_do_not_send_the_publish_signals(monkeypatch):
     dispatcher.publish([claimed(1, 1, task="project.tasks.loud")])
     assert signalled == []
 
+
 def test_no_task_sent_event_without_task_send_sent_event():
     own = app_with_tasks()
     dispatcher = Dispatcher(own, origin="test")
@@ -647,3 +648,28 @@ def test_a_run_whose_shadow_name_raises_is_refused_with_the_reason():
     assert run == boom and "shadow_name" in reason and "no name for boom" in reason
     (message,) = stored()
     assert message["headers"]["shadow"] == "named:xé"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_tasks_shadow_name_is_asked_once_per_message_as_apply_async_asks_it(fast):
+    """It was asked twice (once to refuse a run whose shadow_name raises, once for the
+    header): a shadow_name that counts, logs or costs did so twice per dispatch."""
+    own = app_with_tasks()
+    asked: list[Any] = []
+
+    def counted(task: Any, args: Any, kwargs: Any, options: Any) -> str:
+        asked.append(kwargs["label"])
+        return f"counted:{kwargs['label']}"
+
+    @own.task(name="project.tasks.counted", shadow_name=counted, shared=False)
+    def counted_task(*args: Any, **kwargs: Any) -> None: ...
+
+    dispatcher = Dispatcher(own)
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    runs = [
+        claimed(1, 1, task="project.tasks.counted"),
+        claimed(2, 1, task="project.tasks.counted"),
+    ]
+    assert dispatcher.publish(runs).published == runs
+    assert asked == ["x\u00e9", "x\u00e9"]
+    assert [m["headers"]["shadow"] for m in stored()] == ["counted:x\u00e9"] * 2
