@@ -163,6 +163,7 @@ def _apply_misfires(
                 now,
                 row["misfire_policy"],
                 row["misfire_max_catchup"],
+                row["misfire_grace"],
             )
         except Exception as exc:  # a row the beat cannot understand: set it aside, go on
             quarantined.append(_quarantine_locked(row["id"], _unschedulable(exc)))

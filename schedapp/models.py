@@ -74,6 +74,7 @@ class MisfirePolicy(models.TextChoices):
     RUN_ONCE = "run_once", "Run once, then continue"
     SKIP = "skip", "Skip missed occurrences"
     RUN_ALL = "run_all", "Run every missed occurrence (bounded)"
+    RUN_RECENT = "run_recent", "Run the latest missed occurrence if within the grace, else skip"
 
 
 assert tuple(MisfirePolicy.values) == MISFIRE_POLICIES

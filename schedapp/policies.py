@@ -34,9 +34,24 @@ def dispatch_wait(lease_seconds: int, unstarted_dispatches: int) -> timedelta:
 RUN_ONCE = "run_once"
 SKIP = "skip"
 RUN_ALL = "run_all"
-MISFIRE_POLICIES = (RUN_ONCE, SKIP, RUN_ALL)
+RUN_RECENT = "run_recent"
+MISFIRE_POLICIES = (RUN_ONCE, SKIP, RUN_ALL, RUN_RECENT)
+
+# A run_recent job's grace is how old its latest missed occurrence may be and still run (Celery's
+# beat_cron_starting_deadline), not how late a claim must be to count as a misfire: found later
+# than this (or its grace, if shorter), its missed occurrences are folded into the latest, as
+# Celery sends a crontab once however many runs it missed. Under a second late, a claim is the
+# ordinary one (a cron's occurrences are a second apart at the least).
+RUN_RECENT_LATE_AFTER = timedelta(seconds=1)
 
 Rng = Callable[[], float]
+
+
+def misfire_after(policy: str, grace: timedelta) -> timedelta:
+    """How late a claimed occurrence may be before its job's misfire policy decides it: the
+    grace, but at most ``RUN_RECENT_LATE_AFTER`` for ``run_recent``, whose grace is a deadline.
+    The claim statement (sql/queries.sql, claim_due_jobs) says the same in SQL."""
+    return min(grace, RUN_RECENT_LATE_AFTER) if policy == RUN_RECENT else grace
 
 
 def compute_backoff(retry_count: int, base: timedelta, cap: timedelta) -> timedelta:
@@ -66,7 +81,12 @@ class Catchup:
 
 
 def plan_misfire(
-    schedule: Schedule, due: datetime, now: datetime, policy: str, max_catchup: int
+    schedule: Schedule,
+    due: datetime,
+    now: datetime,
+    policy: str,
+    max_catchup: int,
+    grace: timedelta = timedelta(0),
 ) -> Catchup:
     """Decide a misfire: ``due`` is an occurrence that should have run a while before ``now``.
 
@@ -75,6 +95,8 @@ def plan_misfire(
       occurrence after it (in the future). The older missed ones count as missed.
     * ``run_all``: run every missed occurrence, oldest first, but at most ``max_catchup`` of
       them: the most recent ones. Older ones beyond that bound count as missed.
+    * ``run_recent``: as ``run_once`` if the latest missed occurrence is at most ``grace``
+      before now, else as ``skip``: Celery's crontab under ``beat_cron_starting_deadline``.
 
     It runs inside the beat's claim transaction, so its cost must not grow with the outage:
     the missed count is arithmetic (``count_fire_times``) and only the occurrences it keeps are
@@ -83,6 +105,12 @@ def plan_misfire(
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
     total = count_fire_times(schedule, due, now)
+    if policy == RUN_RECENT:
+        recent = recent_fire_times(schedule, now, due, 1)
+        latest = recent[-1] if recent else due  # ``due`` itself: an extra one (run now)
+        if now - latest <= grace:
+            return Catchup(run_for=latest, next_due=None, missed=max(0, total - 1) if recent else 0)
+        policy = SKIP  # too old to run
     if policy == SKIP:
         # Continue from the latest missed occurrence, not from now, so an interval keeps its
         # phase: next_fire_time(interval, now) would be now + every, which is no occurrence.

@@ -10,15 +10,21 @@ import re
 from functools import cache
 from pathlib import Path
 
-from ..policies import MAX_PRIORITY, MAX_WAIT_DOUBLINGS, MIN_PRIORITY
+from ..policies import (
+    MAX_PRIORITY,
+    MAX_WAIT_DOUBLINGS,
+    MIN_PRIORITY,
+    RUN_RECENT,
+    RUN_RECENT_LATE_AFTER,
+)
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
 def queries() -> dict[str, str]:
-    """Every named query, its comments stripped and ``{due_levels}``, the priority bounds and
-    the dispatch wait's cap filled in."""
+    """Every named query, its comments stripped and ``{due_levels}``, the priority bounds,
+    the dispatch wait's cap and run_recent's lateness filled in."""
     text = (Path(__file__).parent / "queries.sql").read_text()
     parts = _NAME.split(text)[1:]
     raw = {
@@ -31,6 +37,8 @@ def queries() -> dict[str, str]:
         "MAX_PRIORITY": str(MAX_PRIORITY),
         "MIN_PRIORITY": str(MIN_PRIORITY),
         "MAX_WAIT_DOUBLINGS": str(MAX_WAIT_DOUBLINGS),
+        "RUN_RECENT": RUN_RECENT,
+        "RUN_RECENT_LATE_AFTER": str(RUN_RECENT_LATE_AFTER.total_seconds()),
     }
     due_levels = _fill(raw["due_levels"], constants)
     return {name: _fill(sql, {**constants, "due_levels": due_levels}) for name, sql in raw.items()}

@@ -1,7 +1,8 @@
 -- schedapp's hand-written SQL, one named query a block, read by schedapp/sql/__init__.py.
 -- A block starts with "-- name: <name>"; the comment lines right after it say what it is for.
 -- {due_levels} stands for the due_levels block, {MAX_PRIORITY}/{MIN_PRIORITY} for the bounds
--- of a job's priority and {MAX_WAIT_DOUBLINGS} for the cap of policies.dispatch_wait
+-- of a job's priority, {MAX_WAIT_DOUBLINGS} for the cap of policies.dispatch_wait and
+-- {RUN_RECENT}/{RUN_RECENT_LATE_AFTER} for policies.misfire_after's policy and its seconds
 -- (schedapp.policies). Parameters are Django's: %s or %(name)s.
 -- PostgreSQL only: the portable store (SQLite) says the same through the ORM.
 
@@ -39,11 +40,14 @@ claimed AS (
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
-              j.misfire_max_catchup, j.priority, j.cron_day_or, j.solar_event, j.latitude,
-              j.longitude, j.not_before, j.expires_at, j.message_options::text AS message_options,
+              j.misfire_max_catchup, j.misfire_grace, j.priority, j.cron_day_or, j.solar_event,
+              j.latitude, j.longitude, j.not_before, j.expires_at,
+              j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               (j.run_at IS NULL AND j.retry_count = 0
-               AND now() - j.next_run_at > j.misfire_grace) AS late
+               AND now() - j.next_run_at > CASE WHEN j.misfire_policy = '{RUN_RECENT}'
+                   THEN least(j.misfire_grace, make_interval(secs => {RUN_RECENT_LATE_AFTER}))
+                   ELSE j.misfire_grace END) AS late
 ),
 runs AS (
     INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,

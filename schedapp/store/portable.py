@@ -14,7 +14,7 @@ from django.db.models import F, Min, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..models import Job, JobRun, JobState, RunStatus
-from ..policies import dispatch_wait
+from ..policies import dispatch_wait, misfire_after
 from ..validation import CELERY_FIELDS
 from .base import DoorVerdict, Listener, insert_runs, pairs
 
@@ -71,7 +71,8 @@ def _claim(beat: str, limit: int, now: datetime) -> list[dict]:
         row["late"] = (
             row["run_at"] is None
             and row["retry_count"] == 0
-            and now - row["next_run_at"] > row["misfire_grace"]
+            and now - row["next_run_at"]
+            > misfire_after(row["misfire_policy"], row["misfire_grace"])
         )
     return rows
 

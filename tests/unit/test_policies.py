@@ -15,12 +15,14 @@ from schedapp.policies import (
     MISFIRE_POLICIES,
     RUN_ALL,
     RUN_ONCE,
+    RUN_RECENT,
     SKIP,
     AfterRun,
     Catchup,
     JobFacts,
     compute_backoff,
     compute_jitter,
+    misfire_after,
     plan_after_failure,
     plan_after_success,
     plan_misfire,
@@ -291,6 +293,60 @@ def test_given_cron_missed_across_dst_when_planning_misfire_then_counts_real_occ
     assert plan_misfire(cron, at(due), at(now), policy, max_catchup) == expected
 
 
+def z(wall: str | None) -> datetime | None:
+    """``2022-12-05T07:30`` in UTC (None stays None)."""
+    return None if wall is None else at(f"{wall}+00:00")
+
+
+@pytest.mark.parametrize(
+    ("expr", "grace", "due", "now", "run_for", "next_due", "missed"),
+    [
+        # Celery's own cases (t/unit/app/test_schedules.py), a one-hour deadline: daily 07:30,
+        # last sent 12-04 10:30, so 12-05 07:30 is due. At 10:30 it is 3 h old: not sent.
+        ("30 7 * * *", HOUR, "2022-12-05T07:30", "2022-12-05T10:30", None, "2022-12-06T07:30", 1),
+        # At 08:00, 30 min old: sent once.
+        ("30 7 * * *", HOUR, "2022-12-05T07:30", "2022-12-05T08:00", "2022-12-05T07:30", None, 0),
+        # Last sent 12-03: 12-04 is older than the deadline, but 12-05 is the latest and runs.
+        ("30 7 * * *", HOUR, "2022-12-04T07:30", "2022-12-05T08:00", "2022-12-05T07:30", None, 1),
+        ("30 7 * * *", HOUR, "2022-12-04T07:30", "2022-12-05T11:00", None, "2022-12-06T07:30", 2),
+        # Minutes 0 and 45, last sent 08:45: 09:00, 09:45 and 10:00 were missed; at 10:20 the
+        # latest (10:00) is within a 30-minute deadline and runs.
+        (
+            "0,45 * * * *",
+            30 * MINUTE,
+            "2022-12-05T09:00",
+            "2022-12-05T10:20",
+            "2022-12-05T10:00",
+            None,
+            2,
+        ),
+    ],
+)
+def test_run_recent_runs_the_latest_missed_occurrence_only_within_the_grace(
+    expr, grace, due, now, run_for, next_due, missed
+):
+    plan = plan_misfire(parse_cron(expr, "UTC"), z(due), z(now), RUN_RECENT, 1, grace)
+    assert plan == Catchup(z(run_for), z(next_due), missed)
+
+
+def test_run_recent_runs_an_extra_occurrence_within_the_grace_and_skips_it_beyond():
+    """run now's occurrence is no fire time of the schedule: it is the latest missed one."""
+    daily = parse_cron("30 7 * * *", "UTC")
+    asked = utc("10:00:00")
+    assert plan_misfire(daily, asked, utc("10:00:30"), RUN_RECENT, 1, MINUTE) == Catchup(
+        asked, None, 0
+    )
+    assert plan_misfire(daily, asked, utc("10:05:00"), RUN_RECENT, 1, MINUTE) == Catchup(
+        None, next_fire_time(daily, utc("10:05:00")), 0
+    )
+
+
+def test_run_recent_counts_as_late_after_a_second_or_its_grace_if_shorter():
+    assert misfire_after(RUN_RECENT, HOUR) == SECOND
+    assert misfire_after(RUN_RECENT, timedelta(0)) == timedelta(0)
+    assert misfire_after(RUN_ONCE, HOUR) == misfire_after(SKIP, HOUR) == HOUR
+
+
 @pytest.mark.parametrize("policy", MISFIRE_POLICIES)
 def test_given_one_off_when_planning_misfire_then_it_always_runs(policy):
     once = Once(utc("10:00:00"))
@@ -374,9 +430,10 @@ SCHEDULES = [
     periods=st.floats(0, 40),
     policy=st.sampled_from(MISFIRE_POLICIES),
     max_catchup=st.integers(0, 50),
+    grace_periods=st.floats(0, 3),
 )
 def test_property_plan_misfire_agrees_with_enumerated_occurrences(
-    schedule_and_step, start, periods, policy, max_catchup
+    schedule_and_step, start, periods, policy, max_catchup, grace_periods
 ):
     schedule, step = schedule_and_step
     due = next_fire_time(schedule, start)  # the missed occurrence the job was waiting for
@@ -384,10 +441,19 @@ def test_property_plan_misfire_agrees_with_enumerated_occurrences(
     missed = [due, *fire_times(schedule, due, now)]  # every occurrence in [due, now]
     following = next_fire_time(schedule, missed[-1])  # the first occurrence after now
     assert following > now
+    grace = grace_periods * step
 
-    plan = plan_misfire(schedule, due, now, policy, max_catchup)
+    plan = plan_misfire(schedule, due, now, policy, max_catchup, grace)
 
-    if policy == SKIP:
+    if policy == RUN_RECENT:
+        recent = now - missed[-1] <= grace
+        expected = (
+            Catchup(missed[-1], None, len(missed) - 1)
+            if recent
+            else Catchup(None, following, len(missed))
+        )
+        assert plan == expected
+    elif policy == SKIP:
         assert plan == Catchup(None, following, len(missed))
     elif policy == RUN_ONCE:
         assert plan == Catchup(missed[-1], None, len(missed) - 1)
