@@ -11,6 +11,10 @@ Mapping, with Celery's semantics:
   ``_orig_*`` attributes, the values it was given), in the Celery app's time zone, with
   ``cron_day_or=False``: when both day fields are restricted, a day must match both, as
   Celery requires. django-celery-beat's ``CrontabSchedule`` -> the same, in its own zone.
+  With the app's ``beat_cron_starting_deadline`` set, a crontab (only: Celery's other
+  schedules ignore it) gets ``misfire_policy="run_recent"`` with the deadline as its
+  ``misfire_grace``: after an outage its latest missed run is sent once if it is at most
+  that old, else nothing is sent until the next one, as Celery's ``crontab.is_due`` decides.
 * ``timedelta``, a number of seconds, ``schedule(run_every=...)`` and ``IntervalSchedule``
   -> interval; ``relative=True`` -> an interval anchored where Celery rounds its runs to
   (``relative_interval``). ``solar`` and ``SolarSchedule`` -> a solar job.
@@ -50,6 +54,7 @@ from . import api
 from .db import db_now
 from .exceptions import ScheduleError
 from .models import Job, JobSource
+from .policies import RUN_RECENT
 from .schedules import Interval, Schedule, next_fire_time, parse_cron, parse_solar, with_window
 from .validation import JOB_FIELDS, MESSAGE_OPTIONS, celery_app, changed_fields, validate_job
 
@@ -244,15 +249,53 @@ def _times_its_own_way(value: Any, base: type) -> bool:
     )
 
 
+DEADLINE_SETTING = "beat_cron_starting_deadline"
+_FROM_APP: Any = object()  # map_beat_entry's deadline: read the Celery app's setting
+
+
+def cron_starting_deadline() -> Any:
+    """Celery's ``beat_cron_starting_deadline`` (seconds; None, the default: no deadline), read
+    from the app's configuration at each import or sync, as crontab reads it at each check."""
+    return celery_app().conf.get(DEADLINE_SETTING)
+
+
+def cron_deadline_options(deadline: Any) -> tuple[dict[str, Any], str | None]:
+    """The misfire options of a crontab job under ``deadline`` (none without one), or why the
+    setting cannot be one: Celery's beat fails at every check on anything but a number, and
+    a negative one never lets a crontab run; refused here, with the setting named.
+
+    ``run_recent`` with the deadline as grace is what ``crontab.is_due`` does with it: a
+    crontab whose latest missed run is more than the deadline before now is not due until
+    its next run; within it, it is sent once, however many runs before it were missed.
+    """
+    if deadline is None:
+        return {}, None
+    if (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, int | float)
+        or not 0 <= deadline <= 365 * 86400  # False for NaN too
+    ):
+        return {}, (
+            f"{DEADLINE_SETTING} must be a number of seconds from 0 to a year (365 days), "
+            f"not {type(deadline).__name__} {reprlib.repr(deadline)}"
+        )
+    return {"misfire_policy": RUN_RECENT, "misfire_grace": timedelta(seconds=deadline)}, None
+
+
 def map_beat_entry(
-    name: str, entry: Any, timezone: str | None = None, now: datetime | None = None
+    name: str,
+    entry: Any,
+    timezone: str | None = None,
+    now: datetime | None = None,
+    deadline: Any = _FROM_APP,
 ) -> Candidate:
     """One ``beat_schedule`` item as a candidate job, mapped or not. Touches no database.
 
-    Pure when ``timezone`` (the Celery app's zone) and ``now`` (beat's start, which a
-    relative interval's phase follows) are given, so the differential test against Celery's
-    own scheduler maps entries exactly as an import does. ``options`` become the job's
-    message options (what apply_async would send); any other key is reported as ignored.
+    Pure when ``timezone`` (the Celery app's zone), ``now`` (beat's start, which a relative
+    interval's phase follows) and ``deadline`` (``beat_cron_starting_deadline``, read only
+    for a crontab) are given, so the differential test against Celery's own scheduler maps
+    entries exactly as an import does. ``options`` become the job's message options (what
+    apply_async would send); any other key is reported as ignored.
     """
     item = Candidate(name=str(name), origin=BEAT_SCHEDULE)
     if not isinstance(entry, Mapping) or not entry.get("task"):
@@ -265,6 +308,14 @@ def map_beat_entry(
     if schedule is None:
         item.problem = problem
         return item
+    if isinstance(entry.get("schedule"), celery_schedules.crontab):
+        misfire, problem = cron_deadline_options(
+            cron_starting_deadline() if deadline is _FROM_APP else deadline
+        )
+        if problem:
+            item.problem = problem
+            return item
+        schedule = {**schedule, **misfire}
     # Empty means none, as in Celery's beat. Otherwise args must be a list or a tuple: Celery's
     # beat fails at every send on a number and sends a str's characters or a dict's keys as the
     # arguments (almost always a missing comma); refused here once, with the entry's name.
@@ -359,11 +410,12 @@ def from_django_celery_beat() -> list[Candidate]:
             f"INSTALLED_APPS to import its schedules ({exc})"
         ) from exc
     now = db_now()
+    deadline = cron_starting_deadline()
     rows = PeriodicTask.objects.select_related("interval", "crontab", "solar", "clocked")
-    return [_periodic_task(row, now) for row in rows.order_by("name")]
+    return [_periodic_task(row, now, deadline) for row in rows.order_by("name")]
 
 
-def _periodic_task(row: Any, now: datetime) -> Candidate:
+def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
     item = Candidate(name=row.name, origin=DJANGO_CELERY_BEAT, task=row.task)
     if row.crontab_id:
         tab = row.crontab
@@ -373,6 +425,12 @@ def _periodic_task(row: Any, now: datetime) -> Candidate:
         )
         item.spec["timezone"] = str(getattr(tab.timezone, "key", tab.timezone))
         item.spec["cron_day_or"] = False  # django-celery-beat runs Celery's crontab
+        if not row.one_off:  # its crontab's is_due is Celery's, deadline included
+            misfire, problem = cron_deadline_options(deadline)
+            if problem:
+                item.problem = problem
+                return item
+            item.spec.update(misfire)
     elif row.interval_id:
         item.spec["interval"] = timedelta(**{row.interval.period: row.interval.every})
     elif row.clocked_id:

@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from project.celery import app
 from schedapp import declared
+from schedapp.claims import claim_due_jobs
 from schedapp.db import db_now
 from schedapp.models import Job, JobSource, JobState
 from schedapp.tasks import cleanup_results
@@ -115,3 +116,40 @@ def test_a_malformed_beat_schedule_entry_is_reported_and_the_others_still_sync(b
         (message,) = report.errors[name]
         assert message.startswith(f"{name}.{field}: beat_schedule entry not run: {field} "), message
     assert not Job.objects.filter(name__in=list(MALFORMED)).exists()
+
+
+def test_beat_cron_starting_deadline_skips_a_synced_crontabs_stale_run_until_it_is_unset(
+    beat_schedule,
+):
+    """A crontab's missed run older than the deadline is not sent, as under Celery's beat;
+    an interval entry (Celery reads the deadline in crontab only) and, once the setting is
+    gone, the crontab too, keep the defaults (run_once)."""
+    two_hours_ago = (db_now() - timedelta(hours=2)).replace(second=0, microsecond=0)
+    beat_schedule(
+        {
+            "daily": {
+                "task": "project.tasks.record",
+                "schedule": crontab(minute=two_hours_ago.minute, hour=two_hours_ago.hour),
+            },
+            "every-minute": {"task": "project.tasks.record", "schedule": 60.0},
+        }
+    )
+    with override_settings(CELERY_TIMEZONE="UTC", CELERY_BEAT_CRON_STARTING_DEADLINE=600):
+        declared.sync_declared_jobs()
+    daily, minutely = Job.objects.get(name="daily"), Job.objects.get(name="every-minute")
+    assert (daily.misfire_policy, daily.misfire_grace) == ("run_recent", timedelta(minutes=10))
+    assert (minutely.misfire_policy, minutely.misfire_grace) == ("run_once", timedelta(minutes=1))
+
+    Job.objects.filter(pk=daily.pk).update(scheduled_for=two_hours_ago, next_run_at=two_hours_ago)
+    result = claim_due_jobs("beat-1", 10)
+    assert daily.pk not in {run.job_id for run in result.runs}
+    daily.refresh_from_db()
+    assert (daily.state, daily.missed_runs) == (JobState.SCHEDULED, 1)
+    assert daily.next_run_at == two_hours_ago + timedelta(days=1)
+
+    with override_settings(CELERY_TIMEZONE="UTC"):
+        report = declared.sync_declared_jobs()
+    assert report.updated["daily"] == ["misfire_grace", "misfire_policy"]
+    daily.refresh_from_db()
+    assert (daily.misfire_policy, daily.misfire_grace) == ("run_once", timedelta(minutes=1))
+    assert daily.next_run_at == two_hours_ago + timedelta(days=1)  # its schedule did not move

@@ -12,7 +12,8 @@ from celery.schedules import crontab, schedule, solar
 from django.core.management import call_command
 from django.test import override_settings
 
-from schedapp import importer
+from schedapp import claims, importer
+from schedapp.db import db_now
 from schedapp.models import Job, JobSource, JobState
 
 pytestmark = [pytest.mark.django_db]
@@ -159,6 +160,68 @@ def test_dry_run_writes_nothing():
     assert not Job.objects.exists()
 
 
+# --- beat_cron_starting_deadline -------------------------------------------------------------
+
+
+def missed_since(name: str, occurrence: datetime) -> Job:
+    """The job as a beat finds it after an outage: due at ``occurrence``, long past."""
+    Job.objects.filter(name=name).update(scheduled_for=occurrence, next_run_at=occurrence)
+    return Job.objects.get(name=name)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deadline", [None, 600])
+def test_a_crontab_missed_beyond_the_cron_starting_deadline_is_skipped_as_celery_skips_it(deadline):
+    """Celery's crontab is not due when its latest missed run is older than the deadline;
+    without the setting, a missed run is sent once (run_once, as before)."""
+    two_hours_ago = (db_now() - timedelta(hours=2)).replace(second=0, microsecond=0)
+    entries = {
+        "daily": {
+            "task": "project.tasks.record",
+            "schedule": crontab(minute=two_hours_ago.minute, hour=two_hours_ago.hour),
+        }
+    }
+    with override_settings(
+        CELERY_BEAT_SCHEDULE=entries,
+        CELERY_TIMEZONE="UTC",
+        CELERY_BEAT_CRON_STARTING_DEADLINE=deadline,
+    ):
+        run()
+    missed_since("daily", two_hours_ago)
+
+    result = claims.claim_due_jobs("beat-1", 10)
+
+    job = Job.objects.get(name="daily")
+    if deadline is None:
+        assert [r.scheduled_for for r in result.runs] == [two_hours_ago]
+        assert (job.misfire_policy, job.missed_runs) == ("run_once", 0)
+        return
+    assert (result.runs, result.skipped_misfires) == ([], 1)
+    assert (job.state, job.missed_runs) == (JobState.SCHEDULED, 1)
+    assert job.next_run_at == two_hours_ago + timedelta(days=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crontab_whose_latest_missed_run_is_within_the_deadline_runs_once_for_it():
+    """Celery looks at the latest run the crontab could have had: within the deadline, it
+    sends the task once, however many runs before it were missed."""
+    entries = {"five": {"task": "project.tasks.record", "schedule": crontab(minute="*/5")}}
+    with override_settings(
+        CELERY_BEAT_SCHEDULE=entries, CELERY_TIMEZONE="UTC", CELERY_BEAT_CRON_STARTING_DEADLINE=600
+    ):
+        run()
+    now = db_now()
+    start = (now - timedelta(hours=2)).replace(second=0, microsecond=0)
+    missed_since("five", start - timedelta(minutes=start.minute % 5))
+
+    (claimed,) = claims.claim_due_jobs("beat-1", 10).runs
+
+    latest = claimed.scheduled_for
+    assert latest.minute % 5 == 0 and (latest.second, latest.microsecond) == (0, 0)
+    assert timedelta(0) <= db_now() - latest < timedelta(minutes=5)
+    assert Job.objects.get(name="five").missed_runs == 24  # two hours of runs, but the latest
+
+
 # --- django-celery-beat ----------------------------------------------------------------------
 
 
@@ -242,6 +305,16 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
     out, _ = run("--from-django-celery-beat")
     assert "0 created, 0 updated, 6 skipped" in out
     assert Job.objects.count() == 6
+
+
+def test_django_celery_beat_crontabs_take_the_deadline_too(periodic_tasks):
+    """Its DatabaseScheduler runs Celery's crontab.is_due, which reads the setting."""
+    with override_settings(CELERY_BEAT_CRON_STARTING_DEADLINE=300):
+        run("--from-django-celery-beat")
+    policies = dict(Job.objects.values_list("name", "misfire_policy"))
+    assert policies.pop("dcb-cron") == "run_recent"
+    assert Job.objects.get(name="dcb-cron").misfire_grace == timedelta(minutes=5)
+    assert set(policies.values()) == {"run_once"}  # intervals, solar, one-offs
 
 
 def test_both_sources_in_one_step(periodic_tasks):

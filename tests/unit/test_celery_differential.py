@@ -32,12 +32,22 @@ from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import celery
 import pytest
+from celery import Celery
 from celery.schedules import crontab, schedule
 
 from schedapp import importer
 from schedapp.models import schedule_of
-from schedapp.schedules import Cron, Schedule, fire_times, parse_cron, parse_interval
+from schedapp.policies import RUN_RECENT, misfire_after, plan_misfire
+from schedapp.schedules import (
+    Cron,
+    Schedule,
+    fire_times,
+    next_fire_time,
+    parse_cron,
+    parse_interval,
+)
 from tests.celery_sim import beat_entry, celery_oracle, celery_send_times
 from tests.data.celery_beat_entries import ENTRIES
 
@@ -383,3 +393,79 @@ def test_relative_interval_sends_when_celery_does(every: timedelta, zone: str, s
     schedule = schedapp_schedule(entry, zone, begin)
     celery = celery_send_times(entry, zone, begin, 20)
     assert list(fire_times(schedule, begin, limit=20)) == celery
+
+
+# --- beat_cron_starting_deadline -------------------------------------------------------------
+
+# Celery before 5.7 looked for the latest missed run by stepping from last_run_at by each run's
+# lateness, which can step over it (a crontab with uneven gaps, such as minute="0,45"): the
+# oracle is 5.7's check, which asks whether any run falls within the deadline before now.
+deadline_oracle = pytest.mark.skipif(
+    celery.VERSION < (5, 7), reason="the oracle is Celery >= 5.7's deadline check"
+)
+OUTAGES = (
+    timedelta(seconds=30),
+    timedelta(minutes=7),
+    timedelta(minutes=90),
+    timedelta(days=2, minutes=17),
+    timedelta(days=40),
+)
+
+
+def celery_decides(
+    entry: dict[str, Any], zone: str, deadline: int, last: datetime, now: datetime
+) -> tuple[bool, datetime]:
+    """Celery's ``crontab.is_due`` under the deadline, for an entry last sent at ``last``
+    and checked at ``now``: whether it is sent now, and the next instant it will be."""
+    app = Celery(f"deadline-{zone}", set_as_current=False)
+    app.conf.timezone = zone
+    app.conf.beat_cron_starting_deadline = deadline
+    app.now = lambda: now.astimezone(app.timezone)  # type: ignore[method-assign]
+    tab = beat_entry(entry)["schedule"]
+    tab.app = app
+    due, remaining = tab.is_due(last.astimezone(app.timezone))
+    return due, now + timedelta(seconds=remaining)
+
+
+def schedapp_decides(
+    schedule: Schedule, deadline: int, last: datetime, now: datetime
+) -> tuple[bool, datetime | None]:
+    """The claim of the imported job at ``now``, its last run for ``last``: whether a run is
+    sent now, and the occurrence the job waits for next."""
+    due = next_fire_time(schedule, last)
+    if due > now:
+        return False, due
+    grace = timedelta(seconds=deadline)
+    if now - due <= misfire_after(RUN_RECENT, grace):  # an ordinary claim
+        return True, next_fire_time(schedule, due)
+    plan = plan_misfire(schedule, due, now, RUN_RECENT, 1, grace)
+    if plan.run_for is None:
+        return False, plan.next_due
+    return True, next_fire_time(schedule, plan.run_for)
+
+
+@deadline_oracle
+@pytest.mark.parametrize("deadline", [60, 600, 3600])
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_a_crontab_missed_during_an_outage_is_sent_when_celery_would_under_the_deadline(
+    zone: str, deadline: int
+) -> None:
+    """Every crontab of the collection, last sent at its first run after an ordinary start,
+    checked after outages from 30 s to 40 days: sent or not, and next, as Celery decides."""
+    start = datetime(2026, 1, 15, 10, 17, 3, tzinfo=ZoneInfo(zone))
+    wrong = []
+    for entry in (e for e in ENTRIES if isinstance(e["schedule"], crontab)):
+        item = importer.map_beat_entry(entry["name"], beat_entry(entry), zone, start, deadline)
+        assert (item.spec["misfire_policy"], item.spec["misfire_grace"].total_seconds()) == (
+            RUN_RECENT,
+            deadline,
+        )
+        schedule = schedapp_schedule(entry, zone, start)
+        last = next_fire_time(schedule, start)
+        for outage in OUTAGES:
+            now = last + outage
+            celery_says = celery_decides(entry, zone, deadline, last, now)
+            ours = schedapp_decides(schedule, deadline, last, now)
+            if ours != celery_says:
+                wrong.append(f"{entry['name']} at {now}: celery {celery_says}, schedapp {ours}")
+    assert wrong == []

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
-from celery.schedules import crontab, schedule
+from celery.schedules import crontab, schedule, solar
 
 from schedapp import importer
 from schedapp.schedules import parse_cron
@@ -89,6 +89,50 @@ def test_a_subclass_that_keeps_celerys_timing_maps_like_its_base():
     item = importer.map_beat_entry("x", {"task": "t", "schedule": _RenamedCrontab(minute=5)}, "UTC")
     assert item.problem is None
     assert item.spec["cron"] == "5 * * * *"
+
+
+HOURLY = {"task": "t", "schedule": crontab(minute=0)}
+MISFIRE = ("misfire_policy", "misfire_grace")
+
+
+def test_a_crontab_under_beat_cron_starting_deadline_runs_a_missed_run_only_within_it():
+    item = importer.map_beat_entry("x", HOURLY, "UTC", deadline=600)
+    assert item.problem is None
+    assert [item.spec[key] for key in MISFIRE] == ["run_recent", timedelta(seconds=600)]
+    unset = importer.map_beat_entry("x", HOURLY, "UTC", deadline=None)  # Celery's default
+    assert not set(MISFIRE) & set(unset.spec)  # the job's defaults: run_once, as before
+
+
+def test_the_deadline_is_read_from_the_celery_apps_configuration(settings):
+    settings.CELERY_BEAT_CRON_STARTING_DEADLINE = 90.5
+    item = importer.map_beat_entry("x", HOURLY, "UTC")
+    assert [item.spec[key] for key in MISFIRE] == ["run_recent", timedelta(seconds=90.5)]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"schedule": 60},
+        {"schedule": schedule(run_every=60)},
+        {"schedule": timedelta(days=1), "relative": True},  # a cron, but no crontab
+        {"schedule": solar("sunset", 48.85, 2.35)},
+    ],
+    ids=["number", "schedule", "relative-day", "solar"],
+)
+def test_the_deadline_leaves_schedules_other_than_crontab_alone(entry):
+    """Celery reads it in crontab.is_due only."""
+    item = importer.map_beat_entry("x", {"task": "t", **entry}, "UTC", deadline=600)
+    assert item.problem is None and not set(MISFIRE) & set(item.spec)
+    assert importer.map_beat_entry("x", {"task": "t", **entry}, "UTC", deadline="x").spec
+
+
+@pytest.mark.parametrize(
+    "deadline", ["600", -1, float("nan"), float("inf"), True, 366 * 86400, timedelta(minutes=10)]
+)
+def test_a_deadline_celery_could_not_use_is_reported_on_each_crontab(deadline):
+    item = importer.map_beat_entry("x", HOURLY, "UTC", deadline=deadline)
+    assert item.problem is not None
+    assert item.problem.startswith("beat_cron_starting_deadline must be a number of seconds")
 
 
 NOW = datetime(2026, 1, 15, 10, 17, 3, tzinfo=UTC)
