@@ -356,39 +356,41 @@ def test_a_person_setting_a_job_going_again_gives_it_an_ordinary_wait(action):
     assert 9 < lease_left(job.pk) <= 10
 
 
-def five_minutely_job_late_by(late: timedelta, **options) -> Job:
-    """A ``*/5`` cron job due at the five-minute occurrence ``late`` (or more) ago."""
+def job_missing(every: timedelta, count: int, **options) -> Job:
+    """A job every ``every`` that missed its last ``count`` occurrences, the latest half an
+    ``every`` ago (an interval, so the test does not depend on the wall clock)."""
     now = db_now()
-    due = (now - late).replace(second=0, microsecond=0)
-    due -= timedelta(minutes=due.minute % 5)
-    job = api.schedule("project.tasks.record", cron="*/5 * * * *", name="five", **options)
-    Job.objects.filter(pk=job.pk).update(scheduled_for=due, next_run_at=due)
+    latest = now - every / 2
+    job = api.schedule(
+        "project.tasks.record", interval=every, interval_anchor=latest, name="late", **options
+    )
+    first = latest - (count - 1) * every
+    Job.objects.filter(pk=job.pk).update(scheduled_for=first, next_run_at=first)
     return Job.objects.get(pk=job.pk)
 
 
 def test_run_recent_folds_missed_occurrences_within_its_grace_into_the_latest():
     """As Celery sends a crontab once under beat_cron_starting_deadline: the grace is a
     deadline, not a window in which each missed occurrence runs in turn."""
-    job = five_minutely_job_late_by(
-        timedelta(minutes=7), misfire_policy="run_recent", misfire_grace=600
-    )
+    every = timedelta(minutes=5)  # missed 7.5 and 2.5 minutes ago, both within the grace
+    job = job_missing(every, 2, misfire_policy="run_recent", misfire_grace=600)
     (run,) = claim_due_jobs("beat-1", 10).runs
-    assert run.scheduled_for == job.scheduled_for + timedelta(minutes=5)  # the latest
+    assert run.scheduled_for == job.scheduled_for + every  # the latest
     job.refresh_from_db()
     assert job.missed_runs == 1
     start_run(job.pk, run.token)
     assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
     assert claim_due_jobs("beat-1", 10).runs == []  # not the next one at once
     job.refresh_from_db()
-    assert job.next_run_at > db_now()
+    assert job.next_run_at == run.scheduled_for + every
 
 
 def test_run_recent_skips_when_its_latest_missed_occurrence_is_older_than_its_grace():
-    job = five_minutely_job_late_by(
-        timedelta(minutes=7), misfire_policy="run_recent", misfire_grace=60
-    )
+    every = timedelta(hours=1)
+    job = job_missing(every, 3, misfire_policy="run_recent", misfire_grace=600)
+    first = job.scheduled_for
     result = claim_due_jobs("beat-1", 10)
     assert (result.runs, result.skipped_misfires) == ([], 1)
     job.refresh_from_db()
-    assert (job.state, job.missed_runs) == (JobState.SCHEDULED, 2)
-    assert job.next_run_at > db_now()
+    assert (job.state, job.missed_runs) == (JobState.SCHEDULED, 3)
+    assert job.next_run_at == first + 3 * every  # the first one after now
