@@ -601,7 +601,11 @@ def _shadow(
 def _has_receivers() -> bool:
     """Celery sends the publish signals unconditionally; a send without receivers is a no-op,
     so we skip building its arguments (a parsed body per message) when nobody listens."""
-    return bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+    return bool(
+        signals.before_task_publish.receivers
+        or signals.after_task_publish.receivers
+        or getattr(getattr(signals, "task_sent", None), "receivers", None)
+    )
 
 
 def _signal_body(run: ClaimedRun) -> tuple[Any, ...]:
@@ -628,15 +632,26 @@ def _before_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> N
 
 
 def _after_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> None:
-    if not signals.after_task_publish.receivers:
-        return
-    signals.after_task_publish.send(
-        sender=run.task,
-        body=_signal_body(run),
-        headers=headers,
-        exchange=route.exchange,
-        routing_key=route.routing_key,
-    )
+    """``after_task_publish``, then the deprecated ``task_sent`` (Celery 5 still sends it, to
+    its receivers only, until 6.0), as ``send_task_message`` sends them."""
+    if signals.after_task_publish.receivers:
+        signals.after_task_publish.send(
+            sender=run.task,
+            body=_signal_body(run),
+            headers=headers,
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+        )
+    if getattr(signals, "task_sent", None) is not None and signals.task_sent.receivers:
+        signals.task_sent.send(
+            sender=run.task,
+            task_id=headers["id"],
+            task=run.task,
+            args=run.args,
+            kwargs=run.kwargs,
+            eta=headers["eta"],
+            taskset=headers["group"],
+        )
 
 
 def _send_task_sent(

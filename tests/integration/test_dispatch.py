@@ -673,3 +673,42 @@ def test_a_tasks_shadow_name_is_asked_once_per_message_as_apply_async_asks_it(fa
     assert dispatcher.publish(runs).published == runs
     assert asked == ["x\u00e9", "x\u00e9"]
     assert [m["headers"]["shadow"] for m in stored()] == ["counted:x\u00e9"] * 2
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_deprecated_task_sent_signal_is_sent_as_apply_async_sends_it(fast):
+    """Celery 5 sends it to its receivers until 6.0 (older monitoring code listens to it);
+    before, a dispatch never sent it."""
+    from celery.signals import task_sent
+
+    received: list[dict] = []
+
+    def listen(sender=None, **kwargs):
+        received.append({"sender": sender, **kwargs})
+
+    own = app_with_tasks()
+    dispatcher = Dispatcher(own)
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    task_sent.connect(listen, weak=False)
+    try:
+        dispatcher.publish([claimed(task="project.tasks.loud")])
+        own.tasks["project.tasks.loud"].apply_async(kwargs={"label": "x\u00e9"})
+    finally:
+        task_sent.disconnect(listen)
+    ours, celerys = received
+    assert ours.pop("task_id") == "schedapp:7:3"
+    celerys.pop("task_id")
+    ours.pop("signal"), celerys.pop("signal")
+    celerys["args"] = list(celerys["args"])  # JSON has no tuples (docs/semantics.md)
+    assert (
+        ours
+        == celerys
+        == {
+            "sender": "project.tasks.loud",
+            "task": "project.tasks.loud",
+            "args": [],
+            "kwargs": {"label": "x\u00e9"},
+            "eta": None,
+            "taskset": None,
+        }
+    )
