@@ -405,12 +405,12 @@ def _reap(
             bump_token=True,
         )
         result.dead += plan.dead
+    dropped = f"; {len(unsent)} never started, their message expired: dropped" if unsent else ""
     log.warning(
-        "reaped %d expired lease(s) (%d had started, %d never started and their message "
-        "expired: occurrence dropped)",
+        "reaped %d expired lease(s) (%d had started%s)",
         len(expired),
         len(started),
-        len(unsent),
+        dropped,
         extra={"action": "reap", "count": len(expired)},
     )
     return result
