@@ -94,6 +94,21 @@ class Route:
     # The task's own ``shadow_name(args, kwargs, options)`` with the job's options, as
     # apply_async calls it; None for a task that defines none (the header is None).
     shadow: Callable[[Any, Any], str | None] | None = None
+    # The routed options ``send_task_message`` hands kombu's publish as message properties
+    # (apply_async's, None values included): a priority None sends no AMQP priority
+    # property, where a priority no option names is kombu's 0.
+    properties: tuple[tuple[str, Any], ...] = ()
+
+
+def publish_properties(run: ClaimedRun, route: Route) -> dict[str, Any]:
+    """The properties ``send_task_message`` publishes the message with (kombu's publish
+    arguments ``priority`` and ``expiration`` among them), as ``apply_async`` builds them."""
+    properties = {"correlation_id": run.task_id, "reply_to": "", **dict(route.properties)}
+    if route.priority is not None:
+        properties["priority"] = route.priority
+    if route.expires is not None:
+        properties["expiration"] = route.expires
+    return properties
 
 
 def message_body(run: ClaimedRun) -> bytes:
@@ -410,9 +425,6 @@ class Dispatcher:
         signalled = _has_receivers()
         if signalled:
             _before_publish(run, route, headers)
-        extra: dict[str, Any] = {}
-        if route.expires is not None:
-            extra["expiration"] = route.expires
         producer.publish(
             message_body(run),
             exchange=route.exchange,
@@ -420,14 +432,11 @@ class Dispatcher:
             headers=headers,
             content_type="application/json",
             content_encoding="utf-8",
-            correlation_id=run.task_id,
-            reply_to="",
-            priority=route.priority or 0,
             delivery_mode=route.delivery_mode,
             declare=declare,
             compression=route.compression,
             retry=False,
-            **extra,
+            **publish_properties(run, route),
         )
         if signalled:
             _after_publish(run, route, headers)
@@ -449,16 +458,17 @@ def redis_message(
     body = message_body(run)
     if route.compression:
         body, headers["compression"] = compress(body, route.compression)
-    properties: dict[str, Any] = {
-        "correlation_id": run.task_id,
-        "reply_to": "",
-        "delivery_mode": route.delivery_mode,
-    }
-    if route.expires is not None:
-        properties["expiration"] = str(int(route.expires * 1000))
+    properties = publish_properties(run, route)
+    priority = properties.pop("priority", None)
+    expiration = properties.pop("expiration", None)
+    for argument in PUBLISH_ARGUMENTS:  # kombu's publish takes them; not stored
+        properties.pop(argument, None)
+    properties["delivery_mode"] = route.delivery_mode
+    if expiration is not None:
+        properties["expiration"] = str(int(expiration * 1000))
     properties.update(
         delivery_info={"exchange": route.exchange, "routing_key": route.routing_key},
-        priority=route.priority or 0,
+        priority=priority or 0,
         body_encoding="base64",
         delivery_tag=str(uuid.uuid4()),
     )
@@ -472,6 +482,14 @@ def redis_message(
         }
     )
 
+
+# Options ``send_task_message`` takes itself; the other routed options are the message's
+# properties. And kombu publish's own arguments, which a transport does not store as such.
+SENDER_OPTIONS = frozenset(
+    "queue exchange routing_key exchange_type event_dispatcher retry retry_policy serializer "
+    "delivery_mode compression declare headers timeout confirm_timeout".split()
+)
+PUBLISH_ARGUMENTS = ("mandatory", "immediate")
 
 # kombu's Redis helpers the fast path calls (private, or of its virtual transport alone); a
 # kombu without one of them, or whose stored message has another layout, gets the public path
@@ -524,7 +542,9 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
     exec_options: dict[str, Any] = {}
     task_obj = app.tasks.get(task)
     if task_obj is not None and hasattr(task_obj, "_get_exec_options"):
-        exec_options = {k: v for k, v in task_obj._get_exec_options().items() if v is not None}
+        # with their None values, as apply_async routes them: a priority None that no route
+        # merges away is published as None (no AMQP priority property)
+        exec_options = dict(task_obj._get_exec_options())
     message = json.loads(options) if options and options != "{}" else {}
     shadow = _shadow(task_obj, queue, message)
     headers = message.pop("headers", None) or {}
@@ -576,6 +596,7 @@ def resolve_route(app: Celery, task: str, queue: str, options: str = "{}") -> Ro
         compression=routed.get("compression") or app.conf.task_compression,
         repr_levels=app.conf.get("task_repr_maxlevels", 3),
         shadow=shadow,
+        properties=tuple((k, v) for k, v in routed.items() if k not in SENDER_OPTIONS),
     )
 
 

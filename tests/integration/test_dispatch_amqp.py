@@ -220,6 +220,15 @@ def test_a_jobs_queue_and_message_options_over_the_tasks_own(rabbit: Rabbit) -> 
     assert celerys["headers"]["team"] == "ops"
 
 
+def test_a_jobs_queue_for_a_task_without_a_priority(rabbit: Rabbit) -> None:
+    """apply_async publishes the task's priority None (no route merged it away): the message
+    has no priority property. Before, a dispatch sent priority 0."""
+    own = rabbit.app()
+    queue = rabbit.name("job")
+    celerys, _ = send_and_compare(own, "project.tasks.loud", queue, queue)
+    assert "priority" not in celerys["properties"]
+
+
 def topic(rabbit: Rabbit, own: Celery) -> tuple[str, str]:
     """A topic exchange of the test's own with a queue bound to "<exchange>.#"."""
     exchange = rabbit.name("topic", exchange=True)
@@ -255,6 +264,15 @@ def test_task_default_delivery_mode_transient(rabbit: Rabbit) -> None:
     own = rabbit.app()
     own.conf.task_default_delivery_mode = "transient"
     celerys, _ = send_and_compare(own, "project.tasks.loud", own.conf.task_default_queue)
+    assert celerys["properties"]["delivery_mode"] == 1
+
+
+def test_a_queue_whose_exchange_is_transient(rabbit: Rabbit) -> None:
+    own = rabbit.app()
+    queue = rabbit.name("transient")
+    exchange = Exchange(rabbit.name("transient", exchange=True), delivery_mode="transient")
+    own.conf.task_queues = [Queue(own.conf.task_default_queue), Queue(queue, exchange)]
+    celerys, _ = send_and_compare(own, "project.tasks.loud", queue, queue)
     assert celerys["properties"]["delivery_mode"] == 1
 
 
