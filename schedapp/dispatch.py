@@ -336,14 +336,15 @@ class Dispatcher:
                     channel, route
                 )
             headers = message_headers(run, self.origin, route, now, self._shadow_name(run))
+            properties = publish_properties(run, route)
             if signalled:
-                _before_publish(run, route, headers)
+                _before_publish(run, route, headers, properties, self._retry_policy())
             if signalled or events is not None:
                 sent.append((run, route, headers))
-            payload = redis_message(run, route, self.origin, headers)
-            if route.priority:
+            payload = redis_message(run, route, self.origin, headers, properties)
+            if properties.get("priority"):  # a receiver's, if it set one
                 step = channel._get_message_priority(
-                    {"properties": {"priority": route.priority}}, reverse=False
+                    {"properties": {"priority": properties["priority"]}}, reverse=False
                 )
                 queues = tuple(channel._q_for_pri(q, step) for q in queues)
             for queue in queues:
@@ -354,6 +355,12 @@ class Dispatcher:
                 _after_publish(run, route, headers)
         if events is not None:
             _send_task_sent(events, producer, sent)
+
+    def _retry_policy(self) -> dict[str, Any]:
+        """The ``retry_policy`` ``before_task_publish`` gets: ``task_publish_retry_policy``,
+        as ``send_task_message`` passes it (a dispatch itself is not retried: the lease
+        recovers it)."""
+        return dict(self.app.conf.task_publish_retry_policy)
 
     def _events(self) -> Any:
         """The event dispatcher ``task-sent`` events go through, as ``send_task_message``
@@ -422,9 +429,10 @@ class Dispatcher:
         if route.queue is not None and route.queue.name not in self._declared:
             declare = [route.queue]
         headers = message_headers(run, self.origin, route, self.app.now(), self._shadow_name(run))
+        properties = publish_properties(run, route)
         signalled = _has_receivers()
         if signalled:
-            _before_publish(run, route, headers)
+            _before_publish(run, route, headers, properties, self._retry_policy())
         producer.publish(
             message_body(run),
             exchange=route.exchange,
@@ -436,7 +444,7 @@ class Dispatcher:
             declare=declare,
             compression=route.compression,
             retry=False,
-            **publish_properties(run, route),
+            **properties,
         )
         if signalled:
             _after_publish(run, route, headers)
@@ -448,17 +456,22 @@ class Dispatcher:
 
 
 def redis_message(
-    run: ClaimedRun, route: Route, origin: str, headers: dict[str, Any] | None = None
+    run: ClaimedRun,
+    route: Route,
+    origin: str,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
 ) -> str:
     """The JSON kombu's Redis transport stores for a published message (its
     ``prepare_message`` plus ``_inplace_augment_message``): a stock worker cannot tell.
-    A compressed body names its compression in ``headers``, as kombu's ``Producer`` adds it."""
+    A compressed body names its compression in ``headers``, as kombu's ``Producer`` adds it;
+    ``properties`` are ``publish_properties``, as ``before_task_publish`` left them."""
     if headers is None:
         headers = message_headers(run, origin, route)
     body = message_body(run)
     if route.compression:
         body, headers["compression"] = compress(body, route.compression)
-    properties = publish_properties(run, route)
+    properties = dict(properties) if properties is not None else publish_properties(run, route)
     priority = properties.pop("priority", None)
     expiration = properties.pop("expiration", None)
     for argument in PUBLISH_ARGUMENTS:  # kombu's publish takes them; not stored
@@ -633,13 +646,17 @@ def _signal_body(run: ClaimedRun) -> tuple[Any, ...]:
     return (run.args, run.kwargs, json.loads(_EMBED))
 
 
-def _before_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> None:
-    """``before_task_publish`` as Celery sends it; receivers may add to ``headers``."""
+def _before_publish(
+    run: ClaimedRun,
+    route: Route,
+    headers: dict[str, Any],
+    properties: dict[str, Any],
+    retry_policy: dict[str, Any],
+) -> None:
+    """``before_task_publish`` as Celery sends it; receivers may add to ``headers`` and
+    change ``properties``, which are published as they leave them."""
     if not signals.before_task_publish.receivers:
         return
-    properties: dict[str, Any] = {"correlation_id": run.task_id, "reply_to": ""}
-    if route.priority is not None:
-        properties["priority"] = route.priority
     signals.before_task_publish.send(
         sender=run.task,
         body=_signal_body(run),
@@ -648,7 +665,7 @@ def _before_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> N
         declare=[route.queue] if route.queue is not None else [],
         headers=headers,
         properties=properties,
-        retry_policy={},
+        retry_policy=retry_policy,
     )
 
 

@@ -676,6 +676,36 @@ def test_a_tasks_shadow_name_is_asked_once_per_message_as_apply_async_asks_it(fa
 
 
 @pytest.mark.parametrize("fast", [True, False])
+def test_properties_a_before_task_publish_receiver_sets_are_published_as_celerys(fast):
+    """Celery publishes the properties its receivers were given as they leave them (on Redis,
+    a priority set there picks the priority list). Before, they were dropped."""
+    from celery.beat import ScheduleEntry, Scheduler
+    from celery.signals import before_task_publish
+
+    def reprioritise(properties: dict[str, Any], **kwargs: Any) -> None:
+        properties["priority"] = 3
+        properties["expiration"] = 20
+
+    own = app_with_tasks()
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    entry = ScheduleEntry(name="a job", task="project.tasks.loud", kwargs={"label": "x"}, app=own)
+    before_task_publish.connect(reprioritise, weak=False)
+    try:
+        dispatcher.publish([claimed(task="project.tasks.loud")])
+        Scheduler(own, lazy=True).apply_async(entry, advance=False)
+    finally:
+        before_task_publish.disconnect(reprioritise)
+    assert stored() == []
+    celerys, ours = stored(f"celery{SEP}3")
+    for message in (ours, celerys):
+        for key in ("correlation_id", "delivery_tag", "reply_to"):  # reply_to: a caller oid
+            message["properties"].pop(key)
+    assert ours["properties"] == celerys["properties"]
+    assert ours["properties"]["priority"] == 3 and ours["properties"]["expiration"] == "20000"
+
+
+@pytest.mark.parametrize("fast", [True, False])
 def test_the_deprecated_task_sent_signal_is_sent_as_apply_async_sends_it(fast):
     """Celery 5 sends it to its receivers until 6.0 (older monitoring code listens to it);
     before, a dispatch never sent it."""

@@ -314,3 +314,33 @@ def test_a_before_task_publish_receiver_adding_a_header(rabbit: Rabbit) -> None:
     finally:
         before_task_publish.disconnect(add_trace)
     assert celerys["headers"]["trace"] == "t-1"
+
+
+@pytest.mark.parametrize("queue", ["", "job"])
+def test_a_before_task_publish_receiver_sees_and_sets_the_properties_apply_async_publishes(
+    rabbit: Rabbit, queue: str
+) -> None:
+    """Celery publishes the properties its receivers were given, as they left them. Before,
+    a receiver saw neither the expiration nor the task publish retry policy, and what it set
+    was not sent."""
+    from celery.signals import before_task_publish
+
+    given: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def reprioritise(properties: dict[str, Any], retry_policy: dict[str, Any], **_: Any) -> None:
+        seen = {k: v for k, v in properties.items() if k not in ("correlation_id", "reply_to")}
+        given.append((seen, retry_policy))
+        properties["priority"] = 5
+        properties["expiration"] = 20
+
+    own = rabbit.app()
+    queue = rabbit.name(queue) if queue else rabbit.queues[1]
+    before_task_publish.connect(reprioritise, weak=False)
+    try:
+        celerys, _ = send_and_compare(own, "project.tasks.optioned", queue, queue)
+    finally:
+        before_task_publish.disconnect(reprioritise)
+    celery_given, ours_given = given
+    assert ours_given == celery_given
+    assert celerys["properties"]["priority"] == 5
+    assert celerys["properties"]["expiration"] == "20000"
