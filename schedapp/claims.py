@@ -711,11 +711,12 @@ def _complete(
             and job.state in (JobState.RUNNING, JobState.PAUSED)
             and run["status"] != RunStatus.LOST
         )
+        error, traceback = _storable(error, 10000), _storable(traceback, 50000)
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=outcome,
             finished_at=Now(),
-            error=error[:10000],
-            traceback=traceback[:50000],
+            error=error,
+            traceback=traceback,
             stale=not fresh,
         )
         if not fresh:
@@ -746,6 +747,17 @@ def _complete(
             extra={"action": "dead", "job": job_id},
         )
     return CompletionResult(Completion.APPLIED, dead=plan.dead)
+
+
+def _storable(text: str, limit: int) -> str:
+    """At most ``limit`` characters of ``text``, as a PostgreSQL text column takes them: a
+    task's error may hold a NUL or a lone surrogate (a file name decoded with
+    surrogateescape), which PostgreSQL refuses, and then no outcome would be recorded."""
+    text = text[:limit]
+    if text.isascii() and "\x00" not in text:
+        return text
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text[:limit]
 
 
 def _lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any] | None]:

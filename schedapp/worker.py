@@ -727,11 +727,17 @@ def _request_headers(request: Any) -> dict[str, Any]:
 
 
 def _describe(exc: Any) -> str:
+    """``Type: message``; an exception Celery could not pickle is named as the task raised it
+    (not as Celery's wrapper), and one whose ``__str__`` raises is still described, as
+    Python's traceback describes it, so its failure is recorded."""
     if exc is None:
         return ""
-    if isinstance(exc, BaseException):
-        return f"{type(exc).__name__}: {exc}"
-    return str(exc)
+    name = getattr(exc, "exc_cls_name", None) or type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:
+        text = f"<unprintable {name} object>"
+    return f"{name}: {text}" if isinstance(exc, BaseException) else text
 
 
 def _retry_delay(when: Any) -> timedelta | None:

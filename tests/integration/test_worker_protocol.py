@@ -710,3 +710,54 @@ def test_a_failure_in_a_pool_process_is_written_at_once():
     hooks._complete(run.task_id, claims.FAILED, error="RuntimeError: boom")
     assert _run_status(run) == RunStatus.FAILED  # failures do not wait for a door
     hooks.pending.close()
+
+
+class _Unpicklable(Exception):
+    pass
+
+
+def _unpicklable() -> Exception:
+    """What Celery's tracer reports for an exception it cannot pickle: its wrapper."""
+    from celery.utils.serialization import get_pickleable_exception
+
+    return get_pickleable_exception(_Unpicklable("boom", threading.Lock()))
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+@pytest.mark.parametrize(
+    ("exception", "error"),
+    [
+        (RuntimeError("read b'\x00\x01' from the device"), "RuntimeError: read b'\\x00\x01' from"),
+        (OSError("bad name 'caf\udce9'"), "OSError: bad name 'caf\\udce9'"),
+        (_Unprintable("x"), "_Unprintable: <unprintable _Unprintable object>"),
+        (RuntimeError("x" * 100_000), "RuntimeError: xxx"),
+        (_unpicklable(), "_Unpicklable: _Unpicklable('boom', <unlocked"),
+    ],
+    ids=["nul", "surrogate", "str-raises", "huge", "unpicklable"],
+)
+def test_a_failure_whose_exception_text_postgresql_cannot_store_is_still_recorded(exception, error):
+    from schedapp.worker import WorkerHooks
+
+    # Given an admitted run whose task raised an exception with a NUL, a lone surrogate (a
+    # file name decoded with surrogateescape), a __str__ that raises, a huge message, or one
+    # Celery could not pickle
+    _, run = claim_one(max_retries=0)
+    admit_run(run.job_id, run.token, "w1", "a1")
+    try:
+        raise exception
+    except Exception:
+        from billiard.einfo import ExceptionInfo
+
+        einfo = ExceptionInfo()
+    # When the worker reports the failure
+    WorkerHooks().on_task_failure(task_id=run.task_id, exception=exception, einfo=einfo)
+    # Then it is recorded, with text PostgreSQL can store, cut to the column's size
+    r = JobRun.objects.get(pk=run.run_id)
+    assert r.status == RunStatus.FAILED, r.status
+    assert r.error.startswith(error), r.error[:80]
+    assert len(r.error) <= 10_000 and "Traceback" in r.traceback
+    assert Job.objects.get(pk=run.job_id).state == JobState.DEAD
