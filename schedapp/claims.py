@@ -525,6 +525,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
 
 SUCCEEDED = RunStatus.SUCCEEDED.value
 FAILED = RunStatus.FAILED.value
+SKIPPED = RunStatus.SKIPPED.value
 
 
 class Completion(StrEnum):
@@ -732,6 +733,8 @@ def _complete(
             facts = _facts(job, ran_for=run["scheduled_for"])
             if outcome == SUCCEEDED:
                 plan = policies.plan_after_success(facts, rng=rng)
+            elif outcome == SKIPPED:
+                plan = policies.plan_after_expiry(facts, rng=rng)
             else:
                 plan = policies.plan_after_failure(facts, delay=retry_delay, rng=rng)
         except Exception as exc:  # written behind the API's back, or another croniter/tzdata

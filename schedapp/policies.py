@@ -190,9 +190,9 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
 
 
 def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:
-    """A message Celery discarded past its ``expires``: the occurrence is dropped, as under
-    Celery beat, and the job goes on with the next one, no attempt counted. A one-off job has
-    no next one and ends ``cancelled``: it never ran."""
+    """A message Celery discarded past its ``expires``, or a run whose task raised Celery's
+    ``Ignore``: the occurrence is dropped, as under Celery beat, and the job goes on with the
+    next one, no attempt counted. A one-off job has no next one and ends ``cancelled``."""
     plan = plan_after_success(job, rng=rng)
     if isinstance(job.schedule, Once) and plan.state == "succeeded":
         return AfterRun("cancelled", plan.scheduled_for, None, None, 0)

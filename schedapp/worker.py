@@ -25,6 +25,8 @@ Where each runs, in a prefork worker:
   working through a backlog makes one round trip per execution, and the result goes back to
   Celery at once. A success no door takes within 5 ms is written by a thread of the process;
   failures are written as they happen.
+* ``task_postrun`` (pool process): a task that raised Celery's ``Ignore`` (its occurrence is
+  ``skipped``) or ``Reject`` (a failed attempt), which send no other signal.
 * ``task_unknown`` (main process): a message for a task this worker does not have fails its
   run ("not registered on worker ..."), which then follows the job's retry policy.
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import bootsteps, signals
+from celery import bootsteps, signals, states
 from celery.app.trace import build_tracer
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
@@ -55,6 +57,7 @@ from celery.worker import state as worker_state
 from . import metrics
 from .claims import (
     FAILED,
+    SKIPPED,
     SUCCEEDED,
     Completion,
     CompletionResult,
@@ -121,6 +124,7 @@ class WorkerHooks:
             (signals.task_success, self.on_task_success, "success"),
             (signals.task_failure, self.on_task_failure, "failure"),
             (signals.task_retry, self.on_task_retry, "retry"),
+            (signals.task_postrun, self.on_task_postrun, "postrun"),
             (signals.task_revoked, self.on_task_revoked, "revoked"),
             (signals.task_unknown, self.on_task_unknown, "unknown"),
             (signals.worker_init, self.on_worker_init, "init"),
@@ -179,7 +183,7 @@ class WorkerHooks:
             verdict.explanation,
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
-        raise Ignore(f"schedapp: {verdict.explanation}")
+        raise Refused(f"schedapp: {verdict.explanation}")
 
     def _door(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
         """One round trip: the successes this process recorded since its last one ride with
@@ -386,6 +390,31 @@ class WorkerHooks:
             traceback=str(getattr(einfo, "traceback", "") or ""),
             retry_delay=_retry_delay(getattr(reason, "when", None)),
             lease=run_lease(request),
+        )
+
+    def on_task_postrun(
+        self,
+        sender: Any = None,
+        task_id: str | None = None,
+        retval: Any = None,
+        state: str | None = None,
+        **_: Any,
+    ) -> None:
+        """A task that raised Celery's ``Ignore`` or ``Reject`` sends no other signal, and
+        its run would stay open until its lease expired and then run again as lost. Ignore
+        drops the occurrence as an expired message does (``skipped``, no attempt counted);
+        Reject, with or without requeue, is a failed attempt under the job's retry policy
+        (a requeued copy is refused at the door). The door's own refusal is left alone."""
+        if state == states.IGNORED and not isinstance(retval, Refused):
+            outcome, error = SKIPPED, f"ignored by the task: {_describe(retval)}"
+        elif state == states.REJECTED:
+            requeued = " (requeued)" if getattr(retval, "requeue", False) else ""
+            reason = _describe(getattr(retval, "reason", retval))
+            outcome, error = FAILED, f"rejected by the task{requeued}: {reason}"
+        else:
+            return
+        self._complete(
+            task_id, outcome, error=error, lease=run_lease(getattr(sender, "request", None))
         )
 
     def on_task_unknown(
@@ -671,6 +700,11 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
 
     def shutdown(self, parent: Any) -> None:
         self._draining.set()
+
+
+class Refused(Ignore):
+    """The door's refusal: Celery acknowledges the message without running the task, and
+    nothing is recorded for it (unlike a task's own ``Ignore``)."""
 
 
 hooks = WorkerHooks()

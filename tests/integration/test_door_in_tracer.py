@@ -10,11 +10,12 @@ from datetime import timedelta
 import pytest
 from celery import Celery, Task
 from celery.app.trace import build_tracer
-from celery.states import IGNORED, SUCCESS
+from celery.exceptions import Ignore, Reject
+from celery.states import IGNORED, REJECTED, SUCCESS
 
 from schedapp.db import db_now
 from schedapp.message import parse_task_id
-from schedapp.models import Job, JobRun, RunStatus
+from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.worker import install_door
 from tests.claiming import claim_one
 
@@ -54,17 +55,27 @@ def app():
     def audited():
         calls.append(("audited", None))
 
+    @app.task(name="door.ignores", shared=False)
+    def ignores():
+        calls.append(("ignores", None))
+        raise Ignore("nothing to do")
+
+    @app.task(name="door.rejects", shared=False)
+    def rejects(requeue=False):
+        calls.append(("rejects", None))
+        raise Reject("bad input", requeue=requeue)
+
     app.register_task(ClassBased())
     calls.clear()
-    assert install_door(app) >= 3
+    assert install_door(app) >= 5
     assert install_door(app) == 0  # once is enough
     return app
 
 
-def trace(app, name: str, task_id: str):
+def trace(app, name: str, task_id: str, kwargs: dict | None = None):
     task = app.tasks[name]
     tracer = build_tracer(name, task, app.loader, "w1@host", app=app)
-    return tracer(task_id, [], {}, {"hostname": "w1@host", "delivery_info": {}})
+    return tracer(task_id, [], kwargs or {}, {"hostname": "w1@host", "delivery_info": {}})
 
 
 @pytest.mark.parametrize("name", ["door.plain", "door.audited", "door.class_based"])
@@ -102,6 +113,35 @@ def test_a_second_delivery_of_an_admitted_message_does_not_run(app):
     calls.clear()
     result = trace(app, "door.plain", run.task_id)  # redelivered (e.g. a visibility timeout)
     assert result.info.state == IGNORED and calls == []
+    # the door's refusal records nothing: the first delivery's run goes on
+    assert JobRun.objects.get(pk=run.run_id).status == RunStatus.RUNNING
+
+
+def test_a_task_raising_ignore_drops_its_occurrence_instead_of_leaving_its_run_open(app):
+    # Given an admitted recurring run whose task raises Celery's Ignore (no other signal)
+    job, run = claim_one(interval=60, lease_seconds=30)
+    result = trace(app, "door.ignores", run.task_id)
+    assert result.info.state == IGNORED and calls == [("ignores", None)]
+    # Then the run is closed skipped and the job goes on with its next occurrence, no
+    # attempt counted (it stayed running until its lease expired, then ran again as lost)
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.error) == (RunStatus.SKIPPED, "ignored by the task: Ignore: nothing to do")
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 0)
+    assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
+
+
+@pytest.mark.parametrize("requeue", [False, True])
+def test_a_task_raising_reject_fails_its_attempt(app, requeue):
+    job, run = claim_one(lease_seconds=30, max_retries=1)
+    result = trace(app, "door.rejects", run.task_id, {"requeue": requeue})
+    assert result.info.state == REJECTED
+    # Then the attempt failed with the reason and follows the job's retry policy
+    r = JobRun.objects.get(pk=run.run_id)
+    how = " (requeued)" if requeue else ""
+    assert (r.status, r.error) == (RunStatus.FAILED, f"rejected by the task{how}: bad input")
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
 
 
 def test_tasks_schedapp_did_not_dispatch_pass_straight_through(app):
