@@ -175,7 +175,9 @@ def message_headers(
         "expires": expires,
         "group": None,
         "group_index": None,
-        "retries": 0,
+        # The occurrence's retries so far, as Celery counts them in a retry's message: a task's
+        # self.request.retries, autoretry's retry_backoff and Task.retry's max_retries read it.
+        "retries": run.attempt - 1,
         "timelimit": [route.time_limit, route.soft_time_limit] if route else [None, None],
         "root_id": task_id,
         "parent_id": None,

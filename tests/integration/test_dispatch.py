@@ -86,6 +86,13 @@ def test_fast_path_message_carries_every_header_celery_sends():
     assert ours["content-type"] == celerys["content-type"] == "application/json"
 
 
+def test_a_retrys_message_counts_the_occurrences_retries_as_celerys_retry_message_does():
+    """``self.request.retries``, which autoretry's ``retry_backoff`` and ``Task.retry``'s
+    ``max_retries`` read: 0 for the first attempt, then one more per retry."""
+    Dispatcher(app, origin="test").publish([claimed(), replace(claimed(token=4), attempt=3)])
+    assert sorted(m["headers"]["retries"] for m in stored()) == [0, 2]
+
+
 def test_a_job_queue_routes_the_message_to_that_queue():
     Dispatcher(app).publish([claimed(queue="reports")])
     (message,) = stored("reports")
