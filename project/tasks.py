@@ -7,6 +7,7 @@ import socket
 import time
 
 from celery import shared_task
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from django.db import OperationalError, connection
 from django.utils import timezone
 
@@ -80,6 +81,43 @@ def retry_self(self, label: str = "", countdown: float = 1.0) -> None:
     """A task that asks Celery to retry it: schedapp turns that into its own retry."""
     _record(self, label)
     raise self.retry(countdown=countdown, exc=RuntimeError(f"{label} wants a retry"))
+
+
+@shared_task(
+    bind=True,
+    name="project.tasks.autoretry",
+    autoretry_for=(RuntimeError,),
+    retry_backoff=1,
+    retry_jitter=False,
+)
+def autoretry(self, label: str = "") -> None:
+    """Record the attempt with Celery's count of its retries, then fail: Celery's
+    ``autoretry_for`` with ``retry_backoff`` (1, 2, 4 ... s, without jitter)."""
+    _record(self, f"{label}:{self.request.retries}")
+    raise RuntimeError(f"{label} fails on purpose")
+
+
+@shared_task(bind=True, name="project.tasks.ignore_self")
+def ignore_self(self, label: str = "", reject: str = "") -> None:
+    """Record the attempt, then raise Celery's ``Ignore``, or ``Reject`` with requeue
+    (``reject="requeue"``) or without (``reject="drop"``)."""
+    _record(self, label)
+    if reject:
+        raise Reject(f"{label} rejected", requeue=reject == "requeue")
+    raise Ignore(f"{label} ignored")
+
+
+@shared_task(bind=True, name="project.tasks.limited", soft_time_limit=1, time_limit=2)
+def limited(self, label: str = "", past_soft: bool = False) -> None:
+    """Record the attempt, then sleep past the soft time limit (1 s), and with ``past_soft``
+    on past the hard one (2 s), which kills the pool process."""
+    _record(self, label, finished=False)
+    try:
+        time.sleep(10)
+    except SoftTimeLimitExceeded:
+        if not past_soft:
+            raise
+        time.sleep(10)
 
 
 @shared_task(bind=True, name="project.tasks.record_once")
