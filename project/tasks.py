@@ -6,7 +6,7 @@ import os
 import socket
 import time
 
-from celery import shared_task
+from celery import group, shared_task
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from django.db import OperationalError, connection
 from django.utils import timezone
@@ -105,6 +105,23 @@ def ignore_self(self, label: str = "", reject: str = "") -> None:
     if reject:
         raise Reject(f"{label} rejected", requeue=reject == "requeue")
     raise Ignore(f"{label} ignored")
+
+
+@shared_task(bind=True, name="project.tasks.replace_self")
+def replace_self(self, label: str = "", into: str = "record", sleep: float = 0.0) -> object:
+    """Record the attempt, then replace itself (Celery's ``Task.replace``) with
+    ``project.tasks.record`` (``into="record"``, taking ``sleep`` seconds), with
+    ``project.tasks.fail`` (``into="fail"``), or with a chain or a group of two records
+    (``into="chain"``, ``into="group"``); each records its execution as ``<label>:<into>``."""
+    _record(self, label)
+    then = f"{label}:{into}"
+    if into == "chain":
+        return self.replace(record.si(label=then) | record.si(label=then))
+    if into == "group":
+        return self.replace(group(record.si(label=then), record.si(label=then)))
+    if into == "fail":
+        return self.replace(fail.si(label=then))
+    return self.replace(record.si(label=then, sleep=sleep))
 
 
 @shared_task(bind=True, name="project.tasks.limited", soft_time_limit=1, time_limit=2)
