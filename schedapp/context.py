@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .message import HEADER_LEASE, RUN_HEADERS, RunHeaders
+from .message import HEADER_ADMISSION, HEADER_LEASE, RUN_HEADERS, RunHeaders
 
 log = logging.getLogger("schedapp.context")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +62,22 @@ def run_lease(request: Any) -> float | None:
         return float(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def run_admission(request: Any) -> str | None:
+    """The admission a replacement's message carries (``replacement_headers``), or the one the
+    door let this request in with; None if neither."""
+    value = _header(request, HEADER_ADMISSION) if request is not None else None
+    return str(value) if value else None
+
+
+def replacement_headers(request: Any) -> dict[str, Any]:
+    """The headers of a task replacing this request's (``Task.replace``): the run's own, so
+    the replacement is held, renewed and recorded as the run, and the admission that started
+    the run, so its door admits it as the same run."""
+    headers = {name: value for name in RUN_HEADERS if (value := _header(request, name)) is not None}
+    headers[HEADER_ADMISSION] = run_admission(request)
+    return headers
 
 
 def _header(request: Any, name: str) -> Any:

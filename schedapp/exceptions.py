@@ -26,3 +26,8 @@ class JobStateError(SchedappError):
 
 class LeaseLost(SchedappError):
     """A fenced write found a newer fencing token: another claim owns the job now."""
+
+
+class ReplaceNotSupported(SchedappError):
+    """A task of a schedapp job replaced itself (``Task.replace``) with a signature schedapp
+    cannot follow as the run (a chain, a group): the run fails with this, nothing sent."""

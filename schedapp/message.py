@@ -27,6 +27,9 @@ HEADER_LEASE = "schedapp_lease"
 # occurrence from it and records a success in one statement, guarded by "the schedule is
 # still this one" (an edit while the run was in flight takes the slow path).
 HEADER_SCHEDULE = "schedapp_schedule"
+# The admission (the door call) that started the run: carried only by the message of a task
+# that replaced the run's task (``Task.replace``), whose door then admits it as the same run.
+HEADER_ADMISSION = "schedapp_admission"
 RUN_HEADERS = (
     HEADER_JOB,
     HEADER_RUN,

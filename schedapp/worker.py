@@ -27,6 +27,10 @@ Where each runs, in a prefork worker:
   failures are written as they happen.
 * ``task_postrun`` (pool process): a task that raised Celery's ``Ignore`` (its occurrence is
   ``skipped``) or ``Reject`` (a failed attempt), which send no other signal.
+* ``on_replace`` (pool process, added with the door): a task that replaced itself
+  (``Task.replace``) with one task's signature hands its run over to it: the replacement's
+  message carries the run's headers and the admission that started it, and its door admits
+  it as the same run; the Ignore that ends the replaced task records nothing.
 * ``task_unknown`` (main process): a message for a task this worker does not have fails its
   run ("not registered on worker ..."), which then follows the job's retry policy.
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
@@ -71,9 +75,10 @@ from .claims import (
     renew_leases,
 )
 from .conf import get_settings
-from .context import run_headers, run_lease
+from .context import replacement_headers, run_admission, run_headers, run_lease
 from .db import CONNECTION_ERRORS, reset_connection, with_retries
-from .message import HEADER_LEASE, parse_task_id
+from .exceptions import ReplaceNotSupported
+from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
 from .nodes import record_node
 from .signals import lease_heartbeat
@@ -161,7 +166,8 @@ class WorkerHooks:
             return
         job_id, token = claim
         worker = getattr(task.request, "hostname", None) or socket.gethostname()
-        admission = uuid.uuid4().hex
+        # A replacement (``replacing``) comes with the admission of the run it goes on with
+        admission = run_admission(task.request) or uuid.uuid4().hex
         try:
             verdict = self._door(job_id, token, worker, admission)
         except Exception as exc:  # cannot check the claim: do not run it
@@ -174,6 +180,7 @@ class WorkerHooks:
                 extra={"action": "door_error", "job": job_id, "token": token},
             )
         if verdict is DoorVerdict.ADMITTED:
+            setattr(task.request, HEADER_ADMISSION, admission)  # for a replacement to carry
             return
         metrics.door_skipped(verdict.value)
         log.warning(
@@ -207,6 +214,39 @@ class WorkerHooks:
         return with_retries(
             lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
         )
+
+    def replacing(self, task: Any, sig: Any) -> bool:
+        """``Task.replace`` is about to send ``sig``, frozen with this run's task id, in place
+        of ``task`` (its ``on_replace``): True if that hands a schedapp run over to it.
+
+        The replacement carries the run's headers (its lease, so the worker that receives it
+        renews the run's lease while it waits and runs) and the admission that started the
+        run, so its door admits it as the same run, whose outcome is then the replacement's.
+        The lease is renewed first: the replacement has a whole lease to reach a worker. Only
+        a signature of one task can be followed: a chain or a group runs other tasks first,
+        under ids of their own, which no door admits and no lease covers, so replacing with
+        one fails the run, nothing sent."""
+        request = task.request
+        claim = parse_task_id(request.id)
+        if claim is None or request.is_eager:
+            return False
+        kind = getattr(sig, "subtask_type", None)
+        if kind is not None:  # a group became a chord in Task.replace
+            what = {"chord": "group or chord"}.get(kind, kind)
+            raise ReplaceNotSupported(
+                f"a task of a schedapp job can be replaced by the signature of one task, not "
+                f"by a {what}: the run's outcome is the replacement's, and schedapp can only "
+                f"follow one task (nothing was sent)"
+            )
+        sig.set(headers={**(sig.options.get("headers") or {}), **replacement_headers(request)})
+        with_retries(lambda: renew_leases([claim]), what="renewal", attempts=3)
+        log.info(
+            "job %s token %s: task replaced by %s, which goes on with the run",
+            *claim,
+            sig.name,
+            extra={"action": "replaced", "job": claim[0], "token": claim[1]},
+        )
+        return True
 
     # --- the lease heartbeat ---------------------------------------------------------------
 
@@ -404,8 +444,9 @@ class WorkerHooks:
         its run would stay open until its lease expired and then run again as lost. Ignore
         drops the occurrence as an expired message does (``skipped``, no attempt counted);
         Reject, with or without requeue, is a failed attempt under the job's retry policy
-        (a requeued copy is refused at the door). The door's own refusal is left alone."""
-        if state == states.IGNORED and not isinstance(retval, Refused):
+        (a requeued copy is refused at the door). The door's own refusal, and the end of a
+        task that replaced itself (its run goes on in the replacement), are left alone."""
+        if state == states.IGNORED and not isinstance(retval, Refused | Replaced):
             outcome, error = SKIPPED, f"ignored by the task: {_describe(retval)}"
         elif state == states.REJECTED:
             requeued = " (requeued)" if getattr(retval, "requeue", False) else ""
@@ -707,6 +748,11 @@ class Refused(Ignore):
     nothing is recorded for it (unlike a task's own ``Ignore``)."""
 
 
+class Replaced(Ignore):
+    """The end of a task that replaced itself (``Task.replace``): its run goes on in the
+    replacement, so nothing is recorded for it."""
+
+
 hooks = WorkerHooks()
 
 
@@ -717,7 +763,8 @@ def install_door(app: Any) -> int:
     Each task instance gets a subclass of its own class, made once per class, that adds the
     door and then calls the class's own ``before_start``: Celery's tracer calls
     ``before_start`` only where a task class defines one, and user task classes (a custom
-    ``base``, a ``before_start`` of their own) must keep working unchanged.
+    ``base``, a ``before_start`` or ``on_replace`` of their own) must keep working unchanged.
+    The subclass also hands a run over to the task that replaces its task (``on_replace``).
     """
     changed = 0
     for task in list(app.tasks.values()):
@@ -734,6 +781,14 @@ def _with_door(cls: type) -> type:
         hooks.admit(self, task_id)
         super(door_cls, self).before_start(task_id, args, kwargs)
 
+    def on_replace(self: Any, sig: Any) -> Any:
+        if not hooks.replacing(self, sig):
+            return super(door_cls, self).on_replace(sig)
+        try:
+            return super(door_cls, self).on_replace(sig)
+        except Ignore as exc:  # "Replaced by new task": the replacement has the run
+            raise Replaced(*exc.args) from None
+
     door_cls = type(
         cls.__name__,
         (cls,),
@@ -743,6 +798,7 @@ def _with_door(cls: type) -> type:
             "__doc__": cls.__doc__,
             "_schedapp_door": True,
             "before_start": before_start,
+            "on_replace": on_replace,
         },
     )
     return door_cls

@@ -8,13 +8,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from celery import Celery, Task
+from celery import Celery, Task, group
 from celery.app.trace import build_tracer
+from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject
-from celery.states import IGNORED, REJECTED, SUCCESS
+from celery.states import FAILURE, IGNORED, REJECTED, SUCCESS
 
 from schedapp.db import db_now
-from schedapp.message import parse_task_id
+from schedapp.dispatch import message_headers
+from schedapp.message import HEADER_ADMISSION, RUN_HEADERS, parse_task_id
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.worker import install_door
 from tests.claiming import claim_one
@@ -65,17 +67,46 @@ def app():
         calls.append(("rejects", None))
         raise Reject("bad input", requeue=requeue)
 
+    @app.task(name="door.replaces", bind=True, shared=False)
+    def replaces(self, into="one"):
+        calls.append(("replaces", None))
+        if into == "chain":
+            return self.replace(plain.si() | plain.si())
+        if into == "group":
+            return self.replace(group(plain.si(), plain.si()))
+        return self.replace(plain.si())
+
     app.register_task(ClassBased())
     calls.clear()
-    assert install_door(app) >= 5
+    assert install_door(app) >= 6
     assert install_door(app) == 0  # once is enough
     return app
 
 
-def trace(app, name: str, task_id: str, kwargs: dict | None = None):
+def trace(app, name: str, task_id: str, kwargs: dict | None = None, headers: dict | None = None):
     task = app.tasks[name]
     tracer = build_tracer(name, task, app.loader, "w1@host", app=app)
-    return tracer(task_id, [], kwargs or {}, {"hostname": "w1@host", "delivery_info": {}})
+    request = {"hostname": "w1@host", "delivery_info": {}, **(headers or {})}
+    return tracer(task_id, [], kwargs or {}, request)
+
+
+def run_headers_of(run) -> dict:
+    """schedapp's headers on the message a beat sends for ``run`` (those it sets)."""
+    headers = message_headers(run, "beat@test")
+    return {k: headers[k] for k in RUN_HEADERS if headers[k] is not None}
+
+
+def delivered(run) -> dict:
+    """What a worker's request holds of the message of ``run``: its id and schedapp's headers."""
+    return {"id": run.task_id, **run_headers_of(run)}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The signatures ``Task.replace`` sends, instead of sending them."""
+    sigs: list[Signature] = []
+    monkeypatch.setattr(Signature, "apply_async", lambda sig, *a, **kw: sigs.append(sig))
+    return sigs
 
 
 @pytest.mark.parametrize("name", ["door.plain", "door.audited", "door.class_based"])
@@ -148,3 +179,51 @@ def test_tasks_schedapp_did_not_dispatch_pass_straight_through(app):
     result = trace(app, "door.plain", "9b2e6c2e-3c1f-4d39-a0e4-4d0a1c7d1f00")
     assert result.info is None or result.info.state == SUCCESS
     assert calls == [("plain", None)]
+
+
+def test_a_task_replaced_by_one_task_hands_its_run_over_to_it(app, sent):
+    # Given an admitted run, its lease near its end, whose task replaces itself
+    job, run = claim_one(lease_seconds=30, max_retries=0)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() + timedelta(seconds=2))
+    result = trace(app, "door.replaces", run.task_id, headers=delivered(run))
+    assert result.info.state == IGNORED
+    # Then the replacement is sent with the run's task id, headers and admission, the run
+    # stays running (not skipped) and its lease is whole again for the replacement's way
+    (sig,) = sent
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, sig.id, sig.name) == (RunStatus.RUNNING, run.task_id, "door.plain")
+    headers = sig.options["headers"]
+    assert headers == {**run_headers_of(run), HEADER_ADMISSION: r.admission}
+    job.refresh_from_db()
+    assert job.lease_expires_at > db_now() + timedelta(seconds=25)
+    # ... its door admits it as the same run, and its outcome is the run's
+    calls.clear()
+    trace(app, "door.plain", sig.id, headers={"id": sig.id, **headers})
+    assert calls == [("plain", None)]
+    r.refresh_from_db()
+    assert (r.status, r.admission) == (RunStatus.SUCCEEDED, headers[HEADER_ADMISSION])
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+
+
+def test_another_delivery_of_a_replaced_run_is_still_refused(app, sent):
+    _, run = claim_one(lease_seconds=30)
+    trace(app, "door.replaces", run.task_id, headers=delivered(run))
+    calls.clear()
+    result = trace(app, "door.plain", run.task_id, headers=delivered(run))  # no admission
+    assert result.info.state == IGNORED and calls == []
+
+
+@pytest.mark.parametrize("into", ["chain", "group"])
+def test_a_task_replaced_by_a_chain_or_a_group_fails_its_run_and_sends_nothing(app, sent, into):
+    job, run = claim_one(lease_seconds=30, max_retries=0)
+    result = trace(app, "door.replaces", run.task_id, {"into": into}, headers=delivered(run))
+    assert result.info.state == FAILURE and sent == []
+    r = JobRun.objects.get(pk=run.run_id)
+    assert r.status == RunStatus.FAILED
+    assert r.error.startswith(
+        f"ReplaceNotSupported: a task of a schedapp job can be replaced "
+        f"by the signature of one task, not by a {into}"
+    )
+    job.refresh_from_db()
+    assert job.state == JobState.DEAD
