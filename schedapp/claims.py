@@ -466,6 +466,34 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
     return get_store().admit(job_id, token, worker, admission)
 
 
+def admit_replacement(
+    job_id: int, token: int, worker: str, carried: str, admission: str
+) -> DoorVerdict:
+    """The door of a task that replaced the run's task (``Task.replace``): it goes on with the
+    run that the ``carried`` admission started, and takes it over under an ``admission`` of
+    its own, so another delivery of its message (which carries the same ``carried`` one: a
+    broker redelivery while it runs) is refused as a duplicate, as any second delivery is.
+    A retry of this same call (its commit landed, its reply was lost) is admitted again.
+    Rare, so written through the ORM on every database, with the job row locked first."""
+    with transaction.atomic():
+        job, run = _lock_job_and_run(job_id, token)
+        if job is None or run is None:
+            return DoorVerdict.UNKNOWN
+        if job.token != token:
+            return DoorVerdict.STALE_TOKEN
+        if job.state not in (JobState.RUNNING, JobState.PAUSED):  # paused: it runs on
+            return DoorVerdict.JOB_STATE
+        taken = JobRun.objects.filter(
+            job_id=job_id, token=token, status=RunStatus.RUNNING, admission__in=(carried, admission)
+        )
+        if not taken.exists():
+            return DoorVerdict.DUPLICATE
+        if not Job.objects.filter(id=job_id, lease_expires_at__gt=Now()).exists():
+            return DoorVerdict.LEASE_EXPIRED
+        taken.update(admission=admission, worker=worker)
+    return DoorVerdict.ADMITTED
+
+
 @dataclass(frozen=True)
 class Renewal:
     """What one lease heartbeat found: leases renewed, runs that finished normally since (the

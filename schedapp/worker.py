@@ -66,6 +66,7 @@ from .claims import (
     Completion,
     CompletionResult,
     DoorVerdict,
+    admit_replacement,
     admit_run,
     admit_run_after_successes,
     complete_run,
@@ -166,10 +167,19 @@ class WorkerHooks:
             return
         job_id, token = claim
         worker = getattr(task.request, "hostname", None) or socket.gethostname()
-        # A replacement (``replacing``) comes with the admission of the run it goes on with
-        admission = run_admission(task.request) or uuid.uuid4().hex
+        # A replacement (``replacing``) comes with the admission of the run it goes on with,
+        # and takes the run over under an admission of its own
+        carried = run_admission(task.request)
+        admission = uuid.uuid4().hex
         try:
-            verdict = self._door(job_id, token, worker, admission)
+            if carried:
+                verdict = with_retries(
+                    lambda: admit_replacement(job_id, token, worker, carried, admission),
+                    what="door",
+                    attempts=3,
+                )
+            else:
+                verdict = self._door(job_id, token, worker, admission)
         except Exception as exc:  # cannot check the claim: do not run it
             verdict = DoorVerdict.ERROR
             log.error(

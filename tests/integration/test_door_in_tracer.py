@@ -201,9 +201,37 @@ def test_a_task_replaced_by_one_task_hands_its_run_over_to_it(app, sent):
     trace(app, "door.plain", sig.id, headers={"id": sig.id, **headers})
     assert calls == [("plain", None)]
     r.refresh_from_db()
-    assert (r.status, r.admission) == (RunStatus.SUCCEEDED, headers[HEADER_ADMISSION])
+    assert r.status == RunStatus.SUCCEEDED
+    assert r.admission not in ("", headers[HEADER_ADMISSION])  # taken over under its own
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
+
+
+def test_a_replacements_message_delivered_again_while_it_runs_is_refused(app, sent):
+    """As any message delivered again (RabbitMQ redelivers an unacknowledged message when the
+    worker's broker connection drops): before, the copy carried the same admission and was
+    admitted again, a second execution while the first ran."""
+    from types import SimpleNamespace
+
+    from schedapp.worker import Refused, hooks
+
+    _, run = claim_one(lease_seconds=30)
+    trace(app, "door.replaces", run.task_id, headers=delivered(run))
+    (sig,) = sent
+    message = {"id": sig.id, **sig.options["headers"]}
+    task = app.tasks["door.plain"]
+    for copy in ("first", "again"):  # each delivery is a request of its own
+        task.request_stack.push(SimpleNamespace(hostname=f"{copy}@host", **message))
+        try:
+            if copy == "first":
+                hooks.admit(task, sig.id)  # admitted: its body would run now
+            else:
+                with pytest.raises(Refused, match="duplicate delivery"):
+                    hooks.admit(task, sig.id)
+        finally:
+            task.request_stack.pop()
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.worker) == (RunStatus.RUNNING, "first@host")
 
 
 def test_another_delivery_of_a_replaced_run_is_still_refused(app, sent):

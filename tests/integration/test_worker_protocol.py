@@ -328,6 +328,27 @@ def test_the_reaper_drops_an_occurrence_whose_message_expired_unstarted_and_rese
         assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
 
 
+def test_a_replacement_takes_its_run_over_once_and_a_retry_of_that_door_is_admitted_again():
+    from schedapp.claims import admit_replacement
+
+    # Given a run admitted under "a1" whose task replaced itself (Task.replace)
+    job, run = claimed(lease_seconds=30)
+    assert admit_run(job.pk, run.token, "w1", "a1") is DoorVerdict.ADMITTED
+    # When the replacement's door takes it over under its own admission
+    assert admit_replacement(job.pk, run.token, "w2", "a1", "b1") is DoorVerdict.ADMITTED
+    # Then a retry of that same call (its reply lost) is admitted again, another delivery of
+    # the replacement's message (carrying "a1" too) is refused, and so is a stranger's
+    assert admit_replacement(job.pk, run.token, "w2", "a1", "b1") is DoorVerdict.ADMITTED
+    assert admit_replacement(job.pk, run.token, "w3", "a1", "c1") is DoorVerdict.DUPLICATE
+    assert admit_replacement(job.pk, run.token, "w3", "zz", "c2") is DoorVerdict.DUPLICATE
+    assert admit_replacement(job.pk, run.token + 1, "w3", "a1", "c3") is DoorVerdict.UNKNOWN
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.admission, r.worker) == (RunStatus.RUNNING, "b1", "w2")
+    # ... and once the lease has expired, none goes on with the run
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    assert admit_replacement(job.pk, run.token, "w2", "a1", "b1") is DoorVerdict.LEASE_EXPIRED
+
+
 def test_resuming_a_job_whose_worker_died_while_it_was_paused_closes_that_run_as_lost():
     # Given a run in flight when the job was paused, whose worker then died: its lease expired
     # before any beat reaped it
