@@ -210,11 +210,13 @@ def _quarantine_locked(job_id: int, reason: str) -> Quarantined:
         lease_expires_at=None,
         next_run_at=None,
         last_status="quarantined",
-        last_error=f"quarantined: {reason}"[:10000],
+        last_error=_storable(f"quarantined: {reason}", ERROR_CHARS),
         updated_at=Now(),
     )
     JobRun.objects.filter(job_id=job_id, status__in=ACTIVE_RUN_STATUSES).update(
-        status=RunStatus.FAILED, finished_at=Now(), error=f"quarantined: {reason}"[:10000]
+        status=RunStatus.FAILED,
+        finished_at=Now(),
+        error=_storable(f"quarantined: {reason}", ERROR_CHARS),
     )
     log.error(
         "job %s quarantined (now dead): %s",
@@ -740,7 +742,7 @@ def _complete(
             and job.state in (JobState.RUNNING, JobState.PAUSED)
             and run["status"] != RunStatus.LOST
         )
-        error, traceback = _storable(error, 10000), _storable(traceback, 50000)
+        error, traceback = _storable(error, ERROR_CHARS), _storable(traceback, TRACEBACK_CHARS)
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=outcome,
             finished_at=Now(),
@@ -778,6 +780,9 @@ def _complete(
             extra={"action": "dead", "job": job_id},
         )
     return CompletionResult(Completion.APPLIED, dead=plan.dead)
+
+
+ERROR_CHARS, TRACEBACK_CHARS = 10000, 50000  # what a run (and a job) keeps of them
 
 
 def _storable(text: str, limit: int) -> str:
@@ -837,7 +842,7 @@ def _write_after_run(
         "updated_at": Now(),
     }
     if status != SUCCEEDED:
-        changes["last_error"] = error[:10000]
+        changes["last_error"] = _storable(error, ERROR_CHARS)
     if bump_token:
         changes["token"] = F("token") + 1
     updated = Job.objects.filter(id=job_id, token=token).update(**changes)
