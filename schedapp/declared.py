@@ -157,7 +157,11 @@ def declared_values(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     """
     if spec.get("_duplicate"):
         raise ValidationError(
-            {f"{name}.name": ["declared more than once (SCHEDAPP_JOBS and/or @periodic)."]}
+            {
+                f"{name}.name": [
+                    "declared more than once (SCHEDAPP_JOBS, @periodic, Celery's beat_schedule)."
+                ]
+            }
         )
     if "_invalid" in spec:
         raise ValidationError({f"{name}.spec": ["must be a mapping of job options."]})

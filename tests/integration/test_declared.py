@@ -154,7 +154,7 @@ def test_the_periodic_decorator_declares_a_job_for_its_task():
     # The same name in the setting too: reported, not guessed
     with override_settings(SCHEDAPP_JOBS={"refresh-cache": JOBS["nightly"]}):
         report = declared.sync_declared_jobs()
-    message = "declared more than once (SCHEDAPP_JOBS and/or @periodic)"
+    message = "declared more than once (SCHEDAPP_JOBS, @periodic, Celery's beat_schedule)"
     assert message in report.errors["refresh-cache"][0]
     with pytest.raises(ValueError, match="declared twice"):
         declared.periodic(cron="* * * * *", name="refresh-cache")(refresh)

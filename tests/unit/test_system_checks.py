@@ -52,6 +52,71 @@ def celery_conf(monkeypatch):
     return set_
 
 
+# --- Celery settings the guarantee depends on (settings.md, "System checks") ------------
+
+
+def schedapp_checks(*, deploy: bool = False) -> list[str]:
+    """The ids Django's own check run reports for schedapp: the checks are registered."""
+    from django.core.checks import run_checks
+
+    found = run_checks(tags=["schedapp"], include_deployment_checks=deploy)
+    return [m.id for m in found if m.id.startswith("schedapp.")]
+
+
+def test_the_projects_settings_raise_none_of_the_celery_setting_checks():
+    assert not {"schedapp.E001", "schedapp.E002", "schedapp.W001", "schedapp.W002"} & set(
+        schedapp_checks()
+    )
+
+
+def test_content_other_than_json_is_an_error(celery_conf):
+    celery_conf(accept_content=["json", "pickle"])
+    assert "schedapp.E001" in schedapp_checks()
+    celery_conf(accept_content=["application/json"])
+    assert "schedapp.E001" not in schedapp_checks()
+
+
+def test_a_task_serializer_other_than_json_is_an_error(celery_conf):
+    celery_conf(task_serializer="pickle")
+    assert "schedapp.E002" in schedapp_checks()
+
+
+def test_acks_late_off_is_a_warning_and_so_is_reject_on_worker_lost_off_with_it(celery_conf):
+    celery_conf(task_acks_late=False, task_reject_on_worker_lost=False)
+    found = schedapp_checks()
+    assert "schedapp.W001" in found and "schedapp.W002" not in found  # W002 only with acks_late
+    celery_conf(task_acks_late=True)
+    found = schedapp_checks()
+    assert "schedapp.W002" in found and "schedapp.W001" not in found
+
+
+def test_deploy_warns_of_an_allowlist_that_allows_everything():
+    assert "schedapp.W004" not in schedapp_checks(deploy=True)
+    with override_settings(SCHEDAPP_ALLOWED_TASKS=["project.*", "*"]):
+        assert "schedapp.W004" not in schedapp_checks()  # --deploy only
+        assert "schedapp.W004" in schedapp_checks(deploy=True)
+
+
+def test_deploy_warns_of_sqlite():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SCHEDAPP_"))}
+    env["DJANGO_SETTINGS_MODULE"] = "project.settings_test_sqlite"
+
+    def check(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "check", *args],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            env=env,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout + result.stderr
+
+    assert "schedapp.W003" not in check()
+    assert "schedapp.W003" in check("--deploy")
+
+
 # --- optional dependencies ---------------------------------------------------------------
 
 
@@ -175,6 +240,19 @@ def test_other_invalid_fields_are_errors_too():
     )
     assert list(found) == ["schedapp.E021"]
     assert len(found["schedapp.E021"]) == 2
+
+
+def test_a_name_declared_twice_is_an_error_naming_it(celery_conf):
+    celery_conf(
+        beat_schedule={"nightly": {"task": "project.tasks.add", "schedule": 3600.0}},
+        beat_scheduler="schedapp.beat:LeaseScheduler",
+    )
+    found = declared_errors({"nightly": {"task": "project.tasks.add", "cron": "0 2 * * *"}})
+    assert list(found) == ["schedapp.E021"]
+    # the message names where a name can be declared, Celery's beat_schedule among them
+    (message,) = found["schedapp.E021"]
+    assert "'nightly'" in message and "declared more than once" in message
+    assert "beat_schedule" in message
 
 
 def test_valid_declarations_pass():
