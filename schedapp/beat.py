@@ -213,8 +213,10 @@ class LeaseScheduler(Scheduler):
 
     @property
     def _sleep_ceiling(self) -> float:
-        """The longest sleep without looking: nothing wakes a beat early without LISTEN."""
-        return self.settings.MAX_SLEEP if self._listener is not None else 1.0
+        """The longest sleep without looking: nothing wakes a beat early without LISTEN, so
+        it then looks at least every second (MAX_SLEEP stays the ceiling if shorter)."""
+        ceiling = self.settings.MAX_SLEEP
+        return ceiling if self._listener is not None else min(ceiling, 1.0)
 
     def _log_dispatches(self, runs: list[Any]) -> None:
         """Celery beat logs ``Scheduler: Sending due task <entry> (<task>)`` for every send,
