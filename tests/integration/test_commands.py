@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -105,6 +106,37 @@ def test_status_check_fails_without_a_live_beat():
     run("schedapp_status", "--check")  # healthy: no exit
 
 
+def test_status_check_fails_when_a_due_job_waited_longer_than_max_wait():
+    now = db_now()
+    Node.objects.create(name="b", kind="beat", started_at=now, last_seen_at=now)
+    api.schedule("project.tasks.record", run_at=now - timedelta(seconds=90), name="late")
+    # 90 s is past the default --max-wait of 60 s
+    with pytest.raises(SystemExit) as exited:
+        run("schedapp_status", "--check")
+    assert exited.value.code == 1
+    data = json.loads(run("schedapp_status", "--json")[0])
+    assert len(data["problems"]) == 1 and "the oldest due job has waited" in data["problems"][0]
+    run("schedapp_status", "--check", "--max-wait", "300")  # a longer wait is accepted
+
+
+def test_status_minutes_is_the_window_of_the_dispatch_lag():
+    job = api.schedule("project.tasks.record", interval=60, name="j")
+    now = db_now()
+    JobRun.objects.create(
+        job=job,
+        token=1,
+        scheduled_for=now - timedelta(minutes=8),
+        due_at=now - timedelta(minutes=8, seconds=2),
+        dispatched_at=now - timedelta(minutes=8),
+        task_id="old",
+        status="succeeded",
+    )
+    lag = json.loads(run("schedapp_status", "--json")[0])["lag"]
+    assert lag["label"] == "last 5 min" and lag["runs"] == 0  # the default window
+    lag = json.loads(run("schedapp_status", "--json", "--minutes", "10")[0])["lag"]
+    assert lag["label"] == "last 10 min" and lag["runs"] == 1 and lag["max"] == 2.0
+
+
 # --- prune ----------------------------------------------------------------------------------
 
 
@@ -168,3 +200,18 @@ def test_schedapp_can_prune_itself_as_a_job():
     result = prune_task.apply(kwargs=job.kwargs).get()
     assert result["deleted"] == 5
     assert JobRun.objects.count() == 2
+
+
+def test_prune_max_batches_bounds_one_call_and_pause_spaces_the_batches():
+    job = api.schedule("project.tasks.record", interval=60, name="j")
+    add_runs(job, 7, finished_ago=timedelta(days=40))
+    out, _ = run("schedapp_prune", "--older-than", "30d", "--batch-size", "3", "--max-batches", "2")
+    assert out.startswith("deleted 6 run(s)") and "(2 batch(es)" in out
+    assert JobRun.objects.count() == 1
+    add_runs(job, 6, finished_ago=timedelta(days=40), first_token=100)
+    started = time.monotonic()
+    out, _ = run("schedapp_prune", "--older-than", "30d", "--batch-size", "3", "--pause", "0.4")
+    assert out.startswith("deleted 7 run(s)") and "(3 batch(es)" in out
+    assert time.monotonic() - started >= 0.8  # after each of the two full batches
+    with pytest.raises(CommandError, match="--batch-size must be at least 1"):
+        run("schedapp_prune", "--older-than", "30d", "--batch-size", "0")
