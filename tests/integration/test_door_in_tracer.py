@@ -76,6 +76,14 @@ def app():
             return self.replace(group(plain.si(), plain.si()))
         return self.replace(plain.si())
 
+    @app.task(name="door.retries", bind=True, shared=False)
+    def retries(self):
+        raise self.retry(exc=RuntimeError("again"))  # no countdown: default_retry_delay
+
+    @app.task(name="door.retries_soon", bind=True, shared=False, default_retry_delay=7)
+    def retries_soon(self):
+        raise self.retry(exc=RuntimeError("again"))
+
     app.register_task(ClassBased())
     calls.clear()
     assert install_door(app) >= 6
@@ -173,6 +181,22 @@ def test_a_task_raising_reject_fails_its_attempt(app, requeue):
     assert (r.status, r.error) == (RunStatus.FAILED, f"rejected by the task{how}: bad input")
     job.refresh_from_db()
     assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
+
+
+@pytest.mark.parametrize(("name", "delay"), [("door.retries", 180), ("door.retries_soon", 7)])
+def test_a_retry_without_a_countdown_waits_the_tasks_default_retry_delay(app, sent, name, delay):
+    # Given an admitted run whose task calls self.retry(exc=...) with no countdown, and a job
+    # backoff (1,000 s) that is neither Celery's default delay (180 s) nor the task's own
+    job, run = claim_one(lease_seconds=30, retry_backoff=1000)
+    trace(app, name, run.task_id, headers=delivered(run))
+    # Then the attempt failed, and the occurrence waits Celery's delay, as under Celery
+    r = JobRun.objects.get(pk=run.run_id)
+    assert (r.status, r.error) == (RunStatus.FAILED, "retry requested: RuntimeError: again")
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)
+    waits = (job.next_run_at - db_now()).total_seconds()
+    assert delay - 5 < waits <= delay, waits
+    assert len(sent) == 1  # Celery's own retry message (refused at the door when it comes)
 
 
 def test_tasks_schedapp_did_not_dispatch_pass_straight_through(app):
