@@ -177,3 +177,34 @@ def test_releasing_claims_takes_the_job_row_before_the_run_row():
     b.join(15)
     # Then neither deadlocked: both took the job row first
     assert "error" not in out_a and "error" not in out_b, (out_a, out_b)
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "runs_at_minute", "dropped"),
+    [
+        ("run_once", 1, 10, 10),  # the latest missed occurrence; the ten before it dropped
+        ("skip", 0, None, 11),  # nothing: the job waits for its next occurrence
+        ("run_all", 1, 0, 0),  # each in turn, oldest first (one run in flight at a time)
+    ],
+)
+def test_resuming_a_job_paused_past_occurrences_follows_its_misfire_policy(
+    policy, runs, runs_at_minute, dropped
+):
+    # Given an every-minute job paused ten and a half minutes ago: eleven occurrences (minutes
+    # 0 to 10 of its pause) passed while it was paused
+    job = api.schedule(TASK, interval=60, name="paused", misfire_policy=policy)
+    api.pause(job)
+    now = db_now()
+    due = now - timedelta(minutes=10, seconds=30)
+    Job.objects.filter(pk=job.pk).update(next_run_at=due, scheduled_for=due, interval_anchor=due)
+    # When a person resumes it and a beat looks
+    api.resume(job)
+    claimed = claim_due_jobs("beat-1", 10).runs
+    # Then no burst of old occurrences fires: what runs is what its misfire policy says
+    assert len(claimed) == runs
+    job.refresh_from_db()
+    assert job.missed_runs == dropped
+    if runs_at_minute is None:
+        assert job.state == JobState.SCHEDULED and job.next_run_at > now
+    else:
+        assert claimed[0].scheduled_for == due + timedelta(minutes=runs_at_minute)
