@@ -144,9 +144,12 @@ def beat_schedule_declarations() -> dict[str, dict[str, Any]]:
                 "_field": item.problem_field,
             }
             continue
-        found[str(name)] = {"task": item.task, **item.spec, "_keep_phase": True}
-        for note in item.notes:
-            log.warning("beat_schedule entry %s: %s", name, note, extra={"action": "declared"})
+        found[str(name)] = {
+            "task": item.task,
+            **item.spec,
+            "_keep_phase": True,
+            "_notes": list(item.notes),  # logged once, by the sync (system checks read these too)
+        }
     return found
 
 
@@ -221,6 +224,8 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
         get_store().lock(_LOCK_KEY)  # one beat at a time
         existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
         for name, spec in decls.items():
+            for note in spec.get("_notes", ()):
+                log.warning("beat_schedule entry %s: %s", name, note, extra={"action": "declared"})
             try:
                 values = declared_values(name, spec)
                 job = existing.get(name)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import logging.config
 from datetime import timedelta
 
 import pytest
 from celery.schedules import crontab, schedule
+from django.conf import settings
 from django.test import override_settings
 
 from project.celery import app
@@ -153,3 +156,52 @@ def test_beat_cron_starting_deadline_skips_a_synced_crontabs_stale_run_until_it_
     daily.refresh_from_db()
     assert (daily.misfire_policy, daily.misfire_grace) == ("run_once", timedelta(minutes=1))
     assert daily.next_run_at == two_hours_ago + timedelta(days=1)  # its schedule did not move
+
+
+def test_at_beat_start_an_entry_not_run_is_an_error_line_and_an_option_left_behind_a_warning(
+    beat_schedule, tmp_path
+):
+    # Given an entry without a task, and one with an option schedapp does not carry over
+    beat_schedule(
+        {
+            "no-task": {"schedule": 60.0},
+            "countdown": {
+                "task": "project.tasks.record",
+                "schedule": 60.0,
+                "options": {"queue": "q", "countdown": 5},
+            },
+        }
+    )
+    # (loading the tasks modules runs Celery's Django fixup, which configures Django's logging
+    # again: the beat's log is a file handler of that configuration)
+    log_file = tmp_path / "beat.log"
+    handler = {"class": "logging.FileHandler", "filename": str(log_file)}
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"file": handler},
+        "loggers": {"schedapp": {"handlers": ["file"], "level": "INFO", "propagate": False}},
+    }
+    try:
+        with override_settings(LOGGING=config):
+            logging.config.dictConfig(config)
+            declared.sync_declared_jobs()
+    finally:
+        logging.config.dictConfig(settings.LOGGING)
+    lines = log_file.read_text().splitlines()
+    # Then the beat's log names each, as migrating.md says
+    assert "declared job no-task is invalid: " in "\n".join(lines)
+    assert lines.count("beat_schedule entry countdown: options ignored: countdown") == 1
+    assert Job.objects.get(name="countdown").message_options == {"queue": "q"}
+
+
+def test_result_cleanup_without_a_retention_uses_celerys_result_expires(monkeypatch):
+    from django_celery_results.models import TaskResult
+
+    for task_id, age in (("two-days", timedelta(days=2)), ("two-hours", timedelta(hours=2))):
+        result = TaskResult.objects.create(task_id=task_id, status="SUCCESS")
+        TaskResult.objects.filter(pk=result.pk).update(date_done=db_now() - age)
+    assert cleanup_results() == 1  # result_expires: one day by default
+    monkeypatch.setitem(app.conf, "result_expires", 3600)
+    assert cleanup_results() == 1
+    assert not TaskResult.objects.exists()
