@@ -206,3 +206,26 @@ def test_a_task_calling_self_retry_is_retried_by_schedapp_not_by_celery(fleet):
     # Celery's own retry messages arrived and were refused at the door
     wait_until(lambda: worker.log().count("delivered but not executed") >= 3, timeout=10)
     assert Execution.objects.filter(job_id=job.pk).count() == 3
+
+
+def test_a_worker_stopped_with_sigterm_renews_its_leases_until_its_task_finishes(fleet):
+    # Given a task running three leases long (a 2 s lease, a 6 s task) on a worker
+    fleet.beat()
+    worker = fleet.worker(concurrency=1, settings={"SCHEDAPP_LEASE_HEARTBEAT": 0.2})
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "warm", "sleep": 6},
+        run_at=db_now(),
+        lease_seconds=2,
+        name="warm",
+    )
+    wait_until(lambda: JobRun.objects.filter(job=job, status="running").exists(), timeout=20)
+    # When the worker is stopped as Kubernetes or systemd stops it (SIGTERM: warm shutdown)
+    worker.signal_main(signal.SIGTERM)
+    wait_until(lambda: not worker.alive(), timeout=30, message="the worker exited")
+    # Then it kept renewing the lease until the task finished: one run, succeeded, not lost
+    (run,) = runs_of(job)
+    assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert Execution.objects.filter(label="warm").count() == 1
