@@ -208,3 +208,41 @@ def test_resuming_a_job_paused_past_occurrences_follows_its_misfire_policy(
         assert job.state == JobState.SCHEDULED and job.next_run_at > now
     else:
         assert claimed[0].scheduled_for == due + timedelta(minutes=runs_at_minute)
+
+
+@pytest.mark.parametrize(
+    ("policy", "grace", "runs_next", "path"),
+    [
+        # within the grace: it runs as soon as the first run ends (the worker's fast success
+        # and the ORM's completion alike)
+        ("run_once", 60, True, "worker"),
+        ("run_once", 60, True, "orm"),
+        ("skip", 1, False, "worker"),  # beyond the grace: the misfire policy decides (none)
+        ("run_once", 1, True, "worker"),  # beyond it, run_once: the latest missed one runs
+    ],
+)
+def test_an_occurrence_that_passes_while_a_run_is_in_flight_runs_once_it_ends(
+    path, policy, grace, runs_next
+):
+    # Given a job every 2 s, claimed and executing
+    job = api.schedule(TASK, interval=2, name="overlap", misfire_policy=policy, misfire_grace=grace)
+    due = db_now() - timedelta(milliseconds=100)
+    Job.objects.filter(pk=job.pk).update(next_run_at=due, scheduled_for=due, interval_anchor=due)
+    run = claim_one()
+    assert admit_run(job.pk, run.token, "w1", "a1") == "admitted"
+    # the beat does not start it again while the run is in flight
+    assert claim_due_jobs("beat-2", 10).runs == []
+    # When the run takes 3.5 s, so the occurrence 2 s after its own passed meanwhile
+    time.sleep(3.5)
+    assert claim_due_jobs("beat-2", 10).runs == []
+    headers = headers_of(run) if path == "worker" else None
+    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers).applied
+    # Then that occurrence runs once the first ends (if its misfire policy lets it), once
+    claimed = claim_due_jobs("beat-2", 10).runs
+    if runs_next:
+        assert [c.scheduled_for for c in claimed] == [run.scheduled_for + timedelta(seconds=2)]
+    else:
+        assert claimed == []
+        job.refresh_from_db()
+        assert job.scheduled_for == run.scheduled_for + timedelta(seconds=4)
+        assert job.missed_runs == 1
