@@ -26,6 +26,7 @@ from .dispatch import Dispatcher
 from .models import Node
 from .nodes import record_node
 from .store import Listener, get_store
+from .validation import refuse_bad_settings
 
 log = logging.getLogger("schedapp.beat")
 # Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
@@ -66,6 +67,7 @@ class LeaseScheduler(Scheduler):
     # --- celery.beat.Scheduler interface --------------------------------------------------
 
     def setup_schedule(self) -> None:
+        refuse_bad_settings("beat")
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         # A stalled beat (SIGSTOPped, swapped out inside a claim) would otherwise hold row locks

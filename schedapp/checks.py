@@ -13,10 +13,11 @@ from django.db import connections
 
 from . import extras
 from .conf import get_settings
-from .validation import celery_app
+from .validation import celery_app, settings_problems
 
 
 def register() -> None:
+    checks.register(check_settings, "schedapp")
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
     checks.register(check_dependencies, "schedapp")
@@ -28,6 +29,16 @@ def register() -> None:
 
 def _celery_conf() -> Any:
     return celery_app().conf
+
+
+# --- SCHEDAPP_* settings --------------------------------------------------------------------
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [
+        checks.Error(problem, hint="Fix it in your Django settings.", id="schedapp.E030")
+        for problem in settings_problems()
+    ]
 
 
 def check_serialization(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

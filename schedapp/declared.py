@@ -110,7 +110,9 @@ def declarations() -> dict[str, dict[str, Any]]:
     """Every declared job, by name: ``SCHEDAPP_JOBS`` and ``@periodic`` merged."""
     celery_app().loader.import_default_modules()  # load tasks modules, so @periodic ran
     found: dict[str, dict[str, Any]] = {}
-    for name, spec in (get_settings().JOBS or {}).items():
+    jobs = get_settings().JOBS or {}
+    # Not a mapping: the settings check (schedapp.E030) says so, and a beat refuses to start.
+    for name, spec in (jobs.items() if isinstance(jobs, Mapping) else ()):
         found[str(name)] = dict(spec) if isinstance(spec, Mapping) else {"_invalid": spec}
     for name, spec in housekeeping_declarations().items():  # a declaration of yours wins
         found.setdefault(name, spec)

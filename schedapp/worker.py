@@ -83,7 +83,7 @@ from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
 from .nodes import record_node
 from .signals import lease_heartbeat
-from .validation import celery_app
+from .validation import celery_app, refuse_bad_settings
 
 log = logging.getLogger("schedapp.worker")
 
@@ -712,6 +712,7 @@ class LeaseHeartbeat(bootsteps.StartStopStep):
         self._thread: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
+        refuse_bad_settings("worker")
         period = get_settings().LEASE_HEARTBEAT
         log.info(
             "lease heartbeat every %.1fs (renews every lease held here)",

@@ -160,3 +160,24 @@ def test_each_dispatch_is_logged_as_celery_beat_logs_it(fleet):
     wait_until(lambda: Job.objects.filter(state=JobState.SUCCEEDED).exists(), timeout=20)
     assert "Scheduler: Sending due task logged job (project.tasks.record)" in beat.log()
     assert "LeaseScheduler, sharing the due jobs with every beat on postgresql://" in beat.log()
+
+
+@pytest.mark.parametrize(
+    ("process", "setting", "value", "says"),
+    [
+        # a beat that claims nothing each tick: before, it started and sat idle
+        ("beat", "SCHEDAPP_BATCH_SIZE", 0, "SCHEDAPP_BATCH_SIZE must be a whole number"),
+        # a worker whose heartbeat thread would renew leases in a busy loop
+        ("worker", "SCHEDAPP_LEASE_HEARTBEAT", 0, "SCHEDAPP_LEASE_HEARTBEAT must be a number"),
+    ],
+)
+def test_a_beat_or_worker_refuses_to_start_on_a_setting_it_cannot_work_with(
+    fleet, process, setting, value, says
+):
+    api.schedule(TASK, run_at=db_now(), name="due")
+    start = fleet.beat if process == "beat" else fleet.worker
+    proc = start(settings={setting: value}, wait=False)
+    assert wait_until(lambda: not proc.alive(), timeout=60), proc.log()[-3000:]
+    assert proc.popen.returncode != 0
+    assert says in proc.log()
+    assert not JobRun.objects.exists()  # nothing claimed, nothing run

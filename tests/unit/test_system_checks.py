@@ -356,3 +356,49 @@ def test_beat_schedule_with_another_scheduler_or_empty_is_not(celery_conf):
     assert checks.check_beat_schedule() == []
     celery_conf(beat_schedule={}, beat_scheduler="schedapp.beat:LeaseScheduler")
     assert checks.check_beat_schedule() == []
+
+
+# --- SCHEDAPP_* settings (schedapp.E030) -----------------------------------------------------
+
+
+def test_the_projects_settings_raise_no_settings_error():
+    assert checks.check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("BATCH_SIZE", 0, "SCHEDAPP_BATCH_SIZE must be a whole number of at least 1, not 0"),
+        ("MAX_SLEEP", "5", "SCHEDAPP_MAX_SLEEP must be a number of seconds above 0, not '5'"),
+        ("LEASE_HEARTBEAT", 0, "SCHEDAPP_LEASE_HEARTBEAT must be a number of seconds above 0"),
+        ("NODE_HEARTBEAT", -1, "SCHEDAPP_NODE_HEARTBEAT must be a number of seconds above 0"),
+        ("DISPATCH_LOG", "none", "SCHEDAPP_DISPATCH_LOG must be one of ('each', 'batch', 'off')"),
+        ("DISPATCH_LOG_BURST", -5, "SCHEDAPP_DISPATCH_LOG_BURST must be a whole number"),
+        ("ALLOWED_TASKS", "myapp.*", "(write ['myapp.*'])"),
+        ("DENIED_TASKS", [1], "SCHEDAPP_DENIED_TASKS must be a list of task name patterns"),
+        ("METRICS_PORT", "9100", "SCHEDAPP_METRICS_PORT must be None or a port number"),
+        ("RUN_RETENTION", 0, "SCHEDAPP_RUN_RETENTION must be a duration above 0"),
+        ("JOBS", ["a"], "SCHEDAPP_JOBS must be a mapping"),
+        ("DEFAULT_MAX_RETRIES", -1, "SCHEDAPP_DEFAULT_MAX_RETRIES: -1 is negative"),
+        ("DEFAULT_MISFIRE_POLICY", "bogus", "SCHEDAPP_DEFAULT_MISFIRE_POLICY: 'bogus' is not one"),
+        ("DEFAULT_LEASE_SECONDS", 0, "SCHEDAPP_DEFAULT_LEASE_SECONDS"),
+    ],
+)
+def test_a_setting_schedapp_cannot_work_with_is_an_error_naming_it(setting, value, says):
+    with override_settings(**{f"SCHEDAPP_{setting}": value}):
+        (error,) = [m for m in run_checks() if m.id == "schedapp.E030"]
+    assert says in error.msg
+
+
+def test_a_bad_housekeeping_cron_is_an_error_only_while_housekeeping_is_on():
+    with override_settings(SCHEDAPP_HOUSEKEEPING=True, SCHEDAPP_HOUSEKEEPING_CRON="61 * * * *"):
+        (error,) = [m for m in run_checks() if m.id == "schedapp.E030"]
+    assert "SCHEDAPP_HOUSEKEEPING_CRON '61 * * * *'" in error.msg
+    with override_settings(SCHEDAPP_HOUSEKEEPING=False, SCHEDAPP_HOUSEKEEPING_CRON="61 * * * *"):
+        assert checks.check_settings() == []
+
+
+def run_checks():
+    from django.core.checks import run_checks as django_run_checks
+
+    return django_run_checks()
