@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import textwrap
 import urllib.request
 
 import pytest
@@ -58,3 +61,44 @@ def test_beat_and_worker_metrics_count_claims_dispatches_and_completions(fleet, 
     )
     assert worker['schedapp_runs_finished_total{status="failed"}'] >= 1
     assert worker["schedapp_dead_letters_total"] >= 1
+
+
+def documented_liveness_probe(port: int) -> str:
+    """The beat's liveness probe of docs/operations.md, as a user copies it."""
+    from tests.fleet import ROOT
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    probe = doc.split("livenessProbe:", 1)[1].split("initialDelaySeconds", 1)[0]
+    block = probe.split("- |\n", 1)[1]
+    script = textwrap.dedent(block)
+    assert "schedapp_beat_last_tick_timestamp_seconds" in script and ":9100/" in script
+    return script.replace(":9100/", f":{port}/")
+
+
+def test_the_documented_liveness_probe_passes_on_a_ticking_beat_whose_failed_ticks_stop_its_clock(
+    fleet, pg_proxy
+):
+    # Given a beat serving metrics, its database connections through a proxy
+    port = free_port()
+    fleet.beat(
+        settings={
+            "SCHEDAPP_METRICS_PORT": port,
+            "DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"]),
+            "SCHEDAPP_MAX_SLEEP": 0.5,
+        }
+    )
+    tick = "schedapp_beat_last_tick_timestamp_seconds"
+    # Then the probe docs/operations.md gives passes, and the last tick advances
+    probe = subprocess.run([sys.executable, "-c", documented_liveness_probe(port)], timeout=30)
+    assert probe.returncode == 0
+    first = wait_until(lambda: scrape(port).get(tick), timeout=10)
+    wait_until(lambda: scrape(port)[tick] > first, timeout=10)
+    # When the database becomes unreachable (connections refused)
+    pg_proxy.stop()
+    errors = 'schedapp_beat_errors_total{kind="database"}'
+    wait_until(lambda: scrape(port).get(errors, 0) >= 1, timeout=30)
+    # Then the failing ticks leave the last tick where it was
+    stopped = scrape(port)[tick]
+    before = scrape(port)[errors]
+    wait_until(lambda: scrape(port)[errors] >= before + 2, timeout=30)
+    assert scrape(port)[tick] == stopped
