@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import kombu
 import pytest
 
 from tests.fleet import RABBITMQ, Fleet, fleet_for
 from tests.pgproxy import PgProxy
-from tests.servers import PrivateRedis
+from tests.servers import PGBOUNCER, PgBouncer, PrivateRedis
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,11 +73,17 @@ def _fleet(
     tmp_path: Path,
     url: str,
     extra_env: dict[str, str] | None = None,
+    through: Any = None,
 ) -> Iterator[Fleet]:
-    """Real beats and workers on the test database; their logs are printed if the test failed."""
+    """Real beats and workers on the test database; their logs are printed if the test failed.
+    ``through`` (anything with ``host`` and ``port``: a PgBouncer, a proxy) is where their
+    database connections go instead of the server."""
     from django.db import connection
 
-    with fleet_for(tmp_path, connection.settings_dict, url, extra_env) as f:
+    db = dict(connection.settings_dict)
+    if through is not None:
+        db.update(HOST=through.host, PORT=str(through.port))
+    with fleet_for(tmp_path, db, url, extra_env) as f:
         yield f
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
@@ -137,3 +144,36 @@ def pg_proxy() -> Iterator[PgProxy]:
     upstream = (db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
     with PgProxy(upstream) as proxy:
         yield proxy
+
+
+@pytest.fixture
+def fleet_through(
+    request: pytest.FixtureRequest, transactional_db: None, broker_url: str, tmp_path: Path
+) -> Iterator[Callable[[Any], Fleet]]:
+    """``fleet_through(endpoint)``: a fleet whose database connections go to ``endpoint`` (a
+    PgBouncer, a proxy: anything with ``host`` and ``port``) instead of the server."""
+    with ExitStack() as stack:
+        yield lambda endpoint: stack.enter_context(
+            _fleet(request, tmp_path, broker_url, through=endpoint)
+        )
+
+
+@pytest.fixture
+def pgbouncer(request: pytest.FixtureRequest) -> Iterator[PgBouncer]:
+    """A PgBouncer of the test's own in transaction pooling mode, in front of the test
+    database's server, for the test to ``start(pool_size, **settings)``; its log is printed if
+    the test failed. Skipped without pgbouncer (Debian's package; .ci/run installs it)."""
+    from django.conf import settings
+
+    if PGBOUNCER is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)")
+    db = settings.DATABASES["default"]
+    upstream = (db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
+    bouncer = PgBouncer(upstream, user=db.get("USER") or "postgres")
+    try:
+        yield bouncer
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print("===== pgbouncer =====\n" + bouncer.log_text()[-6000:])
+    finally:
+        bouncer.stop()

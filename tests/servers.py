@@ -167,3 +167,79 @@ class PrivatePostgres:
     def destroy(self) -> None:
         self.stop(mode="immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+PGBOUNCER = shutil.which("pgbouncer") or (
+    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+)
+
+
+class PgBouncer:
+    """A PgBouncer of our own in transaction pooling mode (``pool_mode = transaction``, what
+    production Celery/Django fleets often put in front of PostgreSQL), in front of
+    ``upstream``, on a free port. Its server connections (``pool_size`` per database and user)
+    are shared by every client: a small pool makes clients take turns on the same server
+    sessions, so whatever one of them leaves on a session is seen by the next.
+
+    PgBouncer refuses to run as root: as root, it runs as ``postgres`` (as PrivatePostgres does).
+    """
+
+    def __init__(self, upstream: tuple[str, int], user: str = "postgres") -> None:
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.upstream = upstream
+        self.user = user
+        self.dir = Path(tempfile.mkdtemp(prefix="schedapp-pgbouncer-"))
+        self.log = self.dir / "pgbouncer.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, pool_size: int = 4, **settings: object) -> PgBouncer:
+        """Start it with ``pool_size`` server connections and any other ``[pgbouncer]``
+        setting (``server_lifetime=1``: server connections replaced after a second)."""
+        if PGBOUNCER is None:
+            raise RuntimeError("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+        host, port = self.upstream
+        ini = self.dir / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"* = host={host} port={port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = {self.host}\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.dir / 'users.txt'}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {pool_size}\n"
+            "max_client_conn = 500\n"
+            f"logfile = {self.log}\n"
+            "log_connections = 0\n"
+            "log_disconnections = 0\n"
+            + "".join(f"{key} = {value}\n" for key, value in settings.items())
+        )
+        (self.dir / "users.txt").write_text(f'"{self.user}" ""\n')  # trust: names, no secrets
+        argv = [PGBOUNCER, str(ini)]
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            _wait_port(self.port, up=True, timeout=10)
+        except TimeoutError:
+            raise RuntimeError(f"pgbouncer did not start:\n{self.log_text()}") from None
+        return self
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # runuser's group: pgbouncer with it
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,188 @@
+"""schedapp behind a real PgBouncer in transaction pooling mode (``pool_mode = transaction``),
+as production Celery/Django fleets often run it: beats, workers, the reaper, the Python API
+and the admin, every database connection through it (``tests/servers.py``'s ``PgBouncer``).
+
+Under transaction pooling a client's consecutive transactions may run on different server
+sessions, and a server session serves many clients in turn: anything set for a session
+(``SET``, ``LISTEN``, prepared statements, holdable cursors) is lost to its client and left
+to the next one. PgBouncer also replaces its server connections (``server_lifetime``, an hour
+by default), so a client's session settings vanish even from a pool of one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from django.urls import reverse
+
+from project.models import Execution
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from tests.fleet import wait_until
+from tests.pgproxy import django_through
+
+pytestmark = [pytest.mark.e2e]
+
+# What a process logs when a statement fails on the database side (the retries' and the beat's
+# lines, psycopg's errors), and what pgbouncer's own statement errors say.
+DATABASE_TROUBLE = re.compile(
+    r"database (unavailable|conflict)|beat tick failed|psycopg|prepared statement"
+    r"|cursor \S+ does not exist|server conn crashed|idle-in-transaction"
+)
+
+
+def runs_of(job: Job) -> list[JobRun]:
+    return list(JobRun.objects.filter(job=job).order_by("id"))
+
+
+def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_once(
+    pgbouncer, fleet_through, admin_client
+):
+    # Given a transaction-pooling PgBouncer with four server connections, and a beat, workers,
+    # this test's API calls and the admin all connected through it (Django's defaults:
+    # no prepared statements, server-side cursors allowed)
+    pgbouncer.start(pool_size=4)
+    fleet = fleet_through(pgbouncer)
+    with django_through(pgbouncer):
+        fleet.beat()
+        fleet.worker(concurrency=2, heartbeat=1)
+        doomed = fleet.worker(concurrency=1, pool="solo", extra_args=["-Q", "doomed"])
+        now = db_now()
+        # ... jobs that succeed: 20 one-offs written with COPY, a recurring job every 2 s
+        api.schedule_many(
+            {
+                "task": "project.tasks.record",
+                "kwargs": {"label": f"once-{i}"},
+                "run_at": now,
+                "name": f"once-{i}",
+            }
+            for i in range(20)
+        )
+        every = api.schedule(
+            "project.tasks.record", kwargs={"label": "every"}, interval=2, name="every"
+        )
+        # ... a task twice as long as its lease (renewed while it runs)
+        long = api.schedule(
+            "project.tasks.record",
+            kwargs={"label": "long", "sleep": 4},
+            run_at=now,
+            lease_seconds=2,
+            name="long",
+        )
+        # ... one that always fails (dead after its retries), one that fails twice then works
+        fails = api.schedule(
+            "project.tasks.fail",
+            kwargs={"label": "fails"},
+            run_at=now,
+            max_retries=2,
+            retry_backoff=1,
+            name="fails",
+        )
+        flaky = api.schedule(
+            "project.tasks.flaky",
+            kwargs={"label": "flaky", "failures": 2},
+            run_at=now,
+            max_retries=3,
+            retry_backoff=1,
+            name="flaky",
+        )
+        # ... and one whose worker is killed while it runs
+        killed = api.schedule(
+            "project.tasks.record",
+            kwargs={"label": "killed", "sleep": 3},
+            run_at=now,
+            lease_seconds=2,
+            retry_backoff=0,
+            queue="doomed",
+            name="killed",
+        )
+
+        # When the worker running "killed" is SIGKILLed mid-task and another takes its queue
+        wait_until(
+            lambda: Execution.objects.filter(label="killed").exists(),
+            timeout=30,
+            message="the doomed task started",
+        )
+        doomed.kill()
+        fleet.worker(concurrency=1, pool="solo", extra_args=["-Q", "doomed"])
+        finals = (JobState.SUCCEEDED, JobState.DEAD)
+        wait_until(
+            lambda: (
+                Job.objects.filter(
+                    pk__in=[long.pk, fails.pk, flaky.pk, killed.pk], state__in=finals
+                ).count()
+                == 4
+            ),
+            timeout=60,
+            message="the jobs finished",
+        )
+        wait_until(
+            lambda: (
+                Job.objects.filter(name__startswith="once-", state=JobState.SUCCEEDED).count() == 20
+            ),
+            timeout=30,
+            message="the one-offs finished",
+        )
+
+        # ... and an operator uses the admin: lists, a job's page, the overview, the runs,
+        # then pauses, resumes and runs the recurring job from the changelist
+        for url in (
+            reverse("admin:schedapp_job_changelist"),
+            reverse("admin:schedapp_job_changelist") + "?state__exact=dead",
+            reverse("admin:schedapp_job_change", args=[every.pk]),
+            reverse("admin:schedapp_job_overview"),
+            reverse("admin:schedapp_jobrun_changelist"),
+        ):
+            assert admin_client.get(url).status_code == 200, url
+        for action in ("pause", "resume", "run_now"):
+            response = admin_client.post(
+                reverse("admin:schedapp_job_changelist"),
+                {"action": action, "_selected_action": [every.pk], "index": 0},
+                follow=True,
+            )
+            messages = [str(m) for m in response.context["messages"]]
+            assert any("1 job" in m for m in messages), (action, messages)
+        ran_before = JobRun.objects.filter(job=every).count()
+        wait_until(
+            lambda: JobRun.objects.filter(job=every).count() > ran_before,
+            timeout=20,
+            message="the resumed job ran again",
+        )
+
+        # Then every one-off executed exactly once
+        once = Counter(
+            Execution.objects.filter(label__startswith="once-").values_list("label", flat=True)
+        )
+        assert once == {f"once-{i}": 1 for i in range(20)}
+        # ... the long task once, its lease renewed by the worker's heartbeats
+        (run,) = runs_of(long)
+        assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
+        assert run.heartbeats >= 2, run.heartbeats
+        assert Execution.objects.filter(label="long").count() == 1
+        # ... the failing task three times, then dead; the flaky one on its third attempt
+        assert [(r.attempt, r.status) for r in runs_of(fails)] == [
+            (1, RunStatus.FAILED),
+            (2, RunStatus.FAILED),
+            (3, RunStatus.FAILED),
+        ]
+        assert "RuntimeError: fails failed on purpose" in Job.objects.get(pk=fails.pk).last_error
+        assert [r.status for r in runs_of(flaky)] == [
+            RunStatus.FAILED,
+            RunStatus.FAILED,
+            RunStatus.SUCCEEDED,
+        ]
+        # ... the killed run was reaped as lost, and its occurrence ran again to its end
+        started = [r for r in runs_of(killed) if r.started_at is not None]
+        assert [r.status for r in started] == [RunStatus.LOST, RunStatus.SUCCEEDED]
+        assert Job.objects.get(pk=killed.pk).state == JobState.SUCCEEDED
+        # ... the recurring job ran, one occurrence at a time, none of them lost
+        statuses = [r.status for r in runs_of(every)]
+        assert statuses.count(RunStatus.SUCCEEDED) >= 3, statuses
+        assert sum(s in (RunStatus.DISPATCHED, RunStatus.RUNNING) for s in statuses) <= 1
+        assert set(statuses) <= {RunStatus.SUCCEEDED, RunStatus.DISPATCHED, RunStatus.RUNNING}
+    # ... and no process met a database error on the way
+    trouble = [line for line in fleet.logs().splitlines() if DATABASE_TROUBLE.search(line)]
+    assert not trouble, "\n".join(trouble[:20])
