@@ -139,7 +139,13 @@ def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     """Run one of schedapp's hot statements (a PL/pgSQL function call) on Django's connection,
     through a plain psycopg cursor kept per connection: the worker makes two such calls per
     execution, and Django's cursor wrapper would cost more than the call itself. Errors are
-    Django's, as from any other query (``with_retries`` reconnects on them)."""
+    Django's, as from any other query (``with_retries`` reconnects on them).
+
+    Never prepared, whatever ``OPTIONS["prepare_threshold"]`` says: Django's own statements
+    (client-side binding) never are, and this cursor binds on the server, so psycopg would
+    prepare these calls where Django prepares nothing, and a transaction-pooling PgBouncer
+    without prepared-statement support (before 1.21) would hand the named statement of one
+    client to another. The functions' own statements are planned once per session anyway."""
     db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, then plain attributes
     db.ensure_connection()
     raw = db.connection
@@ -147,7 +153,7 @@ def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         cursor = _hot_cursors.get(raw)
         if cursor is None or cursor.closed:
             cursor = _hot_cursors[raw] = psycopg.Cursor(raw)
-        cursor.execute(sql, params)
+        cursor.execute(sql, params, prepare=False)
         return cursor.fetchall()
 
 
