@@ -70,9 +70,6 @@ class LeaseScheduler(Scheduler):
         refuse_bad_settings("beat")
         self.settings = conf.get_settings()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
-        # A stalled beat (SIGSTOPped, swapped out inside a claim) would otherwise hold row locks
-        # that hide those jobs from every other beat and from the reaper until it woke up.
-        get_store().guard_idle_transactions(self.settings.BEAT_TRANSACTION_TIMEOUT)
         self._ensure_listener()
         metrics.start_metrics_server()
         self._sync_declared_jobs()

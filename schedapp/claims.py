@@ -24,7 +24,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Least, Now
 
 from . import policies
-from .db import notify_due
+from .db import beat_transaction, notify_due
 from .message import RunHeaders, ScheduleRef, idempotency_key, task_id_for
 from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus, schedule_of
 from .schedules import Interval, Schedule, next_fire_time, parse_cron
@@ -129,7 +129,7 @@ def claim_due_jobs(
     result = ClaimResult()
     store = get_store()
     started = time.monotonic()
-    with transaction.atomic():
+    with beat_transaction():
         result.reap = _reap(limit, rng, message_expiry)
         rows, now = store.claim(beat, limit)
         result.claimed = len(rows)
@@ -229,7 +229,7 @@ def _quarantine_locked(job_id: int, reason: str) -> Quarantined:
 
 def quarantine_job(job_id: int, reason: str, token: int | None = None) -> Quarantined | None:
     """Quarantine a job in a transaction of its own (None if ``token`` is no longer its)."""
-    with transaction.atomic():
+    with beat_transaction():
         job = Job.objects.select_for_update().filter(id=job_id).values("token").first()
         if job is None or (token is not None and job["token"] != token):
             return None
@@ -291,7 +291,7 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
     """
     if not claims:
         return 0
-    with transaction.atomic():
+    with beat_transaction():
         locked = list(
             Job.objects.select_for_update()
             .filter(pairs(claims), state=JobState.RUNNING)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
+from .conf import get_settings
 from .store import get_store
 
 log = logging.getLogger("schedapp.db")
@@ -33,6 +35,23 @@ def is_postgresql() -> bool:
 def db_now() -> datetime:
     """The database server's current time (transaction time on PostgreSQL)."""
     return get_store().now()
+
+
+@contextmanager
+def beat_transaction() -> Iterator[None]:
+    """A transaction of a beat's (a claim, a release, a quarantine, the declared jobs' sync)
+    that the server ends if it stalls idle longer than ``SCHEDAPP_BEAT_TRANSACTION_TIMEOUT``:
+    a beat stopped inside one (SIGSTOP, a stalled VM) would otherwise hold row locks that hide
+    those jobs from every other beat and from the reaper until it woke.
+
+    The limit is the transaction's own (``SET LOCAL``), never the session's: behind a
+    transaction-pooling PgBouncer a client's transactions run on whichever server session is
+    free, so a session setting would miss the beat's later transactions and stay behind for
+    the next clients of that session (a web request, a task), whose transactions it would end.
+    """
+    with transaction.atomic():
+        get_store().limit_idle_transaction(get_settings().BEAT_TRANSACTION_TIMEOUT)
+        yield
 
 
 def reset_connection() -> None:

@@ -38,6 +38,7 @@ from django.db import transaction
 
 from . import api
 from .conf import get_settings
+from .db import beat_transaction
 from .exceptions import JobStateError
 from .models import Job, JobSource, JobState, field_default
 from .store import get_store
@@ -222,7 +223,7 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
     """Bring the database in line with the declarations; idempotent (see the module doc)."""
     decls = declarations() if decls is None else decls
     report = SyncReport()
-    with transaction.atomic():
+    with beat_transaction():
         get_store().lock(_LOCK_KEY)  # one beat at a time
         existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
         for name, spec in decls.items():

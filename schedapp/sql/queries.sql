@@ -120,8 +120,9 @@ SELECT pg_notify(%s, %s)
 SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text)
 
 -- name: idle_transaction_timeout
--- End this session's transactions that stall longer than this (e.g. '30000ms').
-SELECT set_config('idle_in_transaction_session_timeout', %s, false)
+-- End the current transaction if it stalls idle longer than this (e.g. '30000ms'): SET LOCAL,
+-- so nothing stays on a server session that a transaction pooler hands to other clients.
+SELECT set_config('idle_in_transaction_session_timeout', %s, true)
 
 -- name: advisory_lock
 -- A transaction-scoped lock on one key (declared jobs' sync: one beat at a time).

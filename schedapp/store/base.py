@@ -108,8 +108,9 @@ class Store(Protocol):
     def listen(self) -> Listener | None:
         """A listener for those notifications (None: the beat polls)."""
 
-    def guard_idle_transactions(self, seconds: float) -> None:
-        """Have the server end this process's transactions that stall longer than this."""
+    def limit_idle_transaction(self, seconds: float) -> None:
+        """Have the server end the current transaction if it stalls idle longer than this
+        (for this transaction only: nothing stays on the session)."""
 
     def lock(self, key: int) -> None:
         """A lock on ``key`` for the rest of the transaction."""

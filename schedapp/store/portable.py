@@ -139,8 +139,8 @@ class PortableStore:
     def listen(self) -> Listener | None:
         return None
 
-    def guard_idle_transactions(self, seconds: float) -> None:
-        pass
+    def limit_idle_transaction(self, seconds: float) -> None:
+        pass  # SQLite: one process's file lock, no server to end a transaction
 
     def lock(self, key: int) -> None:
         pass  # IMMEDIATE transactions already hold the database's one write lock

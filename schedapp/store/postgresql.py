@@ -13,7 +13,6 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.backends.signals import connection_created
 
 from ..sql import query
 from .base import DoorVerdict
@@ -98,15 +97,9 @@ class PostgreSQLStore:
     def listen(self) -> PgListener | None:
         return PgListener.open()
 
-    def guard_idle_transactions(self, seconds: float) -> None:
-        def configure(sender: Any = None, connection: Any = None, **_: Any) -> None:
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
-
-        connection_created.connect(configure, weak=False, dispatch_uid="schedapp.beat.idle_tx")
-        if connection.connection is not None:
-            configure(connection=connection)
+    def limit_idle_transaction(self, seconds: float) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
 
     def lock(self, key: int) -> None:
         with connection.cursor() as cursor:

@@ -12,9 +12,12 @@ by default), so a client's session settings vanish even from a pool of one.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
+from datetime import timedelta
 
 import pytest
+from django.db import OperationalError, transaction
 from django.urls import reverse
 
 from project.models import Execution
@@ -22,7 +25,7 @@ from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from tests.fleet import wait_until
-from tests.pgproxy import django_through
+from tests.pgproxy import PgProxy, django_through
 
 pytestmark = [pytest.mark.e2e]
 
@@ -36,6 +39,16 @@ DATABASE_TROUBLE = re.compile(
 
 def runs_of(job: Job) -> list[JobRun]:
     return list(JobRun.objects.filter(job=job).order_by("id"))
+
+
+def row_lock_free(job_id: int) -> bool:
+    """Whether the job's row can be locked right now (no transaction holds it)."""
+    try:
+        with transaction.atomic():
+            list(Job.objects.select_for_update(nowait=True).filter(pk=job_id).values("id"))
+    except OperationalError:  # lock not available
+        return False
+    return True
 
 
 def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_once(
@@ -186,3 +199,43 @@ def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_on
     # ... and no process met a database error on the way
     trouble = [line for line in fleet.logs().splitlines() if DATABASE_TROUBLE.search(line)]
     assert not trouble, "\n".join(trouble[:20])
+
+
+def test_a_beat_behind_pgbouncer_leaves_no_timeout_on_the_sessions_it_shares(
+    pgbouncer, fleet_through
+):
+    # Given a PgBouncer with a single server connection, shared by a beat (which has
+    # PostgreSQL end its own transactions idle for more than 1 s) and this test's connection
+    pgbouncer.start(pool_size=1)
+    fleet_through(pgbouncer).beat(settings={"SCHEDAPP_BEAT_TRANSACTION_TIMEOUT": 1})
+    with django_through(pgbouncer):
+        # When another client of the pool (a web request, a task) keeps a transaction open
+        # for 2 s between two statements
+        with transaction.atomic():
+            Job.objects.exists()
+            time.sleep(2)
+            # Then its transaction goes on: the beat's timeout did not stay on the session
+            assert not Job.objects.exists()
+
+
+def test_a_beat_stalled_in_its_claim_behind_pgbouncer_lets_go_of_its_rows_in_time(
+    pgbouncer, fleet_through
+):
+    # Given a PgBouncer that replaces its server connections after a second (what its
+    # server_lifetime does every hour by default), a beat connected through it (behind a
+    # proxy that can stall it) which has PostgreSQL end its transactions idle for over 1 s
+    pgbouncer.start(pool_size=2, server_lifetime=1)
+    with PgProxy((pgbouncer.host, pgbouncer.port)) as proxy:
+        fleet = fleet_through(proxy)
+        fleet.beat(settings={"SCHEDAPP_BEAT_TRANSACTION_TIMEOUT": 1})
+        job = api.schedule("project.tasks.record", cron="0 3 1 1 *", name="late")
+        time.sleep(3)  # the beat has been running on fresh server connections for a while
+        # When the beat claims the job, found late, and stops right after taking its row
+        # (its misfire write) for 15 s, as a beat SIGSTOPped or swapped out mid-claim would
+        proxy.stall_after(b'"missed_runs" = (', seconds=15, app="beat1")
+        away = db_now() - timedelta(hours=1)
+        Job.objects.filter(pk=job.pk).update(scheduled_for=away, next_run_at=away)
+        wait_until(lambda: not row_lock_free(job.pk), timeout=10, message="the beat locked the job")
+        # Then PostgreSQL ends its transaction within the timeout, and the row is free again
+        wait_until(lambda: row_lock_free(job.pk), timeout=4, message="the stalled claim released")
+        proxy.clear()
