@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from contextlib import closing
 from datetime import UTC, datetime
@@ -25,11 +26,20 @@ except ImportError:  # pragma: no cover - exercised by the packaging check
 log = logging.getLogger("schedapp.beat")  # the listener is a beat's: its lines are too
 
 NOTIFY_CHANNEL = "schedapp"
+# How long a new listener waits for a test notification before concluding that none reach it.
+PROBE_SECONDS = 1.0
+
+
+class NotificationsNotDelivered(Exception):
+    """A notification sent from another connection never reached the listener's."""
 
 
 class PostgreSQLStore:
     name = "postgresql"
     copies_rows = True
+
+    def __init__(self) -> None:
+        self._undelivered: set[str] = set()  # where notifications were found not to arrive
 
     def now(self) -> datetime:
         with connection.cursor() as cursor:
@@ -95,7 +105,24 @@ class PostgreSQLStore:
                 cursor.execute(query("notify_after"), [NOTIFY_CHANNEL, float(delay_seconds or 0.0)])
 
     def listen(self) -> PgListener | None:
-        return PgListener.open()
+        """A listener, or None: the beat polls every second. Where notifications were found
+        not to arrive (through a transaction-pooling PgBouncer) it is not tried again: the
+        path to the database does not change while the process lives."""
+        where = self.label()
+        if where in self._undelivered:
+            return None
+        try:
+            return PgListener.open()
+        except NotificationsNotDelivered:
+            self._undelivered.add(where)
+            log.warning(
+                "no notification reaches this beat through %s (a transaction-pooling PgBouncer "
+                "passes none to a client between its transactions): it looks for new jobs "
+                "every second instead of listening",
+                where,
+                extra={"action": "listen_undelivered"},
+            )
+            return None
 
     def limit_idle_transaction(self, seconds: float) -> None:
         with connection.cursor() as cursor:
@@ -163,20 +190,29 @@ class PgListener:
     @classmethod
     def open(cls) -> PgListener | None:
         """Connected exactly as Django connects (TLS, certificates, ``options``, service
-        files: every ``OPTIONS`` entry), autocommit, LISTENing."""
+        files: every ``OPTIONS`` entry), autocommit, LISTENing once a test notification
+        reached it. None if it could not connect (the beat polls, and tries again later);
+        NotificationsNotDelivered if notifications do not reach it (it never LISTENed)."""
+        conn: Any = None
         try:
             params = connection.get_connection_params()
             params.setdefault("connect_timeout", 5)
-            conn = psycopg.connect(**{**params, "autocommit": True})
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            return cls(conn)
+            params["autocommit"] = True
+            conn = psycopg.connect(**params)
+            if _notification_arrives(conn, params):
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                return cls(conn)
         except Exception as exc:  # fall back to polling
             log.warning(
                 "cannot LISTEN for new jobs (%s); polling instead",
                 exc,
                 extra={"action": "listen_failed"},
             )
+            if conn is not None:
+                conn.close()
             return None
+        conn.close()
+        raise NotificationsNotDelivered
 
     def wait(self, timeout: float, wake_at_db: float | None) -> bool | None:
         """Sleep up to ``timeout``; True if woken by a job due before ``wake_at_db``.
@@ -209,6 +245,23 @@ class PgListener:
             self.conn.close()
         except Exception:
             pass
+
+
+def _notification_arrives(conn: Any, params: dict[str, Any]) -> bool:
+    """Whether a notification sent from another connection reaches ``conn`` while it waits
+    between transactions, as a beat's listener waits. Through a transaction-pooling PgBouncer
+    none does: LISTEN holds for the server session that ran it, which the pooler lends to
+    other clients or keeps idle, dropping what arrives. The channel is this test's own, so no
+    beat wakes for it, and it is let go of either way (where the pooler allows)."""
+    channel = f"schedapp_probe_{uuid.uuid4().hex}"
+    conn.execute(f"LISTEN {channel}")
+    try:
+        with psycopg.connect(**params) as sender:
+            sender.execute(query("notify_at"), [channel, ""])
+        with closing(conn.notifies(timeout=PROBE_SECONDS, stop_after=1)) as notes:
+            return any(note.channel == channel for note in notes)
+    finally:
+        conn.execute(f"UNLISTEN {channel}")
 
 
 def _due(payload: str) -> float:

@@ -201,6 +201,29 @@ def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_on
     assert not trouble, "\n".join(trouble[:20])
 
 
+def test_a_beat_behind_pgbouncer_polls_every_second_for_new_jobs(pgbouncer, fleet_through):
+    # Given a beat connected through a transaction-pooling PgBouncer, which passes no
+    # notification to a client between its transactions (the beat may sleep 30 s when
+    # something can wake it)
+    pgbouncer.start(pool_size=2)
+    fleet = fleet_through(pgbouncer)
+    beat = fleet.beat(settings={"SCHEDAPP_MAX_SLEEP": 30})
+    time.sleep(1.5)  # its first tick is over: it sleeps
+    # When a job due now is scheduled
+    with django_through(pgbouncer):
+        job = api.schedule("project.tasks.record", run_at=db_now(), name="new")
+        # Then the beat dispatches it within about a second, as a beat without LISTEN does
+        wait_until(
+            lambda: JobRun.objects.filter(job=job).exists(),
+            timeout=4,
+            message="the new job dispatched",
+        )
+    # ... and it said that it polls, and why
+    (started,) = [line for line in beat.log().splitlines() if " started: " in line]
+    assert started.endswith("polling)"), started
+    assert "no notification reaches this beat" in beat.log()
+
+
 def test_a_beat_behind_pgbouncer_leaves_no_timeout_on_the_sessions_it_shares(
     pgbouncer, fleet_through
 ):
