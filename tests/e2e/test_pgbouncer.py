@@ -12,6 +12,7 @@ by default), so a client's session settings vanish even from a pool of one.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections import Counter
 from datetime import timedelta
@@ -23,7 +24,7 @@ from django.urls import reverse
 from project.models import Execution
 from schedapp import api
 from schedapp.db import db_now
-from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.models import Job, JobRun, JobState, Node, RunStatus
 from tests.fleet import wait_until
 from tests.pgproxy import PgProxy, django_through
 
@@ -262,3 +263,25 @@ def test_a_beat_stalled_in_its_claim_behind_pgbouncer_lets_go_of_its_rows_in_tim
         # Then PostgreSQL ends its transaction within the timeout, and the row is free again
         wait_until(lambda: row_lock_free(job.pk), timeout=4, message="the stalled claim released")
         proxy.clear()
+
+
+def test_a_beat_stopped_while_its_query_waits_for_a_pgbouncer_connection_exits_promptly(
+    pgbouncer, fleet_through
+):
+    # Given a PgBouncer with a single server connection and a beat connected through it
+    pgbouncer.start(pool_size=1)
+    beat = fleet_through(pgbouncer).beat()
+    wait_until(lambda: Node.objects.filter(kind=Node.Kind.BEAT).exists(), timeout=10)
+    with django_through(pgbouncer):
+        # ... whose next statement waits for that connection, which another client holds
+        with transaction.atomic():
+            Job.objects.exists()
+            time.sleep(1.5)
+            # When the beat is stopped (SIGTERM: a deploy, a scale-down) meanwhile
+            beat.signal_group(signal.SIGTERM)
+            time.sleep(1)
+    # Then it exits within seconds of the connection coming free, having said so and taken
+    # itself off the fleet's list of beats
+    beat.popen.wait(timeout=10)
+    assert "stopped" in beat.log().splitlines()[-1]
+    assert not Node.objects.filter(kind=Node.Kind.BEAT).exists()
