@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.db.backends.signals import connection_created
 from django.test import override_settings
 
-from schedapp import api, beat, declared
+from schedapp import api, beat, db, declared
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState
 from schedapp.validation import celery_app
@@ -47,10 +46,6 @@ def start_beat(broker_url: str) -> Iterator[Callable[..., beat.LeaseScheduler]]:
     finally:
         for s in started:
             s.close()
-        # The idle-transaction guard is for beat processes: take it off this one's connections.
-        connection_created.disconnect(dispatch_uid="schedapp.beat.idle_tx")
-        with connection.cursor() as cursor:
-            cursor.execute("SET idle_in_transaction_session_timeout = 0")
 
 
 def due(count: int) -> list[Job]:
@@ -143,15 +138,20 @@ def test_a_beat_waits_min_sleep_when_the_due_rows_are_locked_by_another_beat(sta
         thread.join()
 
 
-def test_a_beats_connections_have_postgresql_end_transactions_idle_that_long(start_beat):
-    start_beat(SCHEDAPP_BEAT_TRANSACTION_TIMEOUT=7.5)
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW idle_in_transaction_session_timeout")
-        assert cursor.fetchone()[0] == "7500ms"
-    connection.close()  # a reconnect (after an outage) gets the guard again
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW idle_in_transaction_session_timeout")
-        assert cursor.fetchone()[0] == "7500ms"
+def test_a_beats_transactions_are_ended_by_postgresql_when_idle_that_long_and_only_they():
+    def idle_limit() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW idle_in_transaction_session_timeout")
+            return cursor.fetchone()[0]
+
+    with override_settings(SCHEDAPP_BEAT_TRANSACTION_TIMEOUT=7.5):
+        with db.beat_transaction():  # a claim's, a release's, a quarantine's, the sync's
+            assert idle_limit() == "7500ms"
+        # nothing stays on the session (behind a transaction pooler, another client's)
+        assert idle_limit() == "0"
+        connection.close()  # a reconnect (after an outage) gets the limit again
+        with db.beat_transaction():
+            assert idle_limit() == "7500ms"
 
 
 def dispatch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
