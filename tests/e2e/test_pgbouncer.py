@@ -83,9 +83,9 @@ def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_on
         # ... a task twice as long as its lease (renewed while it runs)
         long = api.schedule(
             "project.tasks.record",
-            kwargs={"label": "long", "sleep": 4},
+            kwargs={"label": "long", "sleep": 6},
             run_at=now,
-            lease_seconds=2,
+            lease_seconds=3,  # three heartbeats: a renewal may wait for a pooled connection
             name="long",
         )
         # ... one that always fails (dead after its retries), one that fails twice then works
@@ -108,9 +108,9 @@ def test_a_fleet_behind_a_transaction_pooling_pgbouncer_runs_every_occurrence_on
         # ... and one whose worker is killed while it runs
         killed = api.schedule(
             "project.tasks.record",
-            kwargs={"label": "killed", "sleep": 3},
+            kwargs={"label": "killed", "sleep": 4},
             run_at=now,
-            lease_seconds=2,
+            lease_seconds=3,
             retry_backoff=0,
             queue="doomed",
             name="killed",
