@@ -47,7 +47,6 @@ class LeaseScheduler(Scheduler):
         self._listener: Listener | None = None
         self._listener_tried = 0.0
         self._failures = 0
-        self._in_tick = False  # the main thread is in tick(): its connection may be mid-call
         self._broker_down = False  # a publish failed: probe the broker before claiming again
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
@@ -93,7 +92,6 @@ class LeaseScheduler(Scheduler):
         self.stats["ticks"] += 1
         self._ensure_listener()
         started = time.monotonic()
-        self._in_tick = True
         try:
             delay = self._work()
             self._failures = 0
@@ -118,8 +116,6 @@ class LeaseScheduler(Scheduler):
                 delay,
                 extra={"action": "tick_failed", "beat": self.beat_id},
             )
-        finally:
-            self._in_tick = False
         return self._sleep(delay)
 
     def should_sync(self) -> bool:
@@ -129,16 +125,8 @@ class LeaseScheduler(Scheduler):
         pass
 
     def close(self) -> None:
-        """Celery calls this twice on SIGTERM or SIGINT: from its signal handler, in the middle
-        of whatever the main thread was doing, then once its loop has unwound. A tick it
-        interrupted may be inside a database call (a statement waiting for a pooler's free
-        server connection, say), whose connection is then still held: using it again would
-        wait for its own lock until the process is killed. The node row is then removed at
-        the second call."""
         if self._listener is not None:
             self._listener.close()
-        if self._in_tick:
-            return
         try:
             Node.objects.filter(name=self.beat_id).delete()
         except Exception:  # shutting down; the row ages out of the overview
