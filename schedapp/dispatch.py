@@ -329,6 +329,7 @@ class Dispatcher:
         signalled = _has_receivers()
         events = self._events()
         sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
+        sent_events: list[dict[str, Any]] = []
         now = self.app.now()
         for run in runs:
             route = self.route(run.task, run.queue, run.message_options)
@@ -339,9 +340,10 @@ class Dispatcher:
                 )
             headers = message_headers(run, self.origin, route, now, self._shadow_name(run))
             properties = publish_properties(run, route)
+            if events is not None:
+                sent_events.append(task_sent_fields(headers, route))
             if signalled:
                 _before_publish(run, route, headers, properties, self._retry_policy())
-            if signalled or events is not None:
                 sent.append((run, route, headers))
             payload = redis_message(run, route, self.origin, headers, properties)
             if properties.get("priority"):  # a receiver's, if it set one
@@ -352,11 +354,10 @@ class Dispatcher:
             for queue in queues:
                 pipe.lpush(queue, payload)
         pipe.execute()
-        if signalled:  # not for the events alone: each signal parses its message's body
-            for run, route, headers in sent:
-                _after_publish(run, route, headers)
+        for run, route, headers in sent:  # not for the events alone: each signal parses
+            _after_publish(run, route, headers)  # its message's body
         if events is not None:
-            _send_task_sent(events, producer, sent)
+            _send_task_sent(events, producer, sent_events)
 
     def _retry_policy(self) -> dict[str, Any]:
         """The ``retry_policy`` ``before_task_publish`` gets: ``task_publish_retry_policy``,
@@ -432,6 +433,8 @@ class Dispatcher:
             declare = [route.queue]
         headers = message_headers(run, self.origin, route, self.app.now(), self._shadow_name(run))
         properties = publish_properties(run, route)
+        events = self._events()
+        event = task_sent_fields(headers, route) if events is not None else None
         signalled = _has_receivers()
         if signalled:
             _before_publish(run, route, headers, properties, self._retry_policy())
@@ -450,9 +453,8 @@ class Dispatcher:
         )
         if signalled:
             _after_publish(run, route, headers)
-        events = self._events()
-        if events is not None:
-            _send_task_sent(events, producer, [(run, route, headers)])
+        if event is not None:
+            _send_task_sent(events, producer, [event])
         if declare:
             self._declared.add(route.queue.name)  # type: ignore[union-attr]
 
@@ -694,33 +696,34 @@ def _after_publish(run: ClaimedRun, route: Route, headers: dict[str, Any]) -> No
         )
 
 
-def _send_task_sent(
-    events: Any, producer: Producer, sent: Sequence[tuple[ClaimedRun, Route, dict[str, Any]]]
-) -> None:
-    """A ``task-sent`` event per published message, with ``send_task_message``'s fields. The
-    messages are on the broker: an event that cannot be published is logged, never a failed
-    run."""
+def task_sent_fields(headers: dict[str, Any], route: Route) -> dict[str, Any]:
+    """The fields of the ``task-sent`` event of a message, as Celery builds them with the
+    message (``as_task_v2``, then ``send_task_message`` adds where it goes): taken before
+    ``before_task_publish`` runs, so a receiver that changes the message's headers (redacts
+    ``argsrepr``) leaves the event as Celery's would be."""
+    return {
+        "uuid": headers["id"],
+        "root_id": headers["root_id"],
+        "parent_id": headers["parent_id"],
+        "name": headers["task"],
+        "args": headers["argsrepr"],
+        "kwargs": headers["kwargsrepr"],
+        "retries": headers["retries"],
+        "eta": headers["eta"],
+        "expires": headers["expires"],
+        "queue": route.queue.name if route.queue is not None else None,
+        "exchange": route.exchange,
+        "routing_key": route.routing_key,
+    }
+
+
+def _send_task_sent(events: Any, producer: Producer, sent: Sequence[dict[str, Any]]) -> None:
+    """A ``task-sent`` event per published message (``task_sent_fields``), after its publish
+    signals, as ``send_task_message`` sends it. The messages are on the broker: an event that
+    cannot be published is logged, never a failed run."""
     try:
-        for _run, route, headers in sent:
-            events.publish(
-                "task-sent",
-                {
-                    "uuid": headers["id"],
-                    "root_id": headers["root_id"],
-                    "parent_id": headers["parent_id"],
-                    "name": headers["task"],
-                    "args": headers["argsrepr"],
-                    "kwargs": headers["kwargsrepr"],
-                    "retries": headers["retries"],
-                    "eta": headers["eta"],
-                    "expires": headers["expires"],
-                    "queue": route.queue.name if route.queue is not None else None,
-                    "exchange": route.exchange,
-                    "routing_key": route.routing_key,
-                },
-                producer,
-                retry=False,
-            )
+        for fields in sent:
+            events.publish("task-sent", fields, producer, retry=False)
     except Exception as exc:
         log.warning(
             "task-sent events not sent: %s",

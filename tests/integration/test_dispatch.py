@@ -540,6 +540,78 @@ def test_a_dispatch_sends_the_task_sent_event_apply_async_sends(fast):
     assert ours == celerys
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_task_sent_event_keeps_what_apply_async_built_whatever_receivers_change(fast):
+    """Celery builds the event's fields with the message (``as_task_v2``), before
+    ``before_task_publish``, and sends it after ``after_task_publish`` and ``task_sent``: a
+    receiver that redacts ``argsrepr`` from the message (a scrubber of personal data) leaves
+    the event as it was built. Before, a dispatch read the event's fields from the headers
+    after the receivers ran, so its event showed the redacted text where Celery's showed the
+    arguments (Flower's "args" column)."""
+    from celery.signals import after_task_publish, before_task_publish, task_sent
+
+    own = app_with_tasks()
+    own.conf.task_send_sent_event = True
+    dispatcher = Dispatcher(own, origin="test")
+    dispatcher._fast_ok = fast  # False: kombu's public publish, as on RabbitMQ
+    dispatcher.publish([claimed(1, 1, task="project.tasks.loud")])  # bindings declared
+    seen: list[tuple[str, str]] = []  # (what, task id), in the order it happened
+
+    def redact(headers: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(("before_task_publish", headers["id"]))
+        headers.update(argsrepr="<redacted>", kwargsrepr="<redacted>", retries=9)
+
+    def after(headers: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(("after_task_publish", headers["id"]))
+
+    def deprecated(task_id: str, **kwargs: Any) -> None:
+        seen.append(("task_sent", task_id))
+
+    def watch(evd: Any) -> None:
+        publish = evd.publish  # the dispatcher's own, which this only watches
+
+        def watched(type: str, fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            seen.append((f"event {type}", fields["uuid"]))
+            return publish(type, fields, *args, **kwargs)
+
+        evd.publish = watched
+
+    watch(own.amqp._event_dispatcher)  # what send_task_message publishes events with
+    watch(dispatcher._events())
+
+    def both() -> None:
+        dispatcher.publish([claimed(task="project.tasks.loud")])
+        own.tasks["project.tasks.loud"].apply_async(
+            kwargs={"label": "x\u00e9"}, headers=dict(BEAT_HEADERS)
+        )
+
+    receivers = [
+        (before_task_publish, redact),
+        (after_task_publish, after),
+        (task_sent, deprecated),
+    ]
+    for signal, receiver in receivers:
+        signal.connect(receiver, weak=False)
+    try:
+        ours, celerys = sent_events(both)
+    finally:
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
+    celerys_id = celerys["uuid"]
+    steps = ["before_task_publish", "after_task_publish", "task_sent", "event task-sent"]
+    assert seen == [(step, "schedapp:7:3") for step in steps] + [
+        (step, celerys_id) for step in steps
+    ]
+    assert celerys["args"] == "()" and celerys["kwargs"] == "{'label': 'xé'}"
+    for event in (ours, celerys):
+        for key in ("uuid", "root_id", "timestamp", "clock"):
+            event.pop(key)
+    assert ours == celerys
+    celery_message, our_message, _ = stored()
+    assert our_message["headers"]["argsrepr"] == celery_message["headers"]["argsrepr"]
+    assert our_message["headers"]["argsrepr"] == "<redacted>"
+
+
 def test_task_sent_events_alone_do_not_send_the_publish_signals(monkeypatch):
     """Without receivers the publish signals are skipped (each parses its message's body):
     turning on task-sent events must not bring them back."""
