@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
-from celery.beat import Scheduler
+from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
 from . import conf, metrics
 from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
@@ -206,16 +206,24 @@ class LeaseScheduler(Scheduler):
                 return 0.0  # more became due while we claimed (a steady stream): go on
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
-        delay = min(delay, self._sleep_ceiling, float(self.max_interval or delay))
+        delay = min(delay, self._sleep_ceiling)
         self._wake_at_db = db_now.timestamp() + delay
         return delay
 
     @property
     def _sleep_ceiling(self) -> float:
         """The longest sleep without looking: nothing wakes a beat early without LISTEN, so
-        it then looks at least every second (MAX_SLEEP stays the ceiling if shorter)."""
+        it then looks at least every second (MAX_SLEEP stays the ceiling if shorter), and
+        none is longer than the beat's max interval (``celery beat --max-interval``,
+        ``beat_max_loop_interval``), as Celery's beat promises."""
         ceiling = self.settings.MAX_SLEEP
-        return ceiling if self._listener is not None else min(ceiling, 1.0)
+        if self._listener is None:
+            ceiling = min(ceiling, 1.0)
+        return min(ceiling, self._max_interval)
+
+    @property
+    def _max_interval(self) -> float:
+        return float(self.max_interval or DEFAULT_MAX_INTERVAL)
 
     def _log_dispatches(self, runs: list[Any]) -> None:
         """Celery beat logs ``Scheduler: Sending due task <entry> (<task>)`` for every send,
@@ -238,7 +246,7 @@ class LeaseScheduler(Scheduler):
     def _backoff(self) -> float:
         self._failures += 1
         self._wake_at_db = None
-        return min(0.5 * 2 ** (self._failures - 1), 30.0)
+        return min(0.5 * 2 ** (self._failures - 1), 30.0, self._max_interval)
 
     def _sleep(self, delay: float) -> float:
         if delay <= 0 or self._listener is None:

@@ -86,3 +86,42 @@ def test_a_claim_slowed_past_its_leases_stamps_them_again_before_it_commits(monk
     now = db_now()
     for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
         assert job.lease_expires_at > now, (job.lease_expires_at, now)
+
+
+def test_a_beat_never_sleeps_longer_than_its_max_interval():
+    """``celery beat --max-interval`` (``beat_max_loop_interval``): Celery's beat never
+    sleeps longer between looks at the schedule. A job written without a notification (by
+    SQL, another tool) is found within it. Before, a beat with nothing due slept its own 5 s
+    ceiling (``SCHEDAPP_MAX_SLEEP``) whatever the max interval."""
+    scheduler = beat.LeaseScheduler(celery_app(), max_interval=0.5, lazy=True)
+    try:
+        scheduler.tick()  # set up; nothing is due
+        started = time.monotonic()
+        scheduler.tick()  # sleeps (on its LISTEN connection) until something is due
+        assert time.monotonic() - started < 1.0
+    finally:
+        scheduler.close()
+
+
+def test_a_beat_backs_off_no_longer_than_its_max_interval(monkeypatch):
+    """While the database is unreachable the beat backs off (0.5 s, 1 s, ... 30 s), never
+    past its max interval."""
+    scheduler = beat.LeaseScheduler(celery_app(), max_interval=0.7, lazy=True)
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        from django.db import OperationalError
+
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(beat, "claim_due_jobs", unreachable)
+    took = []
+    try:
+        scheduler.setup_schedule()
+        for _ in range(3):
+            started = time.monotonic()
+            time.sleep(scheduler.tick())  # as Celery's beat loop sleeps what tick returns
+            took.append(time.monotonic() - started)
+    finally:
+        scheduler.close()
+    assert 0.45 < took[0] < 0.65, took  # 0.5 s, then 1 s and 2 s, each cut to the max interval
+    assert all(0.65 < t < 0.9 for t in took[1:]), took
