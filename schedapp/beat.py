@@ -22,7 +22,7 @@ from . import conf, metrics
 from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .db import CONNECTION_ERRORS, reset_connection, with_retries
 from .declared import sync_declared_jobs
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, PublishResult
 from .models import Node
 from .nodes import record_node
 from .store import Listener, get_store
@@ -165,12 +165,18 @@ class LeaseScheduler(Scheduler):
         self.stats["reaped"] += reap.expired
         self.stats["misfires_skipped"] += result.skipped_misfires
         if result.runs:
+            published = PublishResult()
             try:
-                published = self._dispatcher.publish(result.runs)
+                self._dispatcher.publish(result.runs, published)
             except BaseException:
-                # Interrupted (SIGTERM, Ctrl-C) between claim and publish: give the claims back
-                # now rather than make them wait for their leases to expire.
-                release_claims([(r.job_id, r.token) for r in result.runs], "beat stopped")
+                # Interrupted (SIGTERM, Ctrl-C) between claim and publish: give back now what
+                # was not sent rather than make it wait for its lease to expire; what was sent
+                # stays dispatched (given back, it would be sent again).
+                sent = {r.run_id for r in published.published}
+                release_claims(
+                    [(r.job_id, r.token) for r in result.runs if r.run_id not in sent],
+                    "beat stopped",
+                )
                 raise
             for run, reason in published.refused:
                 if quarantine_job(run.job_id, reason, token=run.token):

@@ -226,10 +226,16 @@ class Dispatcher:
             route = self._routes[key] = resolve_route(self.app, task, queue, options)
         return route
 
-    def publish(self, runs: Sequence[ClaimedRun]) -> PublishResult:
+    def publish(
+        self, runs: Sequence[ClaimedRun], result: PublishResult | None = None
+    ) -> PublishResult:
         """Publish every run; on a broker error, report the rest as failed (to be released).
-        A run whose task is no longer allowed, or which cannot be routed, is refused."""
-        result = PublishResult()
+        A run whose task is no longer allowed, or which cannot be routed, is refused.
+
+        ``result`` (filled and returned) records each run as it reaches the broker, so a
+        caller interrupted part-way (SIGTERM, Ctrl-C: a BaseException goes through) knows
+        which runs were sent, and gives back only the others."""
+        result = result if result is not None else PublishResult()
         runs = self._admissible(runs, result)
         if not runs:
             return result
@@ -239,8 +245,7 @@ class Dispatcher:
                 if channel is not None and self._fast_ok is None:
                     self._fast_ok = redis_internals_match(channel, self.origin)
                 if channel is not None and self._fast_ok:
-                    self._publish_redis(producer, channel, runs)
-                    result.published.extend(runs)
+                    self._publish_redis(producer, channel, runs, result.published)
                 else:
                     self._publish_kombu(producer, runs, result)
         except Exception as exc:  # broker down, connection reset, ...: the lease recovers
@@ -316,10 +321,17 @@ class Dispatcher:
         options = json.dumps(job.message_options) if job.message_options else "{}"
         return self.route(job.task, job.queue, options).expires
 
-    def _publish_redis(self, producer: Producer, channel: Any, runs: Sequence[ClaimedRun]) -> None:
+    def _publish_redis(
+        self,
+        producer: Producer,
+        channel: Any,
+        runs: Sequence[ClaimedRun],
+        published: list[ClaimedRun] | None = None,
+    ) -> None:
         """The fast path for Redis: the exact message kombu's Redis transport would store,
         built with one ``json.dumps`` per run and pushed in one pipeline round trip. All or
-        nothing as far as we know: on an error every run is released (and so fenced).
+        nothing as far as we know: on an error before the push every run is released (and so
+        fenced); once it is pushed, every run is in ``published``.
 
         A route's queues are looked up once per batch, not kept: kombu's own publish reads
         the exchange's bindings at every publish, so a queue bound later (a new worker's)
@@ -354,6 +366,8 @@ class Dispatcher:
             for queue in queues:
                 pipe.lpush(queue, payload)
         pipe.execute()
+        if published is not None:  # on the broker, whatever their signals and events do
+            published.extend(runs)
         for run, route, headers in sent:  # not for the events alone: each signal parses
             _after_publish(run, route, headers)  # its message's body
         if events is not None:
@@ -413,20 +427,25 @@ class Dispatcher:
     def _publish_kombu(
         self, producer: Producer, runs: Sequence[ClaimedRun], result: PublishResult
     ) -> None:
-        """Any other broker: kombu's publish, in a transport batch where kombu offers one."""
+        """Any other broker: kombu's publish, in a transport batch where the transport
+        batches (kombu 5.7's Redis): nothing is sent unless the whole batch is. Elsewhere
+        (RabbitMQ) each message is on the broker as its publish returns, and is recorded as
+        published then, so an error or an interruption part-way gives back only the rest."""
         batch = getattr(producer, "batch", None)
-        if batch is not None:
+        if batch is not None and getattr(producer, "supports_batch_publish", False):
             with batch(max_size=len(runs) + 1):
                 for run in runs:
                     self._publish_one(producer, run)
             result.published.extend(runs)  # the batch flushed on exit without error
         else:
             for run in runs:
-                self._publish_one(producer, run)
-                result.published.append(run)
+                self._publish_one(producer, run, result.published)
 
-    def _publish_one(self, producer: Producer, run: ClaimedRun) -> None:
-        """kombu's public path, as Celery's ``send_task_message`` calls it."""
+    def _publish_one(
+        self, producer: Producer, run: ClaimedRun, published: list[ClaimedRun] | None = None
+    ) -> None:
+        """kombu's public path, as Celery's ``send_task_message`` calls it; the run is added
+        to ``published`` as soon as kombu has sent its message."""
         route = self.route(run.task, run.queue, run.message_options)
         declare = None
         if route.queue is not None and route.queue.name not in self._declared:
@@ -451,6 +470,8 @@ class Dispatcher:
             retry=False,
             **properties,
         )
+        if published is not None:
+            published.append(run)
         if signalled:
             _after_publish(run, route, headers)
         if event is not None:

@@ -14,8 +14,10 @@ from schedapp.db import db_now
 from schedapp.models import Job
 from schedapp.store import get_store
 from schedapp.validation import celery_app
+from tests.integration import test_dispatch_amqp
 
 pytestmark = pytest.mark.django_db(transaction=True)
+rabbit = test_dispatch_amqp.rabbit  # queues of the test's own on the machine's RabbitMQ
 
 
 def test_a_tick_that_fails_unexpectedly_backs_off_instead_of_ending_the_beat(monkeypatch):
@@ -86,6 +88,54 @@ def test_a_claim_slowed_past_its_leases_stamps_them_again_before_it_commits(monk
     now = db_now()
     for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
         assert job.lease_expires_at > now, (job.lease_expires_at, now)
+
+
+def test_a_beat_stopped_part_way_through_a_batch_gives_back_only_what_it_did_not_send(
+    rabbit, monkeypatch
+):
+    """On RabbitMQ each message is on the broker as its publish returns. A beat stopped after
+    two of five (Celery's SIGTERM/SIGINT handler raises SystemExit wherever the beat is)
+    keeps the two it sent, gives back the other three, and the next beat sends those three
+    alone: each occurrence is published once. Before, all five were given back ("not
+    published: beat stopped") and the next beat sent five, two of them a second time."""
+    from celery.signals import before_task_publish
+
+    from schedapp.models import JobRun, RunStatus
+    own = rabbit.app()
+    queue = own.conf.task_default_queue
+    jobs = [api.schedule("project.tasks.record", run_at=db_now(), name=f"j{i}") for i in range(5)]
+    sent: list[str] = []
+
+    def stop_at_the_third(headers: dict, **kwargs: object) -> None:
+        if len(sent) == 2:
+            raise SystemExit()  # what celery beat's signal handler raises
+        sent.append(headers["id"])
+
+    first = beat.LeaseScheduler(own, lazy=True)
+    before_task_publish.connect(stop_at_the_third, weak=False)
+    try:
+        with pytest.raises(SystemExit):
+            first.tick()
+    finally:
+        before_task_publish.disconnect(stop_at_the_third)
+        first.close()
+    on_broker = [m.headers["id"] for m in test_dispatch_amqp.raw(queue)]
+    assert sorted(on_broker) == sorted(sent) and len(sent) == 2
+    runs = {r.task_id: r for r in JobRun.objects.filter(job__in=jobs)}
+    assert {t for t, r in runs.items() if r.status == RunStatus.DISPATCHED} == set(sent)
+    released = {t for t, r in runs.items() if r.status == RunStatus.LOST}
+    assert len(released) == 3
+    assert all(runs[t].error == "not published: beat stopped" for t in released)
+    # the next beat sends the three given back, and nothing else
+    second = beat.LeaseScheduler(own, lazy=True)
+    try:
+        second.tick()
+    finally:
+        second.close()
+    again = [m.headers for m in test_dispatch_amqp.raw(queue)]
+    assert sorted(h["schedapp_job"] for h in again) == sorted(
+        r.job_id for r in runs.values() if r.status == RunStatus.LOST
+    )
 
 
 def test_a_beat_never_sleeps_longer_than_its_max_interval():
