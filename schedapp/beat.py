@@ -51,6 +51,9 @@ class LeaseScheduler(Scheduler):
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
         self._started_at = datetime.now(UTC)
+        self._busy = False  # a tick is under way (it may be inside a statement)
+        self._interrupted = False  # one was cut short (SIGTERM, Ctrl-C) mid-way
+        self._closed = False
         self.stats = {
             "claimed": 0,
             "dispatched": 0,
@@ -60,19 +63,24 @@ class LeaseScheduler(Scheduler):
             "misfires_skipped": 0,
             "ticks": 0,
         }
-        # The base class calls setup_schedule() unless lazy; lazy (used by `celery beat` to
-        # print its banner) must not touch the database.
-        super().__init__(app, *args, lazy=lazy, **kwargs)
+        # Lazy or not, building the scheduler touches no database (lazy: `celery beat` prints
+        # its banner with one): the setup is the first tick's work. `celery beat`'s SIGTERM
+        # handler asks for the scheduler to close it, and would build a second one, from
+        # inside the first's setup, if the first were still being built.
+        # Settings it cannot work with stop it here, not in a tick, which would back off and
+        # try again for ever (Celery runs no Django system checks before a beat).
+        refuse_bad_settings("beat")
+        super().__init__(app, *args, lazy=True, **kwargs)
 
     # --- celery.beat.Scheduler interface --------------------------------------------------
 
     def setup_schedule(self) -> None:
-        refuse_bad_settings("beat")
+        """Done by the first tick (a failed setup is backed off from and done again)."""
         self.settings = conf.get_settings()
-        self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         self._ensure_listener()
         metrics.start_metrics_server()
         self._sync_declared_jobs()
+        self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         log.info(
             "beat %s started: schedapp.beat:LeaseScheduler, sharing the due jobs with every "
             "beat on %s (batch %d, %s)",
@@ -86,13 +94,25 @@ class LeaseScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One unit of work; never raises (Celery's beat loop exits on any exception from
         ``tick``): an unreachable database or broker, or an error nobody foresaw, is logged
-        and backed off from, and the beat goes on."""
-        if self._dispatcher is None:  # created lazily, then ticked: set up now
-            self.setup_schedule()
+        and backed off from, and the beat goes on. Only a stop goes through (SystemExit from
+        ``celery beat``'s SIGTERM/SIGINT handler, KeyboardInterrupt), wherever it finds the
+        tick."""
+        self._busy = True
+        try:
+            return self._tick()
+        except BaseException:
+            self._interrupted = True  # its connection may be left inside a statement
+            raise
+        finally:
+            self._busy = False
+
+    def _tick(self) -> float:
         self.stats["ticks"] += 1
-        self._ensure_listener()
         started = time.monotonic()
         try:
+            if self._dispatcher is None:  # the first tick: set up now
+                self.setup_schedule()
+            self._ensure_listener()
             delay = self._work()
             self._failures = 0
             metrics.beat_tick(time.monotonic() - started, time.time())
@@ -125,6 +145,19 @@ class LeaseScheduler(Scheduler):
         pass
 
     def close(self) -> None:
+        """Close the LISTEN connection and remove this beat's node row, once.
+
+        ``celery beat``'s SIGTERM/SIGINT handler calls this from inside whatever the beat was
+        doing, then raises SystemExit, and Celery calls it again as the beat exits. A tick
+        under way may be inside a statement on this process's connection, which cannot be
+        used before that statement ends (it would wait for ever on the statement it
+        interrupted): then this waits for the second call, which finds the tick ended and
+        opens a fresh connection."""
+        if self._busy or self._closed:
+            return
+        self._closed = True
+        if self._interrupted:
+            reset_connection()
         if self._listener is not None:
             self._listener.close()
         try:

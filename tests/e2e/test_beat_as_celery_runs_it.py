@@ -1,0 +1,89 @@
+"""How a Celery team starts, stops and embeds beat keeps working under ``-S
+schedapp.beat:LeaseScheduler``: real ``celery beat`` and ``celery worker -B`` processes, over
+Redis and the test database. Each test names its run time on this 2-core machine."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from django.db import connection
+
+from project.models import Execution
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, Node
+from tests.fleet import wait_until
+
+pytestmark = [pytest.mark.e2e]
+TASK = "project.tasks.record"
+
+
+@contextmanager
+def table_locked(table: str) -> Iterator[psycopg.Connection]:
+    """Another session holds ``table`` (as a long migration or a VACUUM FULL would): every
+    statement of a beat that touches it waits, mid-tick. Released when the block ends."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as locker:
+        locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield locker
+        locker.rollback()
+
+
+def waiting_on_a_lock(name: str) -> bool:
+    """Whether a connection of process ``name`` (its application_name) waits on a lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+            "AND wait_event_type = 'Lock'",
+            [name],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.parametrize(
+    ("sig", "table"),
+    [
+        (signal.SIGTERM, "schedapp_jobrun"),  # in its first claim
+        (signal.SIGINT, "schedapp_jobrun"),
+        (signal.SIGTERM, "schedapp_job"),  # in its setup (declared jobs synced)
+    ],
+    ids=["SIGTERM-claiming", "SIGINT-claiming", "SIGTERM-starting"],
+)
+def test_a_beat_stopped_in_the_middle_of_a_statement_exits_at_once_and_strands_nothing(
+    fleet, sig, table
+):
+    """About 6 s each. ``celery beat``'s SIGTERM and SIGINT (Ctrl-C) handler closes the
+    scheduler from inside whatever the beat was doing, then raises SystemExit. Before, a beat
+    stopped while one of its statements ran hung for ever: closing used the connection of the
+    statement it had interrupted (psycopg's connection lock), so only SIGKILL ended it; one
+    stopped in its setup hung the same way in a second scheduler Celery built to close."""
+    # Given a job due now, and a beat whose first claim (or its setup) waits on a table
+    # another session has locked
+    job = api.schedule(TASK, run_at=db_now(), name="due", kwargs={"label": "due"})
+    with table_locked(table):
+        beat = fleet.beat(wait=False)
+        wait_until(lambda: waiting_on_a_lock(beat.name), timeout=30, message="beat waits")
+        # When it is told to stop while its statement waits, and the table is freed after
+        beat.signal_main(sig)
+        wait_until(lambda: not waiting_on_a_lock(beat.name), timeout=5, raise_on_timeout=False)
+    # Then it exits at once, as Celery's beat does: code 0, "stopped" logged once
+    try:
+        code = beat.popen.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the beat hung after {sig.name}:\n{beat.log()[-3000:]}")
+    assert code == 0, beat.log()[-3000:]
+    assert beat.log().count(" stopped") == 1, beat.log()[-3000:]
+    assert not Node.objects.filter(kind="beat").exists()
+    # ... and nothing is left claimed: the job is still due, with no run, and the next beat
+    # runs it at once (well within its 60 s lease)
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    assert not JobRun.objects.filter(job=job).exists()
+    fleet.beat()
+    fleet.worker(concurrency=1)
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=30)
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
