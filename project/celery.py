@@ -39,6 +39,44 @@ if os.environ.get("PROJECT_TRACE_HEADER"):
             headers["trace_id"] = f"{os.environ['PROJECT_TRACE_HEADER']}-{headers.get('id')}"
 
 
+# Celery's beat signals, as a project receives them: each receiver notes the signal, its
+# sender's class and the process it ran in (one JSON line each, in the file named); with
+# PROJECT_BEAT_INIT_RAISES set, the beat_init receiver then raises.
+if os.environ.get("PROJECT_BEAT_SIGNALS"):
+    from celery.signals import beat_embedded_init, beat_init
+
+    def _note_beat_signal(name: str, sender: object) -> None:
+        import json
+
+        line = {"signal": name, "sender": type(sender).__name__, "pid": os.getpid()}
+        with open(os.environ["PROJECT_BEAT_SIGNALS"], "a") as notes:
+            notes.write(json.dumps({**line, "ppid": os.getppid()}) + "\n")
+
+    @beat_init.connect(weak=False)
+    def _beat_init(sender: object = None, **_: object) -> None:
+        _note_beat_signal("beat_init", sender)
+        if os.environ.get("PROJECT_BEAT_INIT_RAISES"):
+            raise RuntimeError("the project's beat_init receiver failed")
+
+    @beat_embedded_init.connect(weak=False)
+    def _beat_embedded_init(sender: object = None, **_: object) -> None:
+        _note_beat_signal("beat_embedded_init", sender)
+
+
+# A worker that reads the database as it starts (a project warming a cache in worker_init,
+# after Celery's Django fixup closed the connections): its main process holds a connection
+# when it forks the embedded beat of `worker -B`.
+if os.environ.get("PROJECT_DB_AT_WORKER_INIT"):
+    from celery.signals import worker_init
+
+    @worker_init.connect(weak=False)
+    def _read_the_database(**_: object) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM schedapp_job")
+
+
 # The chaos check's proof that it catches defects: a defect of the first worker protocol put
 # back on purpose (bench/defects.py). Never set outside the chaos runs and their tests.
 if os.environ.get("CHAOS_DEFECT"):

@@ -20,7 +20,7 @@ from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
 from . import conf, metrics
 from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
-from .db import CONNECTION_ERRORS, reset_connection, with_retries
+from .db import CONNECTION_ERRORS, forget_inherited_connections, reset_connection, with_retries
 from .declared import sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .models import Node
@@ -42,6 +42,9 @@ class LeaseScheduler(Scheduler):
     """
 
     def __init__(self, app: Celery, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        # First thing in a beat forked from a worker (`celery worker -B`), before anything
+        # else could reuse the descriptor of a connection the worker held as it forked.
+        forget_inherited_connections()
         self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._dispatcher: Any = None
         self._listener: Listener | None = None

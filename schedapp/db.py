@@ -8,13 +8,23 @@ workers on different hosts never disagree about what is due or expired.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 
 from .conf import get_settings
 from .store import get_store
@@ -52,6 +62,51 @@ def beat_transaction() -> Iterator[None]:
     with transaction.atomic():
         get_store().limit_idle_transaction(get_settings().BEAT_TRANSACTION_TIMEOUT)
         yield
+
+
+# The connections this process got from its parent over fork(): their sockets are the parent's
+# (``celery worker -B`` forks its beat from a worker that may hold one).
+_inherited: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _note_inherited_connections() -> None:
+    try:
+        _inherited.update(
+            c.connection for c in connections.all(initialized_only=True) if c.connection
+        )
+    except Exception:  # Django not configured in this process: nothing to note
+        pass
+
+
+os.register_at_fork(after_in_child=_note_inherited_connections)
+
+
+def forget_inherited_connections() -> int:
+    """Drop the Django connections this process inherited over fork, without a word to the
+    server, so that its first query opens a connection of its own; returns how many.
+
+    An inherited connection's socket is its parent's: a statement sent on it mixes with the
+    parent's, and closing it as usual tells the server to end the parent's session. So this
+    process's copy of the socket is closed first (as Celery closes it in a pool process), and
+    the connection's goodbye goes nowhere. Celery's embedded beat has closed every inherited
+    descriptor already: a number that is no longer a socket is left alone."""
+    forgotten = 0
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None or raw not in _inherited:
+            continue
+        try:
+            fd = raw.fileno()
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except (OSError, DatabaseError, ValueError):
+            pass  # closed already
+        try:
+            conn.close()
+        except Exception:  # its socket is gone: what matters is that Django forgets it
+            conn.connection = None
+        forgotten += 1
+    return forgotten
 
 
 def reset_connection() -> None:

@@ -87,3 +87,28 @@ def test_a_beat_stopped_in_the_middle_of_a_statement_exits_at_once_and_strands_n
     fleet.worker(concurrency=1)
     wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=30)
     assert Execution.objects.filter(job_id=job.pk).count() == 1
+
+
+def test_an_embedded_beat_runs_when_its_worker_read_the_database_before_forking_it(fleet):
+    """About 10 s. ``celery worker -B`` forks its beat from the worker's main process, which
+    holds a database connection if the project used the ORM as the worker started (a cache
+    warmed in ``worker_init``): Celery closes every inherited file descriptor in the beat's
+    process, so that connection's socket is gone there. Before, the beat's first statement
+    went to it, failed ("connection socket closed"), and the beat process died at start:
+    the worker ran on with no beat, and nothing was dispatched; and once the beat's setup
+    was the first tick's, that tick failed on it ("database unavailable: connection socket
+    closed", an ERROR at every start) before the next opened a connection of its own."""
+    job = api.schedule(TASK, interval=1, name="every-second", kwargs={"label": "embedded"})
+    worker = fleet.worker(
+        concurrency=1, settings={"PROJECT_DB_AT_WORKER_INIT": 1}, extra_args=["-B"]
+    )
+    wait_until(
+        lambda: Execution.objects.filter(job_id=job.pk).count() >= 3,
+        timeout=30,
+        message="the embedded beat dispatched, and its worker ran them",
+    )
+    assert "Process Beat" not in worker.log()  # Celery's report of a beat process that died
+    assert "ERROR" not in worker.log()
+    # the worker's own connection, inherited by the beat, still works in the worker
+    assert Node.objects.filter(kind="worker").count() == 1
+    assert Node.objects.filter(kind="beat").count() == 1

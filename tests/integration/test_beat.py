@@ -175,3 +175,32 @@ def test_a_beat_backs_off_no_longer_than_its_max_interval(monkeypatch):
         scheduler.close()
     assert 0.45 < took[0] < 0.65, took  # 0.5 s, then 1 s and 2 s, each cut to the max interval
     assert all(0.65 < t < 0.9 for t in took[1:]), took
+
+
+def test_a_forked_process_forgets_the_connection_it_inherited_and_leaves_the_parents_alone():
+    """A beat forked from a worker (``celery worker -B``) that held a connection drops it
+    before its first query: its statements go to a session of its own, and the worker's
+    session lives on (closing the inherited connection as usual would have ended it)."""
+    import os
+
+    from schedapp.db import forget_inherited_connections
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    parents = backend()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the beat's process
+        try:
+            forgotten = forget_inherited_connections()
+            os.write(write, f"{forgotten} {backend()}".encode())
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    forgotten, childs = os.read(read, 100).decode().split()
+    assert (forgotten, int(childs) != parents) == ("1", True)
+    assert backend() == parents  # the parent's session was not ended
+    assert forget_inherited_connections() == 0  # the parent inherited nothing
