@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
 from . import conf, metrics
@@ -54,6 +54,9 @@ class LeaseScheduler(Scheduler):
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
         self._started_at = datetime.now(UTC)
+        # Embedded in a worker (`celery worker -B`): the worker serves the metrics, and with
+        # PROMETHEUS_MULTIPROC_DIR the beat's among them (see `_embedded`).
+        self.embedded = False
         self._busy = False  # a tick is under way (it may be inside a statement)
         self._interrupted = False  # one was cut short (SIGTERM, Ctrl-C) mid-way
         self._closed = False
@@ -81,7 +84,8 @@ class LeaseScheduler(Scheduler):
         """Done by the first tick (a failed setup is backed off from and done again)."""
         self.settings = conf.get_settings()
         self._ensure_listener()
-        metrics.start_metrics_server()
+        if not self.embedded:  # its worker's port: taken first, the worker would serve none
+            metrics.start_metrics_server()
         self._sync_declared_jobs()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         log.info(
@@ -325,3 +329,14 @@ class LeaseScheduler(Scheduler):
             log.exception(
                 "could not sync declared jobs: %s", exc, extra={"action": "declared_sync_failed"}
             )
+
+
+def _embedded(sender: Any = None, **_: Any) -> None:
+    """Celery sends ``beat_embedded_init`` in the beat process of ``celery worker -B``, with
+    its Service, before the first tick (where the scheduler sets itself up)."""
+    scheduler = getattr(sender, "scheduler", None)
+    if isinstance(scheduler, LeaseScheduler):
+        scheduler.embedded = True
+
+
+signals.beat_embedded_init.connect(_embedded, weak=False, dispatch_uid="schedapp.beat.embedded")

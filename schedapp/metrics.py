@@ -251,6 +251,29 @@ def process_exited(pid: int) -> None:
         multiprocess.mark_process_dead(pid)
 
 
+def own_files_in_children() -> None:
+    """In multiprocess mode, have each child this process forks (a prefork pool process, the
+    beat of ``celery worker -B``) take metric files of its own at once, while the
+    descriptors it inherited are still open.
+
+    prometheus_client does it at the child's first metric, closing the parent's files; in
+    the beat of ``celery worker -B``, Celery has closed every inherited descriptor by then,
+    so closing them raised, left prometheus_client's files half closed, and the beat died at
+    its first metric. Call it in the process that forks (the worker's main process)."""
+    if prometheus_client is None or not multiprocess_dir():
+        return
+    parent = os.getpid()
+
+    def own_files() -> None:
+        if os.getppid() == parent:  # not the children's own children
+            try:
+                BEAT_TICKS.inc(0)  # any metric: prometheus_client sees the new pid
+            except Exception as exc:  # metrics never stop a process
+                log.warning("metrics files not reopened after fork: %s", exc)
+
+    os.register_at_fork(after_in_child=own_files)
+
+
 def metrics_port() -> int | None:
     port = get_settings().METRICS_PORT
     return int(port) if port else None

@@ -369,6 +369,7 @@ class WorkerHooks:
         """The worker's main process, its tasks imported, before the pool starts (forked pool
         processes inherit the door) and before the consumer builds its tracers."""
         install_door(sender.app)
+        metrics.own_files_in_children()  # before it forks its pool and an embedded beat
 
     def on_process_init(self, sender: Any = None, **_: Any) -> None:
         """A pool process starts: its successes wait for its next door to carry them. A pool

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psutil
 import psycopg
 import pytest
 from django.db import connection
@@ -112,3 +113,39 @@ def test_an_embedded_beat_runs_when_its_worker_read_the_database_before_forking_
     # the worker's own connection, inherited by the beat, still works in the worker
     assert Node.objects.filter(kind="worker").count() == 1
     assert Node.objects.filter(kind="beat").count() == 1
+
+
+def test_a_worker_with_an_embedded_beat_serves_the_metrics_of_both(fleet, tmp_path):
+    """About 12 s. With ``SCHEDAPP_METRICS_PORT``, the endpoint of ``celery worker -B`` is
+    the worker's main process's (an answer says the worker lives, as docs/operations.md
+    says), and with ``PROMETHEUS_MULTIPROC_DIR`` it shows the embedded beat's claims and
+    dispatches beside the pool's runs. Before, the beat, forked first, took the port: the
+    worker logged "Address already in use", and without the directory (a threads or solo
+    pool needs none) the worker's own metrics were served by nobody."""
+    from tests.e2e.test_metrics import scrape
+    from tests.servers import free_port
+
+    port = free_port()
+    multiproc = tmp_path / "prom"
+    multiproc.mkdir()
+    worker = fleet.worker(
+        settings={"SCHEDAPP_METRICS_PORT": port, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)},
+        extra_args=["-B"],
+    )
+    job = api.schedule(TASK, interval=1, name="every-second", kwargs={"label": "metrics"})
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).count() >= 3, timeout=30)
+    assert "Address already in use" not in worker.log()
+    listening = {
+        c.laddr.port
+        for c in psutil.Process(worker.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert port in listening
+    metrics = wait_until(
+        lambda: (
+            (m := scrape(port)).get('schedapp_runs_finished_total{status="succeeded"}', 0) >= 3
+            and m
+        ),
+        timeout=10,
+    )
+    assert metrics["schedapp_dispatches_total"] >= 3  # the embedded beat's
