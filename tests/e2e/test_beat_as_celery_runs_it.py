@@ -1,11 +1,17 @@
 """How a Celery team starts, stops and embeds beat keeps working under ``-S
 schedapp.beat:LeaseScheduler``: real ``celery beat`` and ``celery worker -B`` processes, over
-Redis and the test database. Each test names its run time on this 2-core machine."""
+Redis and the test database. Each test names its run time on a 2-core machine (stopping its
+processes adds a few seconds)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import socket
 import subprocess
+import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -58,7 +64,7 @@ def waiting_on_a_lock(name: str) -> bool:
 def test_a_beat_stopped_in_the_middle_of_a_statement_exits_at_once_and_strands_nothing(
     fleet, sig, table
 ):
-    """About 6 s each. ``celery beat``'s SIGTERM and SIGINT (Ctrl-C) handler closes the
+    """About 5 s each. ``celery beat``'s SIGTERM and SIGINT (Ctrl-C) handler closes the
     scheduler from inside whatever the beat was doing, then raises SystemExit. Before, a beat
     stopped while one of its statements ran hung for ever: closing used the connection of the
     statement it had interrupted (psycopg's connection lock), so only SIGKILL ended it; one
@@ -91,7 +97,7 @@ def test_a_beat_stopped_in_the_middle_of_a_statement_exits_at_once_and_strands_n
 
 
 def test_an_embedded_beat_runs_when_its_worker_read_the_database_before_forking_it(fleet):
-    """About 10 s. ``celery worker -B`` forks its beat from the worker's main process, which
+    """About 5 s. ``celery worker -B`` forks its beat from the worker's main process, which
     holds a database connection if the project used the ORM as the worker started (a cache
     warmed in ``worker_init``): Celery closes every inherited file descriptor in the beat's
     process, so that connection's socket is gone there. Before, the beat's first statement
@@ -116,7 +122,7 @@ def test_an_embedded_beat_runs_when_its_worker_read_the_database_before_forking_
 
 
 def test_a_worker_with_an_embedded_beat_serves_the_metrics_of_both(fleet, tmp_path):
-    """About 12 s. With ``SCHEDAPP_METRICS_PORT``, the endpoint of ``celery worker -B`` is
+    """About 5 s. With ``SCHEDAPP_METRICS_PORT``, the endpoint of ``celery worker -B`` is
     the worker's main process's (an answer says the worker lives, as docs/operations.md
     says), and with ``PROMETHEUS_MULTIPROC_DIR`` it shows the embedded beat's claims and
     dispatches beside the pool's runs. Before, the beat, forked first, took the port: the
@@ -149,3 +155,121 @@ def test_a_worker_with_an_embedded_beat_serves_the_metrics_of_both(fleet, tmp_pa
         timeout=10,
     )
     assert metrics["schedapp_dispatches_total"] >= 3  # the embedded beat's
+
+
+def test_workers_with_embedded_beats_share_the_jobs_and_stop_with_their_beats(fleet, tmp_path):
+    """About 15 s. ``celery worker -B``, with the scheduler named by ``--scheduler`` on one
+    worker (a worker's ``-S`` is its ``--statedb``) and by ``beat_scheduler``
+    (``CELERY_BEAT_SCHEDULER``) on the other, whose ``-s`` (Celery's schedule file) names a
+    directory that does not exist, which schedapp never uses: each embedded beat
+    claims and publishes, the workers run what either sent, each occurrence once; Celery
+    sends each beat ``beat_init`` and ``beat_embedded_init`` with its Service as the sender,
+    in a process of its worker's; and a worker stopped as a supervisor stops it takes its
+    beat down with it, leaving the other pair to carry on."""
+    notes = tmp_path / "beat-signals.jsonl"
+    settings = {"PROJECT_BEAT_SIGNALS": str(notes), "SCHEDAPP_BATCH_SIZE": 3}
+    # Given two workers, each with a beat embedded
+    first = fleet.worker(
+        settings=settings, extra_args=["-B", "--scheduler", "schedapp.beat:LeaseScheduler"]
+    )
+    schedule_file = tmp_path / "absent" / "celerybeat-schedule"
+    second = fleet.worker(settings=settings, extra_args=["-B", "-s", str(schedule_file)])
+    wait_until(lambda: Node.objects.filter(kind="beat").count() == 2, timeout=20)
+    # When a burst of one-off jobs falls due, beside a job every second
+    every = api.schedule(TASK, interval=1, name="every-second", kwargs={"label": "every"})
+    api.schedule_many(
+        {"task": TASK, "run_at": db_now(), "name": f"burst-{i}", "kwargs": {"label": "burst"}}
+        for i in range(60)
+    )
+    wait_until(
+        lambda: Execution.objects.filter(label="burst", finished_at__isnull=False).count() >= 60,
+        timeout=60,
+        message="the burst ran",
+    )
+    # Then each occurrence ran once, on these workers, and both beats claimed part of it
+    ran = Counter(Execution.objects.values_list("job_id", "scheduled_for"))
+    assert ran and max(ran.values()) == 1, ran.most_common(3)
+    host = socket.gethostname()
+    assert set(Execution.objects.values_list("worker", flat=True)) <= {
+        f"{first.name}@{host}",
+        f"{second.name}@{host}",
+    }
+    burst = JobRun.objects.filter(job__name__startswith="burst-")
+    assert len(set(burst.values_list("claimed_by", flat=True))) == 2
+    # ... and each beat got Celery's signals, from its Service, in a child of its worker
+    signals = [json.loads(line) for line in notes.read_text().splitlines()]
+    beats = {}
+    for worker in (first, second):
+        got = [n for n in signals if n["ppid"] == worker.pid]
+        assert [(n["signal"], n["sender"]) for n in got] == [
+            ("beat_init", "Service"),
+            ("beat_embedded_init", "Service"),
+        ], signals
+        beats[worker.name] = got[0]["pid"]
+    # When the first worker is stopped as a supervisor stops it (SIGTERM to its main process)
+    first.signal_main(signal.SIGTERM)
+    assert first.popen.wait(timeout=30) == 0
+    # Then its beat stopped with it, and the other beat runs the every-second job on
+    wait_until(
+        lambda: not psutil.pid_exists(beats[first.name]), timeout=10, message="beat gone"
+    )
+    wait_until(lambda: Node.objects.count() == 2, timeout=10, message="its rows gone")
+    assert {n.kind for n in Node.objects.all()} == {"beat", "worker"}
+    before = Execution.objects.filter(job_id=every.pk).count()
+    time.sleep(3)
+    assert Execution.objects.filter(job_id=every.pk).count() >= before + 2
+    assert second.alive() and psutil.pid_exists(beats[second.name])
+    assert not schedule_file.parent.exists()
+
+
+def test_a_detached_beat_takes_celerys_options_and_stops_by_its_pidfile(fleet, tmp_path):
+    """About 5 s. ``celery beat --detach --pidfile --logfile -s --max-interval``, as an init
+    script starts it, with a ``beat_init`` receiver that raises: Celery logs the receiver's
+    error and the beat goes on; ``beat_init`` comes once, from the Service, in the beat's
+    process; the schedule file (``-s``, in a directory that does not exist) is never used; a
+    job resumed behind the beat's back is found within the max interval, however long the
+    beat's own sleep (``SCHEDAPP_MAX_SLEEP``, 30 s here: before, a beat with nothing
+    scheduled slept that long whatever its max interval); SIGTERM to the pid in the pidfile
+    stops it, and the pidfile goes with it."""
+    from project.harness import CELERY, ROOT, SCHEDULER
+
+    notes, pidfile = tmp_path / "signals.jsonl", tmp_path / "beat.pid"
+    logfile, schedule = tmp_path / "beat.log", tmp_path / "absent" / "celerybeat-schedule"
+    later = api.pause(api.schedule(TASK, run_at=db_now(), name="later", kwargs={"label": "x"}))
+    env = fleet._env(
+        {"PROJECT_BEAT_SIGNALS": notes, "PROJECT_BEAT_INIT_RAISES": 1, "SCHEDAPP_MAX_SLEEP": 30},
+        "detached",
+    )
+    argv = [CELERY, "-A", "project", "beat", "-S", SCHEDULER, "--detach", "-l", "INFO"]
+    argv += ["--pidfile", str(pidfile), "-f", str(logfile), "-s", str(schedule)]
+    subprocess.run([*argv, "--max-interval", "1"], cwd=ROOT, env=env, check=True, timeout=60)
+    pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30))
+    try:
+        wait_until(lambda: Node.objects.filter(kind="beat").exists(), timeout=30)
+        time.sleep(1.5)  # its first ticks are done: nothing is scheduled
+        # When the job is resumed by SQL, which wakes no beat
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE schedapp_job SET state = 'scheduled', next_run_at = now(), "
+                "scheduled_for = now() WHERE id = %s",
+                [later.pk],
+            )
+        # Then the beat finds it within its max interval (1 s), not after its own 30 s
+        wait_until(
+            lambda: JobRun.objects.filter(job=later).exists(),
+            timeout=5,
+            message="the job claimed within the max interval",
+        )
+        log = logfile.read_text()
+        assert "the project's beat_init receiver failed" in log  # Celery logged it ...
+        assert "Scheduler: Sending due task later (project.tasks.record)" in log  # ... went on
+        signals = [json.loads(line) for line in notes.read_text().splitlines()]
+        assert signals == [
+            {"signal": "beat_init", "sender": "Service", "pid": pid, "ppid": signals[0]["ppid"]}
+        ]
+        assert not schedule.parent.exists()
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not psutil.pid_exists(pid), timeout=15, message="the beat exited")
+    assert not pidfile.exists()
+    assert not Node.objects.filter(kind="beat").exists()
