@@ -138,12 +138,18 @@ def test_a_beat_stopped_part_way_through_a_batch_gives_back_only_what_it_did_not
     )
 
 
-def test_a_beat_never_sleeps_longer_than_its_max_interval():
-    """``celery beat --max-interval`` (``beat_max_loop_interval``): Celery's beat never
+@pytest.mark.parametrize("given", ["--max-interval", "beat_max_loop_interval"])
+def test_a_beat_never_sleeps_longer_than_its_max_interval(given, monkeypatch):
+    """``celery beat --max-interval`` (or ``beat_max_loop_interval``): Celery's beat never
     sleeps longer between looks at the schedule. A job written without a notification (by
     SQL, another tool) is found within it. Before, a beat with nothing due slept its own 5 s
     ceiling (``SCHEDAPP_MAX_SLEEP``) whatever the max interval."""
-    scheduler = beat.LeaseScheduler(celery_app(), max_interval=0.5, lazy=True)
+    app = celery_app()
+    if given == "--max-interval":
+        scheduler = beat.LeaseScheduler(app, max_interval=0.5, lazy=True)
+    else:
+        monkeypatch.setitem(app.conf, "beat_max_loop_interval", 0.5)
+        scheduler = beat.LeaseScheduler(app, lazy=True)
     try:
         scheduler.tick()  # set up; nothing is due
         started = time.monotonic()
