@@ -39,17 +39,23 @@ def without(monkeypatch):
 
 @pytest.fixture
 def celery_conf(monkeypatch):
+    """Set Celery settings for one test; the app's own changes are put back whole after it
+    (monkeypatch's item-by-item undo does not survive Celery's aliasing of a setting's old
+    and new names: undoing ``CELERY_ACCEPT_CONTENT`` set ``accept_content`` to the test's)."""
     conf = celery_app().conf
+    saved = dict(conf.changes)
 
     def set_(**values) -> None:
         for key, value in values.items():
             # Celery reads CELERY_BROKER_URL / CELERY_RESULT_BACKEND from the environment first.
             monkeypatch.delenv(f"CELERY_{key.upper()}", raising=False)
-            monkeypatch.setitem(conf, key, value)
+            conf[key] = value
             # Celery 5.4 finds a namespaced Django setting (CELERY_BROKER_URL) first.
-            monkeypatch.setitem(conf, f"CELERY_{key.upper()}", value)
+            conf[f"CELERY_{key.upper()}"] = value
 
-    return set_
+    yield set_
+    conf.changes.clear()
+    conf.changes.update(saved)
 
 
 # --- Celery settings the guarantee depends on (settings.md, "System checks") ------------
