@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
@@ -170,15 +169,18 @@ def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     db.ensure_connection()
     raw = db.connection
     with db.wrap_database_errors:
-        cursor = _hot_cursors.get(raw)
+        cursor = getattr(raw, _HOT_CURSOR, None)
         if cursor is None or cursor.closed:
-            cursor = _hot_cursors[raw] = psycopg.Cursor(raw)
+            cursor = psycopg.Cursor(raw)
+            setattr(raw, _HOT_CURSOR, cursor)
         cursor.execute(sql, params, prepare=False)
         return cursor.fetchall()
 
 
-# One plain cursor per psycopg connection (weak keys: a closed connection takes its cursor).
-_hot_cursors: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+# The attribute of a psycopg connection that keeps its plain cursor: the cursor lives and dies
+# with its connection. (A WeakKeyDictionary cannot hold it: its value, the cursor, refers to its
+# key, so every connection a worker ever opened stayed alive, one more per reconnect.)
+_HOT_CURSOR = "_schedapp_hot_cursor"
 
 
 class PgListener:

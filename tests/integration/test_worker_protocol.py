@@ -554,6 +554,26 @@ def test_a_recurring_success_is_one_statement(schedule, function_calls):
     assert job.state == JobState.SCHEDULED and job.scheduled_for > run.scheduled_for
 
 
+@pytest.mark.postgresql
+def test_connections_the_worker_closed_are_not_kept_alive_by_its_hot_statements():
+    import gc
+    import weakref
+
+    # Given a worker whose connection is closed around its tasks and opened again by the next
+    # door (Celery's Django fixup closes it before and after every task unless
+    # CELERY_DB_REUSE_MAX is set; a thread or greenlet that ends drops its own)
+    job, run = claimed_recurring()
+    closed = []
+    for _ in range(3):
+        renew_leases([(job.pk, run.token)])  # a hot statement on this connection
+        closed.append(weakref.ref(connection.connection))
+        connection.close()
+    gc.collect()
+    # Then nothing holds on to the connections it closed: a long-lived worker does not grow
+    # by a connection object (and its cursor) per reconnect
+    assert [ref() for ref in closed] == [None, None, None]
+
+
 def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     # Given three runs in flight: a one-off, an interval job and a run whose job moved on
     runs = []
