@@ -22,6 +22,11 @@ for _key, _value in os.environ.items():
         except ValueError:
             globals()[_key] = _value
 
+# A worker started by an end-to-end test may run as Celery does by default, its database
+# connection closed around every task: PROJECT_DB_REUSE_MAX=null (CELERY_DB_REUSE_MAX unset).
+if os.environ.get("PROJECT_DB_REUSE_MAX"):
+    CELERY_DB_REUSE_MAX = json.loads(os.environ["PROJECT_DB_REUSE_MAX"])
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # django-celery-beat (a test extra, never a runtime dependency): installed here so that its

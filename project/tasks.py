@@ -35,12 +35,18 @@ def _record(task, label: str, finished: bool = True) -> Execution:  # type: igno
 
 
 @shared_task(bind=True, name="project.tasks.record")
-def record(self, label: str = "", sleep: float = 0.0) -> str:
-    """Record that it started, optionally take ``sleep`` seconds (a long job), record that it
-    finished: an execution killed midway leaves a row with no ``finished_at``."""
+def record(self, label: str = "", sleep: float = 0.0, busy: bool = False) -> str:
+    """Record that it started, optionally take ``sleep`` seconds (a long job; with ``busy``
+    computing all along, never yielding to other threads or greenlets of its own accord),
+    record that it finished: an execution killed midway leaves a row with no ``finished_at``."""
     execution = _record(self, label, finished=not sleep)
     if sleep:
-        time.sleep(sleep)
+        if busy:
+            deadline = time.monotonic() + sleep
+            while time.monotonic() < deadline:
+                sum(range(1000))
+        else:
+            time.sleep(sleep)
         _finish(execution.pk)
     return f"{label} done"
 

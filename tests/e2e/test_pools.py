@@ -1,0 +1,166 @@
+"""Each worker pool and pool setting a Celery team uses, with real workers: a run executes
+again only when its lease was really lost, and every run ends recorded (succeeded, failed ...),
+never left ``running`` to be reaped as lost and run again."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from project.models import Execution
+from schedapp import api
+from schedapp.db import db_now
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from tests.fleet import Proc, wait_until
+
+pytestmark = [pytest.mark.e2e]
+
+LEASE = 3  # seconds; the long tasks take twice that: only renewals keep them from running again
+# The others' lease: long enough to wait in the queue behind the long ones without being sent
+# again (which is a backlog's ordinary behaviour, but slows the test down).
+QUEUED_LEASE = 20
+
+
+def schedule_a_mix(shorts: int) -> None:
+    """One-offs due now, as a Celery team's jobs are: two tasks longer than their lease (one
+    sleeping, one computing without pause), one that fails, one that asks Celery to retry it,
+    and ``shorts`` quick ones."""
+    now = db_now()
+    long = {"run_at": now, "lease_seconds": LEASE}
+    for name, busy in (("waits", False), ("computes", True)):
+        api.schedule(
+            "project.tasks.record",
+            kwargs={"label": name, "sleep": 2 * LEASE, "busy": busy},
+            name=name,
+            **long,
+        )
+    failing = {"run_at": now, "lease_seconds": QUEUED_LEASE, "max_retries": 1, "retry_backoff": 0}
+    api.schedule("project.tasks.fail", kwargs={"label": "fails"}, name="fails", **failing)
+    api.schedule(
+        "project.tasks.retry_self",
+        kwargs={"label": "retries", "countdown": 0},
+        name="retries",
+        **failing,
+    )
+    api.schedule_many(
+        {
+            "task": "project.tasks.record",
+            "kwargs": {"label": f"short-{i}"},
+            "run_at": now + timedelta(seconds=i * 0.1),
+            "lease_seconds": QUEUED_LEASE,
+            "name": f"short-{i}",
+        }
+        for i in range(shorts)
+    )
+
+
+def all_ended(count: int) -> bool:
+    return Job.objects.filter(state__in=[JobState.SUCCEEDED, JobState.DEAD]).count() == count
+
+
+def assert_each_ran_once_and_ended_recorded(shorts: int) -> None:
+    """Every execution the mix should have had, no other, and each run that started closed
+    by its worker."""
+    time.sleep(1)  # time for a second execution to show, if one were under way
+    executed = Counter(Execution.objects.values_list("label", flat=True))
+    expected = {"waits": 1, "computes": 1, "fails": 2, "retries": 2}
+    assert executed == {**expected, **{f"short-{i}": 1 for i in range(shorts)}}
+    started = JobRun.objects.filter(started_at__isnull=False).order_by("id")
+    runs: dict[str, list[tuple[str, bool]]] = {}
+    for run in started.select_related("job"):
+        runs.setdefault(run.job.name, []).append((run.status, run.stale))
+    succeeded, failed = (RunStatus.SUCCEEDED, False), (RunStatus.FAILED, False)
+    assert runs == {
+        **{f"short-{i}": [succeeded] for i in range(shorts)},
+        "waits": [succeeded],
+        "computes": [succeeded],
+        "fails": [failed, failed],
+        "retries": [failed, failed],
+    }
+    # the long ones were renewed while they ran, the computing one too
+    renewals = dict(
+        started.filter(job__name__in=["waits", "computes"]).values_list("job__name", "heartbeats")
+    )
+    assert min(renewals.values()) >= 2, renewals
+    dead = Job.objects.filter(name__in=["fails", "retries"], state=JobState.DEAD)
+    assert dead.count() == 2
+
+
+def connections_of(proc: Proc) -> int:
+    """Database connections the process (and its pool) holds open now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s",
+            [proc.name],
+        )
+        return cursor.fetchone()[0]
+
+
+def assert_no_connection_trouble(worker: Proc) -> None:
+    log = worker.log()
+    for symptom in ("already closed", "InterfaceError", "could not record", "could not check"):
+        assert symptom not in log, symptom
+
+
+# --- threads ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reuse", ["1000", "null"], ids=["connections-reused", "connections-closed-around-each-task"]
+)
+def test_the_threads_pool_admits_renews_and_records_every_run_on_one_connection_a_thread(
+    fleet, reuse
+):
+    # Given a worker with four threads, its database connections reused across tasks
+    # (CELERY_DB_REUSE_MAX) or, Celery's default, closed around each task
+    fleet.beat()
+    worker = fleet.worker(pool="threads", concurrency=4, settings={"PROJECT_DB_REUSE_MAX": reuse})
+    # When it runs long, computing, failing, retried and quick tasks side by side
+    shorts = 24
+    schedule_a_mix(shorts)
+    open_connections = []
+
+    def ended() -> bool:
+        open_connections.append(connections_of(worker))
+        return all_ended(4 + shorts)
+
+    wait_until(ended, timeout=60, interval=0.3, message="every job ended")
+    # Then each ran once (twice for the failing ones, which allow one retry), each run
+    # recorded as it ended, the long ones renewed while they ran ...
+    assert_each_ran_once_and_ended_recorded(shorts)
+    # ... on one connection per thread (and one each for the lease heartbeat and the main
+    # thread), none left behind by a task or found closed under a task
+    assert max(open_connections) <= 4 + 2, open_connections
+    assert connections_of(worker) <= 4 + 2
+    assert_no_connection_trouble(worker)
+
+
+# --- prefork pool processes recycled -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "recycle",
+    [["--max-tasks-per-child", "1"], ["--max-memory-per-child", "1"]],
+    ids=["max-tasks-per-child", "max-memory-per-child"],
+)
+def test_pool_processes_recycled_after_each_task_record_every_run(fleet, recycle):
+    # Given a prefork worker whose pool processes exit after each task (one task per child,
+    # or a memory limit of 1 KiB that every process exceeds): none has a next door to carry
+    # its success
+    fleet.beat()
+    worker = fleet.worker(concurrency=2, extra_args=recycle)
+    # When it runs long, computing, failing, retried and quick tasks
+    shorts = 4
+    schedule_a_mix(shorts)
+    wait_until(lambda: all_ended(4 + shorts), timeout=60, interval=0.3, message="jobs ended")
+    # Then each success was recorded by the process that ran it, on its way out
+    assert_each_ran_once_and_ended_recorded(shorts)
+    assert_no_connection_trouble(worker)
+    pids = set(Execution.objects.values_list("pid", flat=True))
+    assert len(pids) == Execution.objects.count()  # a fresh process for every execution
+
