@@ -153,6 +153,13 @@ def record_once(self, label: str = "", sleep: float = 0.0) -> str:
     return f"{label} done once"
 
 
+@shared_task(name="project.tasks.nap", ignore_result=True)
+def nap(seconds: float = 1.0) -> None:
+    """Sleep ``seconds`` without touching the database, and keep no result: only its
+    completion tells the database that it ended."""
+    time.sleep(seconds)
+
+
 @shared_task(name="project.tasks.noop")
 def noop(*args: object, **kwargs: object) -> None:
     """Does nothing: for benchmarks."""

@@ -164,3 +164,44 @@ def test_pool_processes_recycled_after_each_task_record_every_run(fleet, recycle
     pids = set(Execution.objects.values_list("pid", flat=True))
     assert len(pids) == Execution.objects.count()  # a fresh process for every execution
 
+
+def test_a_pool_process_recycled_during_a_database_outage_records_its_success_within_the_lease(
+    fleet, pg_proxy
+):
+    # Given a prefork worker whose pool process exits after each task, reaching PostgreSQL
+    # through a proxy, and a task with a 50 s lease, running
+    fleet.beat()
+    worker = fleet.worker(
+        concurrency=1,
+        extra_args=["--max-tasks-per-child", "1"],
+        settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])},
+    )
+    job = api.schedule(
+        "project.tasks.nap",
+        kwargs={"seconds": 2},
+        run_at=db_now(),
+        lease_seconds=50,
+        max_retries=1,
+        retry_backoff=0,
+        name="nap",
+    )
+    wait_until(
+        lambda: JobRun.objects.filter(job=job, started_at__isnull=False).exists(),
+        timeout=30,
+        message="the task started",
+    )
+    # When the worker's network to the database is cut from just before the task ends, for
+    # 35 s, its connections found dead afterwards (a failover), while its pool process, done,
+    # is on its way out
+    outage = 35
+    pg_proxy.blackhole(outage, reset=True, app=worker.name)
+    time.sleep(outage)
+    # Then the process waited for its success to be written rather than exit with it: the run
+    # succeeded once the database was back, well within its lease, and ran once
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED,
+        timeout=10,
+        message="the success recorded after the outage",
+    )
+    (run,) = JobRun.objects.filter(job=job)
+    assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
