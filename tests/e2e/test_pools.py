@@ -205,3 +205,41 @@ def test_a_pool_process_recycled_during_a_database_outage_records_its_success_wi
     )
     (run,) = JobRun.objects.filter(job=job)
     assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
+
+
+def test_pool_processes_the_autoscaler_stops_record_their_successes_first(fleet, pg_proxy):
+    # Given a prefork worker that autoscales between two processes and none, shrinking a
+    # second after its last message, and reaches PostgreSQL through a proxy
+    fleet.beat()
+    worker = fleet.worker(
+        concurrency=2,
+        extra_args=["--autoscale=2,0"],
+        settings={
+            "AUTOSCALE_KEEPALIVE": 1,
+            "DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"]),
+        },
+    )
+    # ... running two tasks
+    now = db_now()
+    for i in range(2):
+        api.schedule(
+            "project.tasks.nap",
+            kwargs={"seconds": 2},
+            run_at=now,
+            lease_seconds=20,
+            max_retries=1,
+            retry_backoff=0,
+            name=f"nap-{i}",
+        )
+    wait_until(
+        lambda: JobRun.objects.filter(started_at__isnull=False).count() == 2,
+        timeout=30,
+        message="the tasks started",
+    )
+    # When the worker's network to the database is cut for 6 s as they end, and the
+    # autoscaler stops both processes (SIGTERM) while their successes wait to be written
+    pg_proxy.blackhole(6, reset=True, app=worker.name)
+    wait_until(lambda: "Scaling down 2 processes" in worker.log(), timeout=6, message="shrink")
+    # Then each process wrote its success before it exited: both ran once and succeeded
+    wait_until(lambda: all_ended(2), timeout=15, message="the successes recorded")
+    assert [r.status for r in JobRun.objects.order_by("id")] == [RunStatus.SUCCEEDED] * 2
