@@ -14,12 +14,14 @@ from django.db import connections
 from . import extras
 from .conf import get_settings
 from .validation import celery_app, settings_problems
+from .worker import green_pool_name, green_pool_problem
 
 
 def register() -> None:
     checks.register(check_settings, "schedapp")
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
+    checks.register(check_worker_pool, "schedapp")
     checks.register(check_dependencies, "schedapp")
     checks.register(check_declared_jobs, "schedapp")
     checks.register(check_beat_schedule, "schedapp")
@@ -86,6 +88,23 @@ def check_crash_safety(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             )
         )
     return warnings
+
+
+def check_worker_pool(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A green ``CELERY_WORKER_POOL`` (gevent, eventlet): every worker started without ``-P``
+    runs it, and executes no schedapp run (each fails, with the reason)."""
+    pool = green_pool_name(_celery_conf().worker_pool)
+    if pool is None:
+        return []
+    return [
+        checks.Warning(
+            f"CELERY_WORKER_POOL is {pool!r}: a worker that {green_pool_problem(pool)}",
+            hint="Every schedapp run delivered to a worker started without -P then fails "
+            "without executing. Set CELERY_WORKER_POOL = 'prefork' (or 'threads'), or start "
+            "the workers that run schedapp's jobs with -P prefork, threads or solo.",
+            id="schedapp.W005",
+        )
+    ]
 
 
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -122,6 +122,7 @@ class WorkerHooks:
         self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
         self._node_recorded = 0.0
         self.pending: PendingSuccesses | None = None  # in prefork pool processes only
+        self.green_pool: str | None = None  # this worker's pool, if schedapp declines it
 
     def connect(self) -> None:
         """Connect the receivers (idempotent: dispatch_uid)."""
@@ -190,6 +191,8 @@ class WorkerHooks:
                 extra={"action": "door_error", "job": job_id, "token": token},
             )
         if verdict is DoorVerdict.ADMITTED:
+            if self.green_pool is not None:
+                self._decline_on_green_pool(task, claim, worker)
             setattr(task.request, HEADER_ADMISSION, admission)  # for a replacement to carry
             return
         metrics.door_skipped(verdict.value)
@@ -201,6 +204,32 @@ class WorkerHooks:
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
         raise Refused(f"schedapp: {verdict.explanation}")
+
+    def _decline_on_green_pool(self, task: Any, claim: tuple[int, int], worker: str) -> None:
+        """A run the door admitted on a worker whose pool is green fails there and then,
+        without executing, with the reason: its job follows the retry policy (and goes dead
+        if it only ever reaches such workers) rather than execute where its lease could
+        expire under it. Raises ``Refused``."""
+        job_id, token = claim
+        pool = self.green_pool or ""
+        self._record(
+            claim,
+            FAILED,
+            {
+                "error": f"worker {worker} {green_pool_problem(pool)}",
+                _RETRY_FOR: run_lease(task.request) or 0.0,
+            },
+        )
+        metrics.door_skipped("green_pool")
+        log.warning(
+            "job %s token %s delivered but not executed: this worker runs the %s pool (its run "
+            "failed with the reason)",
+            job_id,
+            token,
+            pool,
+            extra={"action": "door_skip", "job": job_id, "token": token, "verdict": "green_pool"},
+        )
+        raise Refused(f"schedapp: this worker runs the {pool} pool")
 
     def _door(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
         """One round trip: the successes this process recorded since its last one ride with
@@ -367,9 +396,18 @@ class WorkerHooks:
 
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
         """The worker's main process, its tasks imported, before the pool starts (forked pool
-        processes inherit the door) and before the consumer builds its tracers."""
+        processes inherit the door) and before the consumer builds its tracers. A worker on
+        a green pool says at once that it will execute no schedapp run."""
         install_door(sender.app)
         metrics.own_files_in_children()  # before it forks its pool and an embedded beat
+        self.green_pool = green_pool_name(getattr(sender, "pool_cls", None))
+        if self.green_pool is not None:
+            log.error(
+                "this worker %s Every schedapp run delivered to it fails without executing; "
+                "its other tasks run as usual.",
+                green_pool_problem(self.green_pool),
+                extra={"action": "green_pool", "pool": self.green_pool},
+            )
 
     def on_process_init(self, sender: Any = None, **_: Any) -> None:
         """A pool process starts: its successes wait for its next door to carry them. A pool
@@ -589,6 +627,32 @@ class WorkerHooks:
             metrics.run_finished(
                 outcome, stale=result.completion is Completion.STALE, dead=result.dead
             )
+
+
+def green_pool_name(pool: Any) -> str | None:
+    """The name of ``pool`` (a worker's pool: an alias such as ``"gevent"``, a class, or a
+    class's dotted path) if it runs tasks as greenlets of one thread (gevent, eventlet), on
+    which schedapp declines to execute runs; None for the others (prefork, threads, solo)."""
+    if isinstance(pool, str):
+        name = pool.partition(":")[0].rsplit(".", 1)[-1]
+        return name if name in ("gevent", "eventlet") else None
+    if getattr(pool, "is_green", False):
+        return str(getattr(pool, "__module__", "") or "green").rsplit(".", 1)[-1]
+    return None
+
+
+def green_pool_problem(pool: str) -> str:
+    """Why schedapp executes no run on a worker whose pool is ``pool`` (a green pool), and
+    what to use instead: the one text the worker's log, its runs and ``manage.py check``
+    give."""
+    return (
+        f"runs the {pool} pool, on which schedapp cannot keep its guarantee: a task that does "
+        "not yield (computing, or blocked in code the pool did not patch) stops every "
+        "greenlet, the lease heartbeat's too, so the leases of the runs this worker holds "
+        "expire and those runs execute again while they still run. Run schedapp's jobs on "
+        "prefork, threads (-P threads, for I/O-bound tasks) or solo workers, on queues no "
+        "green worker consumes."
+    )
 
 
 def live_task_ids(consumer: Any = None) -> set[str] | None:

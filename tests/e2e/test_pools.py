@@ -243,3 +243,47 @@ def test_pool_processes_the_autoscaler_stops_record_their_successes_first(fleet,
     # Then each process wrote its success before it exited: both ran once and succeeded
     wait_until(lambda: all_ended(2), timeout=15, message="the successes recorded")
     assert [r.status for r in JobRun.objects.order_by("id")] == [RunStatus.SUCCEEDED] * 2
+
+
+# --- green pools ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_pool_worker_fails_schedapp_runs_without_executing_them(fleet, pool):
+    # Given a worker on a green pool, where a task that does not yield stops every greenlet,
+    # the lease heartbeat's too (measured: a task computing for 7 s with a 3 s lease stopped
+    # every renewal, and the runs of that worker, its other tasks', executed twice)
+    from project.tasks import add
+
+    fleet.beat()
+    worker = fleet.worker(pool=pool, concurrency=4)
+    # Then it says at start that it will execute no schedapp run, why, and what to use
+    assert f"this worker runs the {pool} pool" in worker.log()
+    assert "-P threads" in worker.log()
+    # When a job's run reaches it
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": pool},
+        run_at=db_now(),
+        lease_seconds=LEASE,
+        max_retries=0,
+        name=pool,
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD,
+        timeout=30,
+        message="the job failed",
+    )
+    # Then the run failed without executing, the reason on the run and the job
+    assert not Execution.objects.exists()
+    (run,) = JobRun.objects.filter(job=job)
+    assert run.status == RunStatus.FAILED
+    assert f"runs the {pool} pool" in run.error
+    assert Job.objects.get(pk=job.pk).last_error == run.error
+    # ... and the worker runs the project's other tasks as before
+    sent = add.apply_async((2, 3))
+    wait_until(
+        lambda: f"project.tasks.add[{sent.id}] succeeded" in worker.log(),
+        timeout=20,
+        message="a plain task ran",
+    )

@@ -207,6 +207,27 @@ def test_solar_jobs_with_ephem_and_no_solar_without_it_are_fine(without):
         assert "schedapp.E012" not in ids(checks.check_dependencies())
 
 
+# --- the worker pool ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pool", ["gevent", "eventlet", "celery.concurrency.gevent:TaskPool"], ids=str
+)
+def test_a_green_worker_pool_setting_is_reported_with_what_to_use(celery_conf, pool):
+    celery_conf(worker_pool=pool)
+    (found,) = checks.check_worker_pool()
+    name = "eventlet" if "eventlet" in pool else "gevent"
+    assert found.id == "schedapp.W005"
+    assert f"CELERY_WORKER_POOL is {name!r}" in found.msg
+    assert "prefork, threads (-P threads" in found.msg
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "processes"])
+def test_the_pools_schedapp_runs_on_are_not_reported(celery_conf, pool):
+    celery_conf(worker_pool=pool)
+    assert checks.check_worker_pool() == []
+
+
 # --- jobs declared in code ---------------------------------------------------------------
 
 
