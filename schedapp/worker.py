@@ -420,18 +420,27 @@ class WorkerHooks:
                 task.__trace__ = build_tracer(name, task, app.loader, sender, app=app)
 
     def on_process_shutdown(self, pid: int | None = None, **_: Any) -> None:
-        if self.pending is not None:
-            self.pending.close()
-            self.pending = None
+        self._close_pending()
         metrics.process_exited(pid or os.getpid())
 
     def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        """The worker's main process, its pool stopped. A solo worker's successes wait in
+        this process (Celery's solo pool sends ``worker_process_init``, never
+        ``worker_process_shutdown``): the last one is written before the worker exits, which
+        a warm shutdown right after its task ended did not wait for."""
+        self._close_pending()
         if self.hostname is None:
             return
         try:
             Node.objects.filter(name=self.hostname).delete()
         except Exception:  # shutting down
             pass
+
+    def _close_pending(self) -> None:
+        """Write the successes waiting in this process, before it exits."""
+        if self.pending is not None:
+            self.pending.close()
+            self.pending = None
 
     # --- completion ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ never left ``running`` to be reaped as lost and run again."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 from datetime import timedelta
@@ -243,6 +244,39 @@ def test_pool_processes_the_autoscaler_stops_record_their_successes_first(fleet,
     # Then each process wrote its success before it exited: both ran once and succeeded
     wait_until(lambda: all_ended(2), timeout=15, message="the successes recorded")
     assert [r.status for r in JobRun.objects.order_by("id")] == [RunStatus.SUCCEEDED] * 2
+
+
+# --- solo ------------------------------------------------------------------------------------
+
+
+def test_a_solo_worker_stopped_as_its_task_ends_records_the_success_before_it_exits(
+    fleet, pg_proxy
+):
+    # Given a solo worker, whose successes wait for its next door as a pool process's do,
+    # reaching PostgreSQL through a proxy, running a task
+    fleet.beat()
+    worker = fleet.worker(
+        pool="solo",
+        concurrency=1,
+        settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])},
+    )
+    job = api.schedule(
+        "project.tasks.nap", kwargs={"seconds": 2}, run_at=db_now(), lease_seconds=30, name="nap"
+    )
+    wait_until(
+        lambda: JobRun.objects.filter(job=job, started_at__isnull=False).exists(),
+        timeout=30,
+        message="the task started",
+    )
+    # When it is stopped (SIGTERM: a warm shutdown, which lets the task finish), and its
+    # network to the database is cut for 4 s as the task ends
+    worker.signal_main(signal.SIGTERM)
+    pg_proxy.blackhole(4, reset=True, app=worker.name)
+    worker.popen.wait(timeout=30)
+    # Then it wrote the success before it exited: the run is not left running, to be reaped
+    # and run again
+    (run,) = JobRun.objects.filter(job=job)
+    assert (run.status, run.stale) == (RunStatus.SUCCEEDED, False)
 
 
 # --- green pools ------------------------------------------------------------------------------
