@@ -20,11 +20,12 @@ Where each runs, in a prefork worker:
   process lives and reaches the database. A hung task is bounded by Celery's time limits.
 * ``task_success`` / ``task_failure`` / ``task_retry`` (pool process; ``task_failure`` also in
   the main process for lost pool processes and hard time limits): the completion, fenced by
-  token and idempotent. In a prefork pool process a success waits (``PendingSuccesses``) for
-  that process's next door, which carries it in the same statement and commit: a process
-  working through a backlog makes one round trip per execution, and the result goes back to
-  Celery at once. A success no door takes within 5 ms is written by a thread of the process;
-  failures are written as they happen.
+  token and idempotent. In a prefork pool process (and a solo worker) a success waits
+  (``PendingSuccesses``) for that process's next door, which carries it in the same
+  statement and commit: a process working through a backlog makes one round trip per
+  execution, and the result goes back to Celery at once. A success no door takes within
+  5 ms is written by a thread of the process, and a process on its way out writes what
+  waits; failures are written as they happen.
 * ``task_postrun`` (pool process): a task that raised Celery's ``Ignore`` (its occurrence is
   ``skipped``) or ``Reject`` (a failed attempt), which send no other signal.
 * ``on_replace`` (pool process, added with the door): a task that replaced itself
@@ -36,7 +37,8 @@ Where each runs, in a prefork worker:
 * ``task_revoked`` (main process): a run cancelled by ``api.cancel`` or revoked from elsewhere.
 
 Tasks that schedapp did not dispatch (their task id is not ``schedapp:<job>:<token>``) are
-left alone by every hook.
+left alone by every hook. A worker on a green pool (gevent, eventlet) executes no schedapp
+run: its door fails each run it admits, with the reason (``green_pool_problem``).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class WorkerHooks:
         self.started_at: datetime | None = None
         self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
         self._node_recorded = 0.0
-        self.pending: PendingSuccesses | None = None  # in prefork pool processes only
+        self.pending: PendingSuccesses | None = None  # in pool processes and solo workers
         self.green_pool: str | None = None  # this worker's pool, if schedapp declines it
 
     def connect(self) -> None:
@@ -692,7 +694,8 @@ def live_task_ids(consumer: Any = None) -> set[str] | None:
 
 
 class PendingSuccesses:
-    """The successes of a prefork pool process, waiting for its next door to carry them.
+    """The successes of a prefork pool process (or a solo worker), waiting for its next door
+    to carry them.
 
     A pool process working through a backlog then makes one database round trip and one
     commit per execution (the door of the next run with the completions of the previous
