@@ -246,8 +246,12 @@ class WorkerHooks:
                     what="door",
                     attempts=3,
                 )
-            except Exception:  # the linger thread writes them, with its own retries
+            except BaseException as exc:  # the linger thread writes them, with its retries
+                # (a stop landing here, SystemExit: the process's exit writes them; if the
+                # door's commit landed after all, writing them again changes nothing)
                 self.pending.give_back(pending)  # type: ignore[union-attr]
+                if not isinstance(exc, Exception):
+                    raise
             else:
                 for result in results:
                     self._observe(result, SUCCEEDED)

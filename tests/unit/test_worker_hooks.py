@@ -160,3 +160,23 @@ def test_a_lock_conflict_is_retried_as_such_not_reported_as_an_outage(
     assert len(calls) == 2
     assert warned[0].startswith(said), warned
     assert len(reset) == resets
+
+
+def test_a_stop_landing_in_a_door_that_carries_successes_gives_them_back(monkeypatch, hooks):
+    # Given a pool process holding the success of its last run, which its next door carries
+    written: list[list] = []
+    hooks.pending = worker.PendingSuccesses(written.append, linger=60.0)
+    success = ((5, 1), worker.SUCCEEDED, {"headers": object()})
+    hooks.pending.add(success)
+
+    def stopped_mid_call(*args, **kwargs):
+        raise SystemExit(1)  # a terminating revoke or a hard time limit's SIGTERM, mid-statement
+
+    monkeypatch.setattr(worker, "admit_run_after_successes", stopped_mid_call)
+    # When the process is stopped while that door is on its way
+    with pytest.raises(SystemExit):
+        hooks._door(*CLAIM, "w1", "a1")
+    # Then the success is still there for the process's exit to write (its write, if the
+    # door's commit landed after all, is a no-op), not lost with the door
+    hooks._close_pending()
+    assert written == [[success]]
