@@ -148,7 +148,9 @@ def test_finished_runs_never_raise_a_lost_lease_alarm(fleet):
     assert "lost its lease" not in worker.log()
     assert not JobRun.objects.filter(stale=True).exists()
     assert executions_by_label("short-") == {f"short-{i}": 1 for i in range(150)}
-    assert JobRun.objects.filter(heartbeats__gt=0).count() > 100  # renewals did happen
+    # and the race was there to lose: runs were renewed (how many depends on the machine's
+    # load, so the outcome above is what is asserted, not a count of renewals)
+    assert JobRun.objects.filter(heartbeats__gt=0).exists()
 
 
 def test_a_task_not_registered_on_the_worker_fails_then_goes_dead(fleet):
