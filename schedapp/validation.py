@@ -919,24 +919,20 @@ def settings_problems() -> list[str]:
     take are checked as a job's fields are. Empty when all is well."""
     s = get_settings()
     found: list[str] = []
-
-    def number(value: Any) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-
     for name in _POSITIVE:
         value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not _number(value) or value < 1:
             found.append(f"SCHEDAPP_{name} must be a whole number of at least 1, not {value!r}.")
     for name in _POSITIVE_SECONDS:
         value = getattr(s, name)
-        if not number(value) or not value > 0:
+        if not _number(value, (int, float)) or not value > 0:
             found.append(f"SCHEDAPP_{name} must be a number of seconds above 0, not {value!r}.")
     if s.DISPATCH_LOG not in _DISPATCH_LOGS:
         found.append(
             f"SCHEDAPP_DISPATCH_LOG must be one of {_DISPATCH_LOGS}, not {s.DISPATCH_LOG!r}."
         )
     burst = s.DISPATCH_LOG_BURST
-    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+    if not _number(burst) or burst < 0:
         found.append(
             f"SCHEDAPP_DISPATCH_LOG_BURST must be a whole number, 0 or more, not {burst!r}."
         )
@@ -966,6 +962,12 @@ def settings_problems() -> list[str]:
         found.append(f"SCHEDAPP_JOBS must be a mapping of job name to options, not {s.JOBS!r}.")
     found.extend(_default_problems())
     return found
+
+
+def _number(value: Any, kinds: tuple[type, ...] = (int,)) -> bool:
+    """Whether ``value`` is one of ``kinds`` (whole numbers unless told), and not a bool,
+    which is an int too."""
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _default_problems() -> list[str]:
