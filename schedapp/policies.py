@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .schedules import Once, Schedule, count_fire_times, next_fire_time, recent_fire_times
+from .schedules import (
+    Once,
+    Schedule,
+    count_fire_times,
+    next_fire_time,
+    no_occurrence_error,
+    recent_fire_times,
+)
 
 # Claim priority: higher is claimed first. A bounded range (Celery and Oban use 0-9) keeps a
 # claim's cost independent of how many distinct priorities exist: the claim probes each level.
@@ -177,6 +184,12 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
             0,
         )
     nxt = next_fire_time(job.schedule, job.scheduled_for)
+    if nxt is None and not isinstance(job.schedule, Once):
+        # Only its ``expires`` ends a recurring job; a schedule with no occurrence left
+        # otherwise is one the beat cannot follow (the caller quarantines the job), not done.
+        error = no_occurrence_error(job.schedule, job.scheduled_for)
+        if error is not None:
+            raise error
     if isinstance(job.schedule, Once) or nxt is None:
         state = "cancelled" if job.state == "cancelled" else "succeeded"
         return AfterRun(state, job.scheduled_for, None, None, 0)

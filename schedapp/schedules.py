@@ -347,13 +347,26 @@ def first_fire_time(schedule: Schedule, now: datetime) -> datetime:
         nxt = next_fire_time(schedule, now)
     except (OverflowError, CroniterError, ValueError) as exc:  # walked off the end of datetime
         raise ScheduleError(_kind_field(schedule), f"its first occurrence {OUT_OF_RANGE}") from exc
-    if nxt is None:  # cron validated to fire, intervals always do: only an expiry ends them
-        raise ScheduleError("expires_at", "has passed: the schedule has no occurrence left.")
+    if nxt is None:
+        raise no_occurrence_error(schedule, now) or ScheduleError(
+            "expires_at", "has passed: the schedule has no occurrence left."
+        )
     if nxt > LATEST:  # a start late in the range: the job would run where jitter overflows
         raise ScheduleError(
             _kind_field(schedule), f"its first occurrence, {nxt.isoformat()}, {OUT_OF_RANGE}"
         )
     return nxt
+
+
+def no_occurrence_error(schedule: Recurring, after: datetime) -> ScheduleError | None:
+    """Why a schedule has no occurrence after ``after`` when its ``expires`` is not the
+    reason (a solar event that does not happen within a year there), naming the schedule's
+    field; None when its ``expires`` ends it, the one way a valid schedule ends."""
+    if next_fire_time(replace(schedule, expires=None), after) is not None:
+        return None
+    return ScheduleError(
+        _kind_field(schedule), f"{describe(schedule)} has no occurrence after {after.isoformat()}."
+    )
 
 
 def _kind_field(schedule: Recurring) -> str:

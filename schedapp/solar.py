@@ -7,16 +7,25 @@ modelled beyond the standard -0:34 of sunrise and sunset, at sea level; solar no
 transit. Computed with the optional ``ephem`` package, imported only when a solar schedule is
 used.
 
-Fire times are rounded to the nearest second, so the set of occurrences does not depend on
-where a search starts. Where an event does not happen on a day (the midnight sun, the polar
-night, the white nights of an astronomical dawn), the search goes on from the next day, for up
-to a year, as Celery's does; an event that does not happen within a year never happens there
-(the sun's course repeats yearly), and ``next_event`` returns None.
+An event is the instant its function crosses zero (the sun's altitude less the horizon, or its
+hour angle for noon), found by bisection within a whole UTC minute, then rounded to the
+second: the same event is the same second wherever a search starts. (ephem's own rising,
+setting and transit searches stop within a tenth of a second of it, at a point that depends on
+the search start, so an event whose fraction of a second is near one half came out one second
+apart from two starts: two fire times, one event.) Rising and setting are found by scanning the
+sun's altitude in steps no longer than the time it takes to reach the horizon at its fastest,
+so a day where the sun only grazes the horizon (near a pole, around an equinox) is not missed,
+as ephem's search, which gives up on such a day, would miss it. Where an event does not happen
+on a day (the midnight sun, the polar night, the white nights of an astronomical dawn), the
+search goes on, for up to a year and a day; an event that does not happen within that never
+happens there (the sun's course repeats yearly), and ``next_event`` returns None. At the poles
+themselves only solar noon is an event (the sun's course there is no daily one).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from types import ModuleType
@@ -36,6 +45,15 @@ EVENTS: dict[str, tuple[str, str, bool]] = {
 }
 SEARCH_DAYS = 367  # a year and a day: every event that happens somewhere happens in a year
 _SECOND = timedelta(seconds=1)
+_MINUTES_A_DAY = 1440
+_MINUTE = 1 / _MINUTES_A_DAY  # in ephem's dates, which count days
+_MIN_STEP = _MINUTE  # the scan's shortest step: a dip of the sun under a minute may be missed
+_BISECTIONS = 17  # a minute halved 17 times: under half a millisecond
+# The sun's altitude changes by at most (Earth's turn) x cos(latitude) + (its declination's
+# change, under 0.41 degree a day), in radians a day; with a margin for the rest (parallax,
+# the equation of time, the sun's changing radius), each far smaller.
+_MARGIN = 1.25
+_DECLINATION_RATE = math.radians(0.41)
 
 
 class EphemMissing(ImportError):
@@ -61,22 +79,117 @@ def next_event(event: str, latitude: float, longitude: float, after: datetime) -
     observer.pressure = 0  # no refraction model: the horizons above include it
     observer.horizon = horizon
     sun = ephem.Sun()
-    find = getattr(observer, method)
-    options: dict[str, Any] = {"use_center": True} if use_center else {}
     after = after.astimezone(UTC)
     # From a second earlier: an event just before ``after`` may round to after it.
-    start = ephem.Date((after - _SECOND).replace(tzinfo=None))
-    for _ in range(SEARCH_DAYS):
-        try:
-            found = find(sun, start=start, **options)
-        except ephem.CircumpolarError:  # not today: look again from the next solar midnight
-            start = observer.next_antitransit(sun, start=start)
-            continue
-        when = _to_second(found.datetime())
+    start = float(ephem.Date((after - _SECOND).replace(tzinfo=None)))
+    end = start + SEARCH_DAYS
+    if method == "next_transit":
+        signed = _hour_angle(observer, sun)
+        find: Callable[[float, float], float | None] = _transit_finder(observer, sun, signed)
+    else:
+        if abs(latitude) >= 90:
+            return None
+        signed = _altitude(observer, sun, use_center, rising=method == "next_rising")
+        rate = _MARGIN * (2 * math.pi * math.cos(math.radians(latitude)) + _DECLINATION_RATE)
+        find = _crossing_finder(signed, rate)
+    while start < end:
+        root = find(start, end)
+        if root is None:
+            return None
+        when = _to_second(ephem.Date(root).datetime())
         if when > after:
             return when
-        start = ephem.Date(found + ephem.minute)
+        start = max(root, start) + _MINUTE
     return None
+
+
+def _altitude(observer: Any, sun: Any, use_center: bool, rising: bool) -> Callable[[float], float]:
+    """The sun's altitude above the event's horizon (radians), negated for a setting, so
+    that the event is where it goes from below zero to zero or above."""
+    sign = 1.0 if rising else -1.0
+    horizon = float(observer.horizon)
+
+    def signed(day: float) -> float:
+        observer.date = day
+        sun.compute(observer)
+        target = horizon if use_center else horizon - float(sun.radius)
+        return sign * (float(sun.alt) - target)
+
+    return signed
+
+
+def _hour_angle(observer: Any, sun: Any) -> Callable[[float], float]:
+    """The sun's hour angle in (-pi, pi]: from below zero to zero or above at its transit."""
+
+    def signed(day: float) -> float:
+        observer.date = day
+        sun.compute(observer)
+        return math.remainder(float(sun.ha), 2 * math.pi)
+
+    return signed
+
+
+def _crossing_finder(
+    signed: Callable[[float], float], rate: float
+) -> Callable[[float, float], float | None]:
+    """The first crossing after ``start`` (before ``end``) by a scan whose steps the sun
+    cannot cross the horizon within: ``rate`` bounds how fast ``signed`` changes."""
+
+    def find(start: float, end: float) -> float | None:
+        day, value = start, signed(start)
+        while day < end:
+            step = max(_MIN_STEP, abs(value) / rate)
+            nxt = day + step
+            nxt_value = signed(nxt)
+            if value < 0 <= nxt_value:
+                return _root(signed, _bracket(signed, day, nxt))
+            day, value = nxt, nxt_value
+        return None
+
+    return find
+
+
+def _transit_finder(
+    observer: Any, sun: Any, signed: Callable[[float], float]
+) -> Callable[[float, float], float | None]:
+    """ephem's next transit (it always has one), made exact by ``_root``."""
+
+    def find(start: float, end: float) -> float | None:
+        approx = float(observer.next_transit(sun, start=start))
+        return _root(signed, approx) if approx < end else None
+
+    return find
+
+
+def _bracket(signed: Callable[[float], float], lo: float, hi: float) -> float:
+    """A time within a second or so of the crossing known to lie in (lo, hi]."""
+    while hi - lo > _MINUTE / 60:
+        mid = (lo + hi) / 2
+        if signed(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _root(signed: Callable[[float], float], near: float) -> float:
+    """The crossing within a few minutes of ``near``, bisected inside its whole UTC minute,
+    so that the result depends on the crossing only, not on ``near``."""
+    first = math.floor(near * _MINUTES_A_DAY) - 2
+    edges = [(first + i) / _MINUTES_A_DAY for i in range(6)]
+    values = [signed(t) for t in edges]
+    cells = [i for i in range(5) if values[i] < 0 <= values[i + 1]]
+    if not cells:  # not where it was said to be: keep what was found
+        return near
+    cell = min(cells, key=lambda i: abs(edges[i] - near))
+    lo, hi = edges[cell], edges[cell + 1]
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2
+        if signed(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def _to_second(naive_utc: datetime) -> datetime:
