@@ -11,17 +11,16 @@ from functools import lru_cache
 from typing import Any
 
 from .exceptions import ScheduleError
-from .schedules import get_zone, parse_timezone
+from .schedules import get_zone, parse_timezone, zone_names
 
 PREVIEW_COUNT = 5
 
 
 @lru_cache(maxsize=1)
 def timezone_names() -> list[str]:
-    """Every IANA zone name this host knows, sorted (offered in the job form)."""
-    from zoneinfo import available_timezones
-
-    return sorted(available_timezones() | {"UTC"})
+    """Every zone a job may name, sorted (offered in the job form): the ones
+    ``parse_timezone`` accepts, so the form never offers a zone it then refuses."""
+    return sorted(zone_names())
 
 
 @lru_cache(maxsize=4096)

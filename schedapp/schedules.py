@@ -142,7 +142,13 @@ def parse_timezone(name: object, field: str = "timezone") -> str:
     if not isinstance(name, str) or not name.strip():
         raise ScheduleError(field, "must be an IANA time zone name such as 'Europe/Paris'.")
     name = name.strip()
-    if name not in _zone_names():
+    if name in HOST_ZONES:
+        raise ScheduleError(
+            field,
+            f"{name!r} is no place's time zone but each host's own setup, so each beat and "
+            "worker would read its fire times differently; name the zone, e.g. 'Europe/Paris'.",
+        )
+    if name not in zone_names():
         raise ScheduleError(field, f"unknown time zone {name!r}.")
     try:
         get_zone(name)
@@ -151,9 +157,16 @@ def parse_timezone(name: object, field: str = "timezone") -> str:
     return name
 
 
+# Files of the zone database that name no place's time: ``localtime`` is the host's own
+# /etc/localtime, ``posixrules`` the host's rules for POSIX TZ strings, ``Factory`` a zone for
+# "not set up yet" ("-00"). A job in one of them would fire by each host's configuration.
+HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
 @lru_cache(maxsize=1)
-def _zone_names() -> frozenset[str]:
-    return frozenset(available_timezones()) | {"UTC"}
+def zone_names() -> frozenset[str]:
+    """Every zone a job may name: the host's IANA zones, without ``HOST_ZONES``."""
+    return (frozenset(available_timezones()) - HOST_ZONES) | {"UTC"}
 
 
 def parse_cron(expr: object, timezone: str, field: str = "cron", *, day_or: bool = True) -> Cron:

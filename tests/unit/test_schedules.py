@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from functools import cache
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, available_timezones
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from schedapp import display, schedules
 from schedapp.exceptions import ScheduleError
 from schedapp.schedules import (
     ALIASES,
@@ -886,6 +887,36 @@ def test_given_unknown_zone_when_parsed_then_schedule_error_names_timezone(name)
     with pytest.raises(ScheduleError) as excinfo:
         parse_timezone(name)
     assert excinfo.value.field == "timezone"
+
+
+@pytest.mark.parametrize("name", sorted(schedules.HOST_ZONES & available_timezones()))
+def test_given_a_host_dependent_zone_of_this_host_when_parsed_then_it_is_refused(name):
+    with pytest.raises(ScheduleError) as excinfo:
+        parse_timezone(name)
+    assert excinfo.value.field == "timezone"
+
+
+@pytest.mark.parametrize("name", ["localtime", "posixrules", "Factory", " localtime "])
+def test_given_a_host_dependent_zone_name_when_parsed_then_it_is_refused(name, monkeypatch):
+    # The host's zone list decides what is "known": this one has all three files, as a
+    # tzdata directory may (CPython drops posixrules from its list, not every host does).
+    host_zones = {"Europe/Paris", "localtime", "posixrules", "Factory"}
+    monkeypatch.setattr(schedules, "available_timezones", lambda: host_zones)
+    schedules.zone_names.cache_clear()
+    try:
+        with pytest.raises(ScheduleError) as excinfo:
+            parse_timezone(name)
+        assert excinfo.value.field == "timezone"
+        assert "each host" in excinfo.value.message
+        assert display.timezone_names.__wrapped__() == ["Europe/Paris", "UTC"]
+    finally:
+        schedules.zone_names.cache_clear()
+
+
+def test_given_this_host_then_no_host_dependent_zone_is_offered_or_accepted():
+    offered = set(display.timezone_names())
+    assert "Europe/Paris" in offered and not offered & schedules.HOST_ZONES
+    assert all(parse_timezone(name) == name for name in offered)
 
 
 @pytest.mark.parametrize("value", [None, 1, 2.0, b"UTC", ["UTC"], ZoneInfo("UTC")])
