@@ -52,6 +52,17 @@ class ClaimedRun:
     lateness: float = 0.0  # seconds between due_at and the claim, in the database clock
     schedule: ScheduleRef | None = None  # a recurring job's schedule, as the claim read it
     message_options: str = "{}"  # the job's Celery message options, as JSON text
+    # The database's now() at the claim, and this process's monotonic clock then: what a
+    # dispatch dates a message's ``expires`` from (``database_now``), not the host's clock.
+    claimed_at: datetime | None = None
+    claimed_monotonic: float | None = None
+
+    def database_now(self) -> datetime | None:
+        """The database's clock now, read as the claim's now() plus the time since on this
+        process's monotonic clock (None for a run not from a claim)."""
+        if self.claimed_at is None or self.claimed_monotonic is None:
+            return None
+        return self.claimed_at + timedelta(seconds=time.monotonic() - self.claimed_monotonic)
 
     @property
     def task_id(self) -> str:
@@ -142,7 +153,7 @@ def claim_due_jobs(
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
-    result.runs = [_claimed_run(r) for r in ready]
+    result.runs = [_claimed_run(r, started) for r in ready]
     return result
 
 
@@ -236,7 +247,9 @@ def quarantine_job(job_id: int, reason: str, token: int | None = None) -> Quaran
         return _quarantine_locked(job_id, reason)
 
 
-def _claimed_run(row: dict) -> ClaimedRun:
+def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
+    """``started``: the monotonic time the claim's transaction began, when its now() was
+    read (``lateness`` is that now() less ``next_run_at``)."""
     return ClaimedRun(
         run_id=row["run_id"],
         job_id=row["id"],
@@ -253,6 +266,8 @@ def _claimed_run(row: dict) -> ClaimedRun:
         lateness=row["lateness"],
         schedule=_schedule_ref(row),
         message_options=row["message_options"],
+        claimed_at=row["next_run_at"] + timedelta(seconds=row["lateness"]),
+        claimed_monotonic=started,
     )
 
 

@@ -342,8 +342,8 @@ class Dispatcher:
         events = self._events()
         sent: list[tuple[ClaimedRun, Route, dict[str, Any]]] = []
         sent_events: list[dict[str, Any]] = []
-        now = self.app.now()
         for run in runs:
+            now = self._now(run)
             route = self.route(run.task, run.queue, run.message_options)
             queues = bound.get((route.exchange, route.routing_key))
             if queues is None:
@@ -372,6 +372,16 @@ class Dispatcher:
             _after_publish(run, route, headers)  # its message's body
         if events is not None:
             _send_task_sent(events, producer, sent_events)
+
+    def _now(self, run: ClaimedRun) -> datetime:
+        """What dates a message's ``expires`` given in seconds: the database's clock (the
+        claim's now() and the time since), in the app's zone as ``app.now()`` gives it. The
+        beat host's clock, as ``apply_async`` would read it, may be off: an hour behind, every
+        message of a job with ``expires`` was already past it when published, and dropped."""
+        database_now = run.database_now()
+        if database_now is None:
+            return self.app.now()
+        return database_now.astimezone(self.app.timezone)
 
     def _retry_policy(self) -> dict[str, Any]:
         """The ``retry_policy`` ``before_task_publish`` gets: ``task_publish_retry_policy``,
@@ -450,7 +460,7 @@ class Dispatcher:
         declare = None
         if route.queue is not None and route.queue.name not in self._declared:
             declare = [route.queue]
-        headers = message_headers(run, self.origin, route, self.app.now(), self._shadow_name(run))
+        headers = message_headers(run, self.origin, route, self._now(run), self._shadow_name(run))
         properties = publish_properties(run, route)
         events = self._events()
         event = task_sent_fields(headers, route) if events is not None else None

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from schedapp import api, beat, claims, policies
+from schedapp import api, beat, claims, dispatch, policies
 from schedapp.db import db_now
 from schedapp.models import Job
 from schedapp.store import get_store
@@ -210,3 +210,45 @@ def test_a_forked_process_forgets_the_connection_it_inherited_and_leaves_the_par
     assert (forgotten, int(childs) != parents) == ("1", True)
     assert backend() == parents  # the parent's session was not ended
     assert forget_inherited_connections() == 0  # the parent inherited nothing
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["redis-fast-path", "kombu-publish"])
+def test_a_beat_whose_clock_is_an_hour_behind_dates_expires_by_the_database(
+    broker_url, fast, monkeypatch
+):
+    """A message's ``expires`` given in seconds is dated from the database's clock (the
+    claim's now() and the time since), not the beat host's. Before, a beat an hour behind
+    sent ``expires`` an hour in the past: every worker discarded every occurrence of the job
+    as "expired before a worker started it"."""
+    import json
+    from datetime import datetime
+
+    import redis
+    from django.conf import settings
+
+    from project.celery import app
+
+    job = api.schedule(
+        "project.tasks.record", run_at=db_now(), name="expiring", message_options={"expires": 30}
+    )
+    behind = timedelta(hours=1)
+    real_now = app.now
+    monkeypatch.setattr(app, "now", lambda: real_now() - behind)  # as apply_async reads it
+    if not fast:
+        monkeypatch.setattr(dispatch, "redis_internals_match", lambda *a, **k: False)
+    scheduler = beat.LeaseScheduler(app, lazy=True)
+    try:
+        before = db_now()
+        scheduler.tick()
+        after = db_now()
+    finally:
+        scheduler.close()
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    (message,) = [json.loads(raw) for raw in client.lrange("celery", 0, -1)]
+    assert message["headers"]["schedapp_job"] == job.id
+    expires = datetime.fromisoformat(message["headers"]["expires"])
+    # before: about 2026-..T..: an hour before the database's now
+    assert before + timedelta(seconds=29) <= expires <= after + timedelta(seconds=31), (
+        before,
+        expires,
+    )
