@@ -94,7 +94,8 @@ log = logging.getLogger("schedapp.worker")
 _RETRY_FOR = "retry_for"
 
 # A request noted at task_received appears in Celery's own bookkeeping right after the signal
-# returns; until it is that old, a held run missing from it is not taken for finished.
+# returns; until it is that old, a held run missing from it is not taken for finished, unless
+# Celery has acknowledged (or rejected) its message, which it does only once it has it.
 _ADMISSION_GRACE = 2.0
 
 
@@ -106,6 +107,15 @@ class Held:
     lease: float
     admitted_at: float
     renewed_at: float
+    request: Any = None  # Celery's Request: its ``acknowledged`` says Celery has taken it
+
+    def done_with(self, live: set[str], now: float) -> bool:
+        """Whether Celery is done with this run's message: out of its bookkeeping, and
+        either acknowledged (a run refused at the door is, at once) or past the grace."""
+        if self.task_id in live:
+            return False
+        acknowledged = bool(getattr(self.request, "acknowledged", False))
+        return acknowledged or now - self.admitted_at > _ADMISSION_GRACE
 
 
 class WorkerHooks:
@@ -159,7 +169,7 @@ class WorkerHooks:
         lease = float(_request_headers(request).get(HEADER_LEASE) or 60)
         now = time.monotonic()
         with self._lock:
-            self.held[claim] = Held(task_id, lease, now, now)  # type: ignore[arg-type]
+            self.held[claim] = Held(task_id, lease, now, now, request)  # type: ignore[arg-type]
 
     def admit(self, task: Any, task_id: str) -> None:
         """The door, in the process that runs the task, just before its body (the task's
@@ -353,7 +363,7 @@ class WorkerHooks:
         with self._lock:
             if live is not None:
                 for key, held in list(self.held.items()):
-                    if held.task_id not in live and now - held.admitted_at > _ADMISSION_GRACE:
+                    if held.done_with(live, now):
                         del self.held[key]  # Celery is done with it
             return [k for k, h in self.held.items() if now - h.renewed_at >= h.lease / 3.0]
 

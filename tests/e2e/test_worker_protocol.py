@@ -280,3 +280,44 @@ def test_a_job_cancelled_while_its_task_runs_raises_no_alarm_and_leaves_no_run_r
     assert "lost its lease" not in log
     assert "stale completion" not in log
     assert f"job {job.pk} was cancelled while this worker held token {run.token}" in log
+
+
+def test_a_worker_that_only_refused_a_stale_copy_raises_no_lost_lease_alarm(fleet):
+    """A copy of a run that started elsewhere and was reaped there (its worker died) reaches
+    another worker, whose door refuses it. That worker never ran it: no "lost its lease"
+    ERROR, no ``schedapp_leases_lost_total``. Before, with a lease under 6 s, the refused
+    copy stayed held for the 2 s grace after Celery was done with it, its renewal came due
+    (a third of the lease) and found the run lost, and the worker raised both."""
+    from project.celery import app
+    from schedapp import claims
+    from schedapp.dispatch import Dispatcher
+    from schedapp.store import DoorVerdict
+
+    # Given a worker renewing every 0.2 s, and no beat: the test claims and reaps by hand
+    worker = fleet.worker(concurrency=1, settings={"SCHEDAPP_LEASE_HEARTBEAT": 0.2})
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "stale-copy"},
+        run_at=db_now(),
+        lease_seconds=3,
+        max_retries=3,
+        name="stale-copy",
+    )
+    (run,) = claims.claim_due_jobs("beat-by-hand", 10).runs
+    # started on worker A, which died: its lease expired and was reaped (the run is lost)
+    assert claims.admit_run(run.job_id, run.token, "worker-a", "a") is DoorVerdict.ADMITTED
+    time.sleep(run.lease_seconds + 1)
+    assert claims.reap_expired_leases(10).expired == 1
+    assert JobRun.objects.get(job=job, token=run.token).status == RunStatus.LOST
+    # When a copy of its message reaches the worker (a redelivery), which refuses it
+    assert not Dispatcher(app).publish([run]).failed
+    wait_until(
+        lambda: f"job {job.pk} token {run.token} delivered but not executed" in worker.log(),
+        timeout=30,
+        message="the door refused the copy",
+    )
+    time.sleep(4)  # past the grace, a third of the lease, and many heartbeats
+    # Then the worker raised no alarm: it held the copy, it never ran it
+    log = worker.log()
+    assert "lost its lease" not in log, log[-2000:]
+    assert not Execution.objects.filter(job_id=job.pk).exists()

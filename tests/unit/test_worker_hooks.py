@@ -26,6 +26,7 @@ class Request:
         self.id = task_id
         self.name = "project.tasks.record"
         self.request_dict = {"headers": {}}
+        self.acknowledged = False
 
 
 @pytest.fixture
@@ -60,6 +61,28 @@ def test_a_run_executing_is_still_renewed_after_a_redelivered_copy_of_its_messag
     # and once it ends too, it is forgotten
     worker_state.task_ready(running)
     hooks._due_for_renewal()
+    assert CLAIM not in hooks.held
+
+
+def test_a_refused_copy_is_forgotten_as_celery_acknowledges_it_not_after_the_grace(
+    hooks, monkeypatch
+):
+    """Within the grace a request missing from Celery's bookkeeping may not be in it yet
+    (just received); one whose message Celery acknowledged is done. Before, a copy the door
+    refused stayed held for the whole grace: with a lease under 6 s its renewal came due and
+    found the run lost, a false "lost its lease" alarm on a worker that never ran it."""
+    monkeypatch.setattr(worker, "_ADMISSION_GRACE", 60.0)
+    # Given a message just received, not yet in Celery's sets: held through the grace
+    copy = received(hooks)
+    hooks._due_for_renewal()
+    assert CLAIM in hooks.held
+    # When Celery reserves it, the door refuses it (Ignore: acknowledged) and it ends
+    worker_state.task_reserved(copy)
+    worker_state.task_accepted(copy)
+    copy.acknowledged = True
+    worker_state.task_ready(copy)
+    # Then it is forgotten at once: no renewal of it comes due
+    assert hooks._due_for_renewal() == []
     assert CLAIM not in hooks.held
 
 
