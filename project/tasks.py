@@ -89,6 +89,18 @@ def retry_self(self, label: str = "", countdown: float = 1.0) -> None:
     raise self.retry(countdown=countdown, exc=RuntimeError(f"{label} wants a retry"))
 
 
+@shared_task(bind=True, name="project.tasks.retry_quietly")
+def retry_quietly(self, label: str = "", countdown: float = 1.0, times: int = 2) -> str:
+    """Ask Celery for a retry without raising it (``throw=False``) and return, for the first
+    ``times`` attempts of each occurrence: under Celery each returns SUCCESS and its retry
+    message runs the task again later, ``times`` + 1 executions in all."""
+    _record(self, f"{label}:{self.request.retries}")
+    if self.request.retries < times:
+        self.retry(countdown=countdown, exc=RuntimeError(f"{label} wants a retry"), throw=False)
+        return f"{label} retry requested"
+    return f"{label} done"
+
+
 @shared_task(
     bind=True,
     name="project.tasks.autoretry",

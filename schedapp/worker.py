@@ -98,6 +98,9 @@ _RETRY_FOR = "retry_for"
 # Celery has acknowledged (or rejected) its message, which it does only once it has it.
 _ADMISSION_GRACE = 2.0
 
+# The request attribute that holds the Retry of a ``self.retry(throw=False)`` call.
+_QUIET_RETRY = "schedapp_quiet_retry"
+
 
 @dataclass
 class Held:
@@ -269,6 +272,17 @@ class WorkerHooks:
         return with_retries(
             lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
         )
+
+    def retried_quietly(self, task: Any, retry: Any) -> None:
+        """``task`` called ``self.retry(throw=False)``, which sent Celery's retry message and
+        returned ``retry`` instead of raising it; the task goes on and may return normally,
+        and under Celery beat the retry message then runs the task again later. schedapp
+        refuses that message at the door, so it notes the retry on the request, and the
+        task's end records it as ``on_task_retry`` records a raised one."""
+        request = task.request
+        if parse_task_id(request.id) is None or request.is_eager:
+            return
+        setattr(request, _QUIET_RETRY, retry)
 
     def replacing(self, task: Any, sig: Any) -> bool:
         """``Task.replace`` is about to send ``sig``, frozen with this run's task id, in place
@@ -462,6 +476,10 @@ class WorkerHooks:
 
     def on_task_success(self, sender: Any = None, result: Any = None, **_: Any) -> None:
         request = getattr(sender, "request", None)
+        retry = getattr(request, _QUIET_RETRY, None)
+        if retry is not None:  # it called self.retry(throw=False), then returned
+            self.on_task_retry(sender, request=request, reason=retry)
+            return
         self._complete(
             getattr(request, "id", None),
             SUCCEEDED,
@@ -477,12 +495,15 @@ class WorkerHooks:
         einfo: Any = None,
         **_: Any,
     ) -> None:
+        request = getattr(sender, "request", None)
+        retry = getattr(request, _QUIET_RETRY, None)  # self.retry(throw=False), then raised
         self._complete(
             task_id,
             FAILED,
             error=_describe(exception),
             traceback=str(getattr(einfo, "traceback", "") or ""),
-            lease=run_lease(getattr(sender, "request", None)),
+            retry_delay=_retry_delay(getattr(retry, "when", None)) if retry else None,
+            lease=run_lease(request),
         )
 
     def on_task_retry(
@@ -495,7 +516,9 @@ class WorkerHooks:
     ) -> None:
         """A task called ``self.retry()``: schedapp owns retries, so this counts as a failed
         attempt retried after the requested countdown (or the job's backoff), within the
-        job's ``max_retries``. Celery's own retry message is refused at the door."""
+        job's ``max_retries``. Celery's own retry message is refused at the door. A task
+        that called ``self.retry(throw=False)`` and then returned comes here too (from
+        ``on_task_success``): under Celery its retry message runs later all the same."""
         exc = getattr(reason, "exc", None) or reason
         self._complete(
             getattr(request, "id", None),
@@ -880,7 +903,8 @@ def install_door(app: Any) -> int:
     door and then calls the class's own ``before_start``: Celery's tracer calls
     ``before_start`` only where a task class defines one, and user task classes (a custom
     ``base``, a ``before_start`` or ``on_replace`` of their own) must keep working unchanged.
-    The subclass also hands a run over to the task that replaces its task (``on_replace``).
+    The subclass also hands a run over to the task that replaces its task (``on_replace``),
+    and notes a retry the task asked for without raising it (``retry(throw=False)``).
     """
     changed = 0
     for task in list(app.tasks.values()):
@@ -896,6 +920,11 @@ def _with_door(cls: type) -> type:
     def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
         hooks.admit(self, task_id)
         super(door_cls, self).before_start(task_id, args, kwargs)
+
+    def retry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        retry = super(door_cls, self).retry(*args, **kwargs)  # raises unless throw=False
+        hooks.retried_quietly(self, retry)
+        return retry
 
     def on_replace(self: Any, sig: Any) -> Any:
         if not hooks.replacing(self, sig):
@@ -915,6 +944,7 @@ def _with_door(cls: type) -> type:
             "_schedapp_door": True,
             "before_start": before_start,
             "on_replace": on_replace,
+            "retry": retry,
         },
     )
     return door_cls

@@ -208,6 +208,43 @@ def test_a_task_calling_self_retry_is_retried_by_schedapp_not_by_celery(fleet):
     assert Execution.objects.filter(job_id=job.pk).count() == 3
 
 
+def test_a_task_calling_self_retry_without_throwing_is_retried_as_under_celery(fleet):
+    """``self.retry(throw=False)`` sends Celery's retry message and returns; the task then
+    returns normally. Under Celery beat and a plain worker the retry message runs the task
+    again after the countdown. Before, schedapp recorded a success (the job ended
+    ``succeeded`` after one execution) and refused the retry message: it never ran."""
+    fleet.beat()
+    worker = fleet.worker(concurrency=2, heartbeat=1)
+    job = api.schedule(
+        "project.tasks.retry_quietly",
+        kwargs={"label": "quiet", "countdown": 1, "times": 2},
+        run_at=db_now(),
+        max_retries=3,
+        retry_backoff=30,
+        name="quiet",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state in (JobState.SUCCEEDED, JobState.DEAD),
+        timeout=60,
+        message="the job ended",
+    )
+    # Then it ran three times, as Celery would have: two retries asked for, then done
+    labels = sorted(Execution.objects.filter(job_id=job.pk).values_list("label", flat=True))
+    assert labels == ["quiet:0", "quiet:1", "quiet:2"]
+    runs = runs_of(job)
+    assert [(r.attempt, r.status) for r in runs] == [
+        (1, RunStatus.FAILED),
+        (2, RunStatus.FAILED),
+        (3, RunStatus.SUCCEEDED),
+    ]
+    assert all("retry requested: RuntimeError" in r.error for r in runs[:2])
+    assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
+    # spaced by the requested countdown (1 s), not the job's 30 s backoff
+    assert (runs[1].started_at - runs[0].finished_at).total_seconds() < 10
+    # and Celery's own retry messages were refused at the door
+    wait_until(lambda: worker.log().count("delivered but not executed") >= 2, timeout=15)
+
+
 def test_a_worker_stopped_with_sigterm_renews_its_leases_until_its_task_finishes(fleet):
     # Given a task running three leases long (a 2 s lease, a 6 s task) on a worker
     fleet.beat()

@@ -203,3 +203,35 @@ def test_a_stop_landing_in_a_door_that_carries_successes_gives_them_back(monkeyp
     # door's commit landed after all, is a no-op), not lost with the door
     hooks._close_pending()
     assert written == [[success]]
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+def test_a_retry_asked_without_throwing_is_recorded_as_a_retry_when_the_task_ends(
+    monkeypatch, ends
+):
+    """``self.retry(countdown=5, throw=False)`` sends Celery's retry message and returns;
+    under Celery that message runs the task again 5 s later, whether the task then returns
+    or raises. schedapp refuses that message at the door, so the end of the task is its
+    retry: a failed attempt retried after the countdown. Before, a task that returned was
+    recorded as a success, and the job went on as if no retry had been asked for."""
+    from celery.exceptions import Retry
+
+    recorded: list[tuple] = []
+    monkeypatch.setattr(
+        worker,
+        "complete_run",
+        lambda job_id, token, outcome, **fields: recorded.append((outcome, fields)),
+    )
+    hooks = WorkerHooks()
+    request = SimpleNamespace(id=task_id_for(*CLAIM), is_eager=False, schedapp_lease=60)
+    task = SimpleNamespace(request=request)
+    hooks.retried_quietly(task, Retry(exc=RuntimeError("later"), when=5))
+    if ends == "returns":
+        hooks.on_task_success(sender=task, result="a value")
+    else:
+        hooks.on_task_failure(sender=task, task_id=request.id, exception=KeyError("k"))
+    ((outcome, fields),) = recorded
+    assert outcome == worker.FAILED
+    assert fields["retry_delay"].total_seconds() == 5
+    if ends == "returns":
+        assert fields["error"] == "retry requested: RuntimeError: later"
