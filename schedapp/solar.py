@@ -8,7 +8,7 @@ transit. Computed with the optional ``ephem`` package, imported only when a sola
 used.
 
 An event is the instant its function crosses zero (the sun's altitude less the horizon, or its
-hour angle for noon), found by bisection within a whole UTC minute, then rounded to the
+hour angle for noon), solved for within its whole UTC minute, then rounded to the
 second: the same event is the same second wherever a search starts. (ephem's own rising,
 setting and transit searches stop within a tenth of a second of it, at a point that depends on
 the search start, so an event whose fraction of a second is near one half came out one second
@@ -48,11 +48,12 @@ _SECOND = timedelta(seconds=1)
 _MINUTES_A_DAY = 1440
 _MINUTE = 1 / _MINUTES_A_DAY  # in ephem's dates, which count days
 _MIN_STEP = _MINUTE  # the scan's shortest step: a dip of the sun under a minute may be missed
-_BISECTIONS = 17  # a minute halved 17 times: under half a millisecond
+_SOLVE_STEPS = 12  # at most; two or three do
+_PRECISION = 1e-3 / 86400  # a millisecond, in days
 # The sun's altitude changes by at most (Earth's turn) x cos(latitude) + (its declination's
 # change, under 0.41 degree a day), in radians a day; with a margin for the rest (parallax,
 # the equation of time, the sun's changing radius), each far smaller.
-_MARGIN = 1.25
+_MARGIN = 1.1
 _DECLINATION_RATE = math.radians(0.41)
 
 
@@ -133,16 +134,16 @@ def _crossing_finder(
     signed: Callable[[float], float], rate: float
 ) -> Callable[[float, float], float | None]:
     """The first crossing after ``start`` (before ``end``) by a scan whose steps the sun
-    cannot cross the horizon within: ``rate`` bounds how fast ``signed`` changes."""
+    cannot cross the horizon within: ``rate`` bounds how fast ``signed`` changes, so a step
+    ends short of a crossing but for the shortest (``_MIN_STEP``), which may end past one."""
 
     def find(start: float, end: float) -> float | None:
         day, value = start, signed(start)
         while day < end:
-            step = max(_MIN_STEP, abs(value) / rate)
-            nxt = day + step
+            nxt = day + max(_MIN_STEP, abs(value) / rate)
             nxt_value = signed(nxt)
-            if value < 0 <= nxt_value:
-                return _root(signed, _bracket(signed, day, nxt))
+            if value < 0 <= nxt_value:  # interpolated: within a second of it, as a rule
+                return _root(signed, day + (nxt - day) * value / (value - nxt_value))
             day, value = nxt, nxt_value
         return None
 
@@ -161,35 +162,42 @@ def _transit_finder(
     return find
 
 
-def _bracket(signed: Callable[[float], float], lo: float, hi: float) -> float:
-    """A time within a second or so of the crossing known to lie in (lo, hi]."""
-    while hi - lo > _MINUTE / 60:
-        mid = (lo + hi) / 2
-        if signed(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 def _root(signed: Callable[[float], float], near: float) -> float:
-    """The crossing within a few minutes of ``near``, bisected inside its whole UTC minute,
-    so that the result depends on the crossing only, not on ``near``."""
-    first = math.floor(near * _MINUTES_A_DAY) - 2
-    edges = [(first + i) / _MINUTES_A_DAY for i in range(6)]
-    values = [signed(t) for t in edges]
-    cells = [i for i in range(5) if values[i] < 0 <= values[i + 1]]
-    if not cells:  # not where it was said to be: keep what was found
-        return near
-    cell = min(cells, key=lambda i: abs(edges[i] - near))
-    lo, hi = edges[cell], edges[cell + 1]
-    for _ in range(_BISECTIONS):
-        mid = (lo + hi) / 2
-        if signed(mid) < 0:
-            lo = mid
+    """The crossing within a couple of minutes of ``near``, solved inside its whole UTC
+    minute (its cell of the minute grid, the one where ``signed`` goes from below zero to
+    zero or above), so that the result depends on the crossing only, not on ``near``."""
+    cell = math.floor(near * _MINUTES_A_DAY)
+    for first in (cell, cell - 1, cell + 1, cell - 2, cell + 2):
+        lo, hi = first / _MINUTES_A_DAY, (first + 1) / _MINUTES_A_DAY
+        f_lo, f_hi = signed(lo), signed(hi)
+        if f_lo < 0 <= f_hi:
+            return _solve(signed, lo, hi, f_lo, f_hi)
+    return near  # not where it was said to be: keep what was found
+
+
+def _solve(
+    signed: Callable[[float], float], lo: float, hi: float, f_lo: float, f_hi: float
+) -> float:
+    """The zero of ``signed`` in [lo, hi] by regula falsi (the Illinois variant): within a
+    minute the sun's altitude and hour angle are all but straight lines, so a few steps
+    leave it under a millisecond; the same steps from the same cell give the same result."""
+    x, side = lo, 0
+    for _ in range(_SOLVE_STEPS):
+        x = lo - f_lo * (hi - lo) / (f_hi - f_lo)
+        f_x = signed(x)
+        if f_x < 0:
+            lo, f_lo = x, f_x
+            if side < 0:
+                f_hi /= 2
+            side = -1
         else:
-            hi = mid
-    return (lo + hi) / 2
+            hi, f_hi = x, f_x
+            if side > 0:
+                f_lo /= 2
+            side = 1
+        if hi - lo < _PRECISION or f_x == 0:
+            break
+    return x
 
 
 def _to_second(naive_utc: datetime) -> datetime:
