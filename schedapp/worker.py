@@ -79,7 +79,7 @@ from .claims import (
 )
 from .conf import get_settings
 from .context import replacement_headers, run_admission, run_headers, run_lease
-from .db import CONNECTION_ERRORS, reset_connection, with_retries
+from .db import CONNECTION_ERRORS, db_now, reset_connection, with_retries
 from .exceptions import ReplaceNotSupported
 from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
@@ -586,6 +586,7 @@ class WorkerHooks:
         if claim is None:
             return
         if expired and not terminated:
+            self._expired_early(claim, getattr(request, "expires", None))
             result = with_retries(
                 lambda: record_expired(claim[0], claim[1]), what="expired", attempts=3
             )
@@ -598,6 +599,28 @@ class WorkerHooks:
             attempts=3,
         )
         self._observe(result, "cancelled")
+
+    def _expired_early(self, claim: tuple[int, int], expires: Any) -> None:
+        """Celery discarded a message past its ``expires`` by this host's clock; the beat
+        dated it by the database's. If the database says it has not expired, this host's
+        clock is ahead: say so (ERROR), or every such occurrence is dropped in silence."""
+        if not isinstance(expires, datetime) or expires.tzinfo is None:
+            return
+        try:
+            database_now = db_now()
+        except Exception:  # an alarm only: the expiry itself is recorded below
+            return
+        ahead = datetime.now(UTC) - database_now
+        if expires > database_now and ahead.total_seconds() > 1:
+            log.error(
+                "job %s token %s: Celery discarded its message as expired (expires %s), "
+                "which by the database's clock it was not: this host's clock is %.1f s ahead "
+                "of the database's. The occurrence is dropped; set the host's clock right (NTP)",
+                *claim,
+                expires.isoformat(),
+                ahead.total_seconds(),
+                extra={"action": "clock_ahead", "job": claim[0], "token": claim[1]},
+            )
 
     def _complete(
         self, task_id: str | None, outcome: str, lease: float | None = None, **kwargs: Any

@@ -235,3 +235,25 @@ def test_a_retry_asked_without_throwing_is_recorded_as_a_retry_when_the_task_end
     assert fields["retry_delay"].total_seconds() == 5
     if ends == "returns":
         assert fields["error"] == "retry requested: RuntimeError: later"
+
+
+@pytest.mark.parametrize(("ahead", "alarm"), [(3600, True), (0, False)])
+def test_a_message_discarded_as_expired_by_a_clock_ahead_of_the_databases_raises_an_alarm(
+    monkeypatch, caplog, ahead, alarm
+):
+    """The beat dates ``expires`` by the database's clock; Celery's worker compares it with
+    its host's. A host an hour ahead discards every such message: the run is recorded
+    skipped as any expired one, and the worker now says why, at ERROR."""
+    from datetime import UTC, datetime, timedelta
+
+    recorded: list[tuple[int, int]] = []
+    monkeypatch.setattr(worker, "record_expired", lambda j, t: recorded.append((j, t)))
+    host_now = datetime.now(UTC)
+    database_now = host_now - timedelta(seconds=ahead)
+    monkeypatch.setattr(worker, "db_now", lambda: database_now, raising=False)
+    request = SimpleNamespace(id=task_id_for(*CLAIM), expires=host_now - timedelta(seconds=10))
+    with caplog.at_level("ERROR", logger="schedapp.worker"):
+        WorkerHooks().on_task_revoked(request=request, expired=True)
+    assert recorded == [CLAIM]
+    said = [r.getMessage() for r in caplog.records if "clock is" in r.getMessage()]
+    assert bool(said) is alarm, said
