@@ -29,7 +29,8 @@ Mapping, with Celery's semantics:
   difference where Celery's beat would take a str's characters or a dict's keys for the
   args; where it fails at each send, on a number). django-celery-beat's
   ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``,
-  priority, exchange, routing key and headers -> message options. A disabled
+  priority, exchange, routing key and headers -> message options; an interval's
+  ``last_run_at`` -> its phase (``interval_anchor``). A disabled
   ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
 
 django-celery-beat is never a dependency: it is imported only when asked for.
@@ -433,6 +434,12 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
             item.spec.update(misfire)
     elif row.interval_id:
         item.spec["interval"] = timedelta(**{row.interval.period: row.interval.every})
+        last = _aware(row.last_run_at)
+        if last is not None:  # its runs fall one interval after the last one it sent
+            item.spec["interval_anchor"] = last
+            item.notes.append(
+                f"phase kept from django-celery-beat's last_run_at: last sent {last.isoformat()}"
+            )
     elif row.clocked_id:
         item.spec["run_at"] = row.clocked.clocked_time
     elif row.solar_id:
@@ -482,6 +489,18 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
     return item
 
 
+def _aware(value: datetime | None) -> datetime | None:
+    """A django-celery-beat time as an aware UTC instant: without USE_TZ, Django stores it
+    naive, in TIME_ZONE."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        from django.utils import timezone as django_tz
+
+        value = django_tz.make_aware(value, django_tz.get_default_timezone())
+    return value.astimezone(UTC)
+
+
 def _make_one_off(item: Candidate, now: datetime) -> None:
     """A one-off crontab/interval task runs once, at its next fire time."""
     schedule: Schedule
@@ -497,7 +516,7 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
                 item.spec.pop("solar_event"), item.spec.pop("latitude"), item.spec.pop("longitude")
             )
         else:
-            schedule = Interval(item.spec.pop("interval"))
+            schedule = Interval(item.spec.pop("interval"), item.spec.pop("interval_anchor", None))
     except ScheduleError as exc:
         item.problem = f"{exc.field}: {exc.message}"
         return

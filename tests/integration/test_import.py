@@ -336,3 +336,27 @@ def test_the_task_allowlist_applies_to_imports_too():
         out, err = run()
     assert set(Job.objects.values_list("name", flat=True)) == {"allowed"}
     assert "not allowed" in out + err
+
+
+# --- issue 29: what a switch from django-celery-beat must keep -------------------------------
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def test_a_django_celery_beat_interval_keeps_its_phase_from_last_run_at():
+    """A daily task last sent at 03:00 Berlin ran at the import's time of day after it."""
+    dcb = pytest.importorskip("django_celery_beat.models")
+    daily = dcb.IntervalSchedule.objects.create(every=1, period=dcb.IntervalSchedule.DAYS)
+    local = (db_now() - timedelta(days=2)).astimezone(BERLIN)
+    last = datetime(local.year, local.month, local.day, 3, tzinfo=BERLIN)
+    dcb.PeriodicTask.objects.create(
+        name="nightly", task="project.tasks.noop", interval=daily, last_run_at=last
+    )
+
+    out, _ = run("--from-django-celery-beat")
+
+    job = Job.objects.get(name="nightly")
+    assert job.interval_anchor == last
+    assert (job.next_run_at - last) % timedelta(days=1) == timedelta(0)  # 03:00's phase
+    assert db_now() < job.next_run_at <= db_now() + timedelta(days=1)
+    assert "note nightly: phase kept from django-celery-beat's last_run_at" in out
