@@ -31,7 +31,9 @@ Mapping, with Celery's semantics:
   ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``,
   priority, exchange, routing key and headers -> message options; an interval's
   ``last_run_at`` -> its phase (``interval_anchor``). A disabled
-  ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time.
+  ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time,
+  unless it already ran: one with a ``total_run_count``, or disabled with its clocked time
+  past (what django-celery-beat leaves of a one-off it sent) is left out, and reported.
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -76,6 +78,11 @@ class Candidate:
     ignored: list[str] = field(default_factory=list)  # source settings with no equivalent
     problem: str | None = None
     problem_field: str = "schedule"  # the entry's field the problem is in
+    # Deliberately not imported: (why in a word, the reason in full), e.g. ALREADY_RAN
+    left_out: tuple[str, str] | None = None
+
+
+ALREADY_RAN = "already ran"
 
 
 @dataclass
@@ -88,6 +95,8 @@ class ImportReport:
     invalid: dict[str, list[str]] = field(default_factory=dict)  # refused by validation
     notes: dict[str, list[str]] = field(default_factory=dict)
     ignored: dict[str, list[str]] = field(default_factory=dict)  # settings without equivalent
+    # Deliberately not imported (a one-off that already ran...): name -> (kind, reason)
+    left_out: dict[str, tuple[str, str]] = field(default_factory=dict)
     dry_run: bool = False
 
     @property
@@ -103,11 +112,16 @@ class ImportReport:
         out += [f"unchanged: {name}" for name in self.unchanged]
         out += [f"NOT MAPPED {name}: {reason}" for name, reason in self.unmapped.items()]
         out += [f"INVALID {name}: {'; '.join(msgs)}" for name, msgs in self.invalid.items()]
+        out += [f"not imported, {kind}: {n}: {why}" for n, (kind, why) in self.left_out.items()]
         out += [f"note {name}: {note}" for name, notes in self.notes.items() for note in notes]
+        kinds: dict[str, int] = {}
+        for kind, _ in self.left_out.values():
+            kinds[kind] = kinds.get(kind, 0) + 1
         out.append(
             f"{len(self.created)} {verb}, {len(self.updated)} updated, "
             f"{len(self.skipped)} skipped, {len(self.unmapped)} not mapped, "
             f"{len(self.invalid)} invalid"
+            + "".join(f", {count} {kind}" for kind, count in kinds.items())
         )
         return out
 
@@ -441,7 +455,7 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
                 f"phase kept from django-celery-beat's last_run_at: last sent {last.isoformat()}"
             )
     elif row.clocked_id:
-        item.spec["run_at"] = row.clocked.clocked_time
+        item.spec["run_at"] = _aware(row.clocked.clocked_time)
     elif row.solar_id:
         item.spec.update(
             solar_event=row.solar.event,
@@ -483,9 +497,27 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
         return item
     item.paused = not row.enabled
     if row.one_off and row.total_run_count:
-        item.problem = "a one-off task that already ran"
+        item.left_out = (
+            ALREADY_RAN,
+            f"a one-off task that already ran (total_run_count {row.total_run_count})",
+        )
+    elif row.one_off and not row.enabled and item.spec.get("run_at", now) < now:
+        # What django-celery-beat leaves of a one-off it sent: disabled, with its count and
+        # last_run_at reset. Imported paused, a resume would have sent it a second time.
+        item.left_out = (
+            ALREADY_RAN,
+            "a one-off task that already ran: disabled, its time "
+            f"({item.spec['run_at']:%Y-%m-%d %H:%M:%S %Z}) past, as django-celery-beat leaves "
+            "a one-off it sent (it resets total_run_count and last_run_at); if it never "
+            "ran, schedule it again with schedapp.api.schedule or the admin",
+        )
     elif row.one_off and "run_at" not in item.spec:
         _make_one_off(item, now)
+        if not row.enabled and not item.problem:
+            item.notes.append(
+                "disabled one-off: django-celery-beat disables a one-off once it has sent "
+                "it, so it may have run; imported paused, a resume sends it once"
+            )
     return item
 
 
@@ -542,6 +574,9 @@ def import_candidates(
         for item in candidates:
             if item.notes:
                 report.notes[item.name] = item.notes
+            if item.left_out:
+                report.left_out[item.name] = item.left_out
+                continue
             if item.ignored:
                 report.ignored[item.name] = item.ignored
             if item.problem:

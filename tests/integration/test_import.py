@@ -299,7 +299,7 @@ def test_import_from_django_celery_beat_tables(periodic_tasks):
     assert one_off.run_at.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M") == "02:15"
     assert jobs["dcb-solar"].schedule_kind == "solar"
     assert "NOT MAPPED dcb-bad-json: kwargs is not valid JSON" in err
-    assert "NOT MAPPED dcb-ran-once: a one-off task that already ran" in err
+    assert "not imported, already ran: dcb-ran-once: a one-off task that already ran" in out
 
     # Idempotent: a second import changes nothing
     out, _ = run("--from-django-celery-beat")
@@ -360,3 +360,24 @@ def test_a_django_celery_beat_interval_keeps_its_phase_from_last_run_at():
     assert (job.next_run_at - last) % timedelta(days=1) == timedelta(0)  # 03:00's phase
     assert db_now() < job.next_run_at <= db_now() + timedelta(days=1)
     assert "note nightly: phase kept from django-celery-beat's last_run_at" in out
+
+
+def test_a_one_off_django_celery_beat_already_sent_is_not_imported_as_pending():
+    """django-celery-beat disables a one-off once sent and resets its total_run_count and
+    last_run_at: imported as a paused job due in the past, a resume sent it again."""
+    dcb = pytest.importorskip("django_celery_beat.models")
+    past = dcb.ClockedSchedule.objects.create(clocked_time=db_now() - timedelta(hours=5))
+    future = dcb.ClockedSchedule.objects.create(clocked_time=db_now() + timedelta(days=5))
+    create = dcb.PeriodicTask.objects.create
+    create(name="sent", task="project.tasks.noop", clocked=past, one_off=True, enabled=False)
+    create(name="held", task="project.tasks.noop", clocked=future, one_off=True, enabled=False)
+    create(name="late", task="project.tasks.noop", clocked=past, one_off=True)  # never sent
+
+    out, err = run("--from-django-celery-beat", "--strict")
+
+    assert set(Job.objects.values_list("name", "state")) == {
+        ("held", JobState.PAUSED),  # disabled before its time: paused, as it was
+        ("late", JobState.SCHEDULED),  # enabled and past: django-celery-beat would send it
+    }
+    assert "not imported, already ran: sent: a one-off task that already ran" in out
+    assert "1 already ran" in out and err == ""
