@@ -323,8 +323,8 @@ class LeaseScheduler(Scheduler):
         """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
         declaration is reported and never stops the beat."""
         try:
-            report = with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
-            log.info("declared jobs: %s", report, extra={"action": "declared_sync"})
+            # the sync logs its report (and names each conflict) itself
+            with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)
         except Exception as exc:
             log.exception(
                 "could not sync declared jobs: %s", exc, extra={"action": "declared_sync_failed"}

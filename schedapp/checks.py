@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 from . import extras
 from .conf import get_settings
@@ -25,6 +25,7 @@ def register() -> None:
     checks.register(check_dependencies, "schedapp")
     checks.register(check_declared_jobs, "schedapp")
     checks.register(check_beat_schedule, "schedapp")
+    checks.register(check_declared_names, "schedapp")
     checks.register(check_database, "schedapp", deploy=True)
     checks.register(check_allowlist, "schedapp", deploy=True)
 
@@ -313,3 +314,55 @@ def check_beat_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 )
             )
     return found
+
+
+@_outermost
+def check_declared_names(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Declared names (``SCHEDAPP_JOBS``, ``@periodic``, ``beat_schedule`` entries) that a job
+    of another source already holds, typically one imported from django-celery-beat's copy
+    of a ``CELERY_BEAT_SCHEDULE`` entry: the beats' sync leaves such a job alone, so every
+    later edit of the declaration is ignored.
+
+    It reads the job table, so it runs, as Django's database checks do, only when asked to
+    check the default database (``manage.py check --database default``; ``migrate`` asks
+    too): Celery's Django fixup runs every check in each beat and worker as it loads the
+    tasks modules, which must not wait on the database. A beat names each conflict in a
+    warning at its start."""
+    if not databases or "default" not in databases:
+        return []
+    names = list(_declarations())
+    if not names:
+        return []
+    from .declared import conflict_text
+    from .models import Job, JobSource
+
+    try:
+        with transaction.atomic():  # a failed query leaves a caller's transaction usable
+            taken = sorted(
+                Job.objects.filter(name__in=names)
+                .exclude(source=JobSource.DECLARED)
+                .values_list("name", "source")
+            )
+    except (DatabaseError, ImproperlyConfigured):  # not migrated, or no database: no jobs
+        return []
+    return [
+        checks.Warning(
+            f"Declared job {name!r} is not synced by schedapp's beats: "
+            + conflict_text(name, source),
+            hint=_CONFLICT_HINT,
+            obj=name,
+            id="schedapp.W012",
+        )
+        for name, source in taken
+    ]
+
+
+_CONFLICT_HINT = (
+    "Keep one of the two: delete (or rename) the existing job so that the next beat start "
+    "creates the declared one, or remove the declaration (the CELERY_BEAT_SCHEDULE entry, "
+    "SCHEDAPP_JOBS item or @periodic) to keep the job. schedapp_import "
+    "--from-django-celery-beat leaves out django-celery-beat's copies of CELERY_BEAT_SCHEDULE "
+    "entries, so that they do not take the entries' names (docs/migrating.md)."
+)

@@ -212,8 +212,9 @@ class SyncReport:
             f"{len(self.paused)} paused",
             f"{len(self.unchanged)} unchanged",
         ]
-        if self.conflicts:
-            parts.append(f"{len(self.conflicts)} name conflicts")
+        if self.conflicts:  # named: each is a declaration whose edits are ignored
+            names = ", ".join(sorted(self.conflicts))
+            parts.append(f"{len(self.conflicts)} name conflicts ({names})")
         if self.errors:
             parts.append(f"{len(self.errors)} invalid")
         return "declared jobs: " + ", ".join(parts)
@@ -277,6 +278,12 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
         return
     if job.source != JobSource.DECLARED:
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
+        log.warning(
+            "declared job %r is not synced: %s",
+            name,
+            conflict_text(name, job.source),
+            extra={"action": "declared_conflict", "job_name": name},
+        )
         return
     if values.get("interval_anchor") is None:
         # Not declared: the phase the job took at its first occurrence stays (a new schedule
@@ -291,6 +298,18 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
         report.unchanged.append(name)
     if job.state == JobState.PAUSED:
         report.waiting.append(name)
+
+
+def conflict_text(name: str, source: str) -> str:
+    """Why a declaration is not synced, and what to do: the beat's warning and the system
+    check (schedapp.W012) say the same."""
+    return (
+        f"a job named {name!r} exists with source {source!r} (created by "
+        f"{'schedapp_import' if source == JobSource.IMPORTED else source}, not by this "
+        "declaration), and sync never touches a job it did not create: edits of the "
+        "declaration are ignored while that job holds the name (delete or rename that job, "
+        "or remove the declaration)"
+    )
 
 
 def _messages(exc: Exception) -> list[str]:

@@ -33,7 +33,9 @@ Mapping, with Celery's semantics:
   ``last_run_at`` -> its phase (``interval_anchor``). A disabled
   ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time,
   unless it already ran: one with a ``total_run_count``, or disabled with its clocked time
-  past (what django-celery-beat leaves of a one-off it sent) is left out, and reported.
+  past (what django-celery-beat leaves of a one-off it sent) is left out, and reported;
+  so is a row named as a ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy of it:
+  the entry is synced, or imported with ``--from-settings``, not its copy).
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -83,6 +85,7 @@ class Candidate:
 
 
 ALREADY_RAN = "already ran"
+IN_BEAT_SCHEDULE = "in CELERY_BEAT_SCHEDULE"
 
 
 @dataclass
@@ -426,8 +429,23 @@ def from_django_celery_beat() -> list[Candidate]:
         ) from exc
     now = db_now()
     deadline = cron_starting_deadline()
+    entries = {str(name) for name in beat_schedule_from_settings()}
     rows = PeriodicTask.objects.select_related("interval", "crontab", "solar", "clocked")
-    return [_periodic_task(row, now, deadline) for row in rows.order_by("name")]
+    found = []
+    for row in rows.order_by("name"):
+        item = _periodic_task(row, now, deadline)
+        if row.name in entries:
+            # django-celery-beat's DatabaseScheduler copies beat_schedule into its table at
+            # each start. Imported, the copy would hold the entry's name, and the beats' sync
+            # of the entry (a declared job) would leave it alone: edits of the entry ignored.
+            item.left_out = (
+                IN_BEAT_SCHEDULE,
+                "a copy of the CELERY_BEAT_SCHEDULE entry of that name (django-celery-beat "
+                "copies the entries into its table at each start); schedapp's beats sync the "
+                "entry itself, or import it with --from-settings",
+            )
+        found.append(item)
+    return found
 
 
 def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:

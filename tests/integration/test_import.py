@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from zoneinfo import ZoneInfo
@@ -343,6 +344,23 @@ def test_the_task_allowlist_applies_to_imports_too():
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
+@pytest.fixture
+def schedapp_logs(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
+    """schedapp's log records, as its loggers hand them to their handlers. Not caplog: the
+    logger does not propagate to pytest's, and loading the tasks modules configures Django's
+    logging again, which takes a handler put on it away."""
+    records: list[logging.LogRecord] = []
+    call_handlers = logging.Logger.callHandlers
+
+    def keep(self: logging.Logger, record: logging.LogRecord) -> None:
+        if record.name.startswith("schedapp"):
+            records.append(record)
+        call_handlers(self, record)
+
+    monkeypatch.setattr(logging.Logger, "callHandlers", keep)
+    return records
+
+
 def test_a_django_celery_beat_interval_keeps_its_phase_from_last_run_at():
     """A daily task last sent at 03:00 Berlin ran at the import's time of day after it."""
     dcb = pytest.importorskip("django_celery_beat.models")
@@ -381,3 +399,74 @@ def test_a_one_off_django_celery_beat_already_sent_is_not_imported_as_pending():
     }
     assert "not imported, already ran: sent: a one-off task that already ran" in out
     assert "1 already ran" in out and err == ""
+
+
+def test_django_celery_beat_copies_of_beat_schedule_entries_are_left_to_the_entries():
+    """django-celery-beat copies CELERY_BEAT_SCHEDULE into its table at each start: imported,
+    each copy took the name of an entry schedapp's beats sync, and edits of the entry were
+    ignored from then on."""
+    dcb = pytest.importorskip("django_celery_beat.models")
+    every = dcb.IntervalSchedule.objects.create(every=30, period=dcb.IntervalSchedule.SECONDS)
+    create = dcb.PeriodicTask.objects.create
+    create(name="beat-one", task="project.tasks.noop", interval=every)
+    create(name="admin-made", task="project.tasks.noop", interval=every)
+    entries = {"beat-one": {"task": "project.tasks.noop", "schedule": 30}}
+
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        out, err = run("--from-django-celery-beat", "--strict")
+
+    assert list(Job.objects.values_list("name", flat=True)) == ["admin-made"]
+    assert (
+        "not imported, in CELERY_BEAT_SCHEDULE: beat-one: a copy of the CELERY_BEAT_SCHEDULE "
+        "entry" in out
+    )
+    assert err == ""
+
+
+def test_a_declared_name_taken_by_an_imported_job_is_named_at_sync_and_in_check(schedapp_logs):
+    """Imported first, entries of CELERY_BEAT_SCHEDULE (or SCHEDAPP_JOBS) hold their names:
+    each beat start logged '2 name conflicts' without naming them, check was silent, and
+    edits of those entries were ignored."""
+    from schedapp import checks, declared
+
+    jobs = {
+        "report": {"task": "project.tasks.record", "cron": "0 7 * * *"},
+        "cleanup": {"task": "project.tasks.noop", "interval": 3600},
+        "fresh": {"task": "project.tasks.noop", "interval": 60},
+    }
+    entries = {name: {"task": spec["task"], "schedule": 60} for name, spec in jobs.items()}
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        run()  # imported jobs now hold "report", "cleanup" and "fresh"
+    Job.objects.filter(name="fresh").delete()
+
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        report = declared.sync_declared_jobs()
+    assert str(report) == (
+        "declared jobs: 1 created, 0 updated, 0 paused, 0 unchanged, "
+        "2 name conflicts (cleanup, report)"
+    )
+    warned = [r.getMessage() for r in schedapp_logs if r.levelname == "WARNING"]
+    assert any("'report'" in m and "imported" in m and "not synced" in m for m in warned)
+
+    Job.objects.filter(name="fresh").delete()
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        found = checks.check_declared_names(databases=["default"])
+        assert checks.check_declared_names() == []  # Django's rule: no database asked for
+        err = StringIO()
+        call_command("check", "--database", "default", stderr=err)
+    assert [(m.id, m.obj) for m in found] == [
+        ("schedapp.W012", "cleanup"),
+        ("schedapp.W012", "report"),
+    ]
+    assert "imported" in found[0].msg and "schedapp_import" in found[0].hint
+    assert "schedapp.W012" in err.getvalue()
+
+
+def test_the_beat_logs_the_declared_jobs_report_without_a_doubled_prefix(schedapp_logs):
+    from schedapp import beat
+    from schedapp.validation import celery_app
+
+    scheduler = beat.LeaseScheduler(celery_app(), lazy=True)
+    scheduler._sync_declared_jobs()
+    lines = [r.getMessage() for r in schedapp_logs if "declared jobs" in r.getMessage()]
+    assert lines and not any("declared jobs: declared jobs" in line for line in lines)
