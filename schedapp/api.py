@@ -94,7 +94,8 @@ def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
     ``misfire_policy``, ``misfire_grace`` and ``misfire_max_catchup``; Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
-    (apply_async's queue, routing_key, exchange, priority, expires, headers). Any left out (or
+    (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,
+    soft_time_limit). Any left out (or
     None) takes its default. ``source`` records who created the job (``"api"``, ``"admin"``,
     ``"declared"``, ``"imported"``).
     """

@@ -23,19 +23,18 @@ Mapping, with Celery's semantics:
   is due (its own ``is_due``, ``remaining_estimate`` or ``now``), and anything else -> not
   mapped (reported; ``schedapp_import --strict`` exits non-zero).
 * args, kwargs and the entry's ``options`` (queue, routing_key, exchange, priority, expires,
-  headers) -> the job's message options, sent as apply_async sends them; other options are
-  reported as ignored. args that are not a list or tuple, kwargs or options that are not a
-  mapping, and a schedule that is not a finite number of seconds -> not mapped (a deliberate
-  difference where Celery's beat would take a str's characters or a dict's keys for the
-  args; where it fails at each send, on a number). django-celery-beat's
-  ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``,
-  priority, exchange, routing key and headers -> message options; an interval's
-  ``last_run_at`` -> its phase (``interval_anchor``). A disabled
-  ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs once, at its next fire time,
-  unless it already ran: one with a ``total_run_count``, or disabled with its clocked time
-  past (what django-celery-beat leaves of a one-off it sent) is left out, and reported;
-  so is a row named as a ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy of it:
-  the entry is synced, or imported with ``--from-settings``, not its copy).
+  headers, time_limit, soft_time_limit) -> the job's message options, sent as apply_async sends
+  them; other options are reported as ignored. args that are not a list or tuple, kwargs or
+  options that are not a mapping, and a schedule that is not a finite number of seconds -> not
+  mapped (a deliberate difference where Celery's beat would take a str's characters or a dict's
+  keys for the args; where it fails at each send, on a number). django-celery-beat's
+  ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``, priority,
+  exchange, routing key and headers -> message options; an interval's ``last_run_at`` -> its phase
+  (``interval_anchor``). A disabled ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs
+  once, at its next fire time, unless it already ran: one with a ``total_run_count``, or disabled
+  with its clocked time past (what django-celery-beat leaves of a one-off it sent) is left out,
+  and reported; so is a row named as a ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy
+  of it: the entry is synced, or imported with ``--from-settings``, not its copy).
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """

@@ -126,7 +126,7 @@ class Job(models.Model):
     )
     # What apply_async's options would say for this job's messages, over the task's own:
     # queue, routing_key, exchange, priority (message priority, not the claim priority),
-    # expires (seconds), headers.
+    # expires (seconds), headers, time_limit and soft_time_limit (seconds).
     message_options = models.JSONField(
         default=dict,
         blank=True,

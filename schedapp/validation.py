@@ -61,7 +61,18 @@ CELERY_FIELDS = (
     "message_options",
 )
 # Per-job Celery message options, as apply_async takes them (over the task's own options).
-MESSAGE_OPTIONS = ("queue", "routing_key", "exchange", "priority", "expires", "headers")
+MESSAGE_OPTIONS = (
+    "queue",
+    "routing_key",
+    "exchange",
+    "priority",
+    "expires",
+    "headers",
+    # the message's timelimit header: a prefork worker kills (hard) or interrupts (soft) the
+    # task after so many seconds, over the task's own limits
+    "time_limit",
+    "soft_time_limit",
+)
 # Headers a job may not set: the protocol's own, kombu's (``compression`` names how the body
 # is compressed: a worker would decompress a body sent as it is) and schedapp's fencing headers.
 RESERVED_HEADERS = frozenset(
@@ -732,6 +743,14 @@ def _message_options_verdict(value: dict[str, Any]) -> tuple[dict[str, Any], str
         or not 0 < expires <= 366 * 86400
     ):
         return {}, "expires must be a number of seconds, more than 0 and at most a year."
+    for field in ("time_limit", "soft_time_limit"):
+        limit = value.get(field)
+        if limit is not None and (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not 0 < limit <= 366 * 86400  # False for NaN
+        ):
+            return {}, f"{field} must be a number of seconds, more than 0 and at most a year."
     headers = value.get("headers")
     if headers is not None:
         if not isinstance(headers, dict):

@@ -470,3 +470,25 @@ def test_the_beat_logs_the_declared_jobs_report_without_a_doubled_prefix(schedap
     scheduler._sync_declared_jobs()
     lines = [r.getMessage() for r in schedapp_logs if "declared jobs" in r.getMessage()]
     assert lines and not any("declared jobs: declared jobs" in line for line in lines)
+
+
+def test_time_limits_in_an_entrys_options_reach_its_messages():
+    """apply_async's time_limit and soft_time_limit, in the options of many beat schedules,
+    were dropped: the job's messages had the task's own limits (none here)."""
+    from project.celery import app
+    from schedapp.dispatch import resolve_route
+
+    entries = {
+        "crunch": {
+            "task": "project.tasks.record",
+            "schedule": 600,
+            "options": {"time_limit": 300, "soft_time_limit": 240},
+        }
+    }
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        out, err = run("--strict")
+
+    crunch = Job.objects.get(name="crunch")
+    route = resolve_route(app, crunch.task, crunch.queue, json.dumps(crunch.message_options))
+    assert (route.time_limit, route.soft_time_limit) == (300, 240)  # the message's timelimit
+    assert "ignored" not in out + err

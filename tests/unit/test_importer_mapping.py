@@ -262,3 +262,32 @@ def test_a_crontab_without_utc_or_a_zone_runs_in_local_time_which_is_djangos_tim
     settings.TIME_ZONE = "Europe/Paris"
     celery_app_named(False, enable_utc=False)
     assert importer.map_celery_schedule(crontab(hour=7))[0]["timezone"] == "Europe/Paris"
+
+
+def test_time_limits_in_an_entrys_options_are_carried_as_message_options():
+    """Beat schedules often give apply_async time limits; they were reported as ignored and
+    the job ran without them."""
+    item = importer.map_beat_entry(
+        "crunch",
+        {
+            "task": "t",
+            "schedule": 600,
+            "options": {"time_limit": 300, "soft_time_limit": 240.5, "queue": "slow"},
+        },
+        "UTC",
+    )
+    assert item.problem is None
+    assert item.spec["message_options"] == {
+        "queue": "slow",
+        "time_limit": 300,
+        "soft_time_limit": 240.5,
+    }
+    assert (item.ignored, item.notes) == ([], [])
+
+
+def test_the_time_limits_a_job_may_carry_are_checked_as_celery_takes_them():
+    from schedapp.validation import _message_options_verdict
+
+    assert _message_options_verdict({"time_limit": 60, "soft_time_limit": 50})[1] is None
+    for bad in (0, -1, "60", True, float("inf")):
+        assert "time_limit" in (_message_options_verdict({"time_limit": bad})[1] or ""), bad
