@@ -56,11 +56,32 @@ from django.db import transaction
 
 from . import api
 from .db import db_now
+from .display import describe_schedule, job_schedule_text, local_time, preview_text
 from .exceptions import ScheduleError
 from .models import Job, JobSource
 from .policies import RUN_RECENT
-from .schedules import Interval, Schedule, next_fire_time, parse_cron, parse_solar, with_window
-from .validation import JOB_FIELDS, MESSAGE_OPTIONS, celery_app, changed_fields, validate_job
+from .schedules import (
+    Interval,
+    Schedule,
+    fire_times,
+    first_fire_time,
+    next_fire_time,
+    parse_cron,
+    parse_solar,
+    with_window,
+)
+from .validation import (
+    JOB_FIELDS,
+    MESSAGE_OPTIONS,
+    SCHEDULE_DETAIL_FIELDS,
+    SCHEDULE_FIELDS,
+    celery_app,
+    changed_fields,
+    job_defaults,
+    stored_schedule,
+    validate_job,
+    with_defaults,
+)
 
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"
@@ -99,6 +120,8 @@ class ImportReport:
     ignored: dict[str, list[str]] = field(default_factory=dict)  # settings without equivalent
     # Deliberately not imported (a one-off that already ran...): name -> (kind, reason)
     left_out: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # What a job created (dry run) or updated would be: lines shown under its name
+    details: dict[str, list[str]] = field(default_factory=dict)
     dry_run: bool = False
 
     @property
@@ -108,8 +131,12 @@ class ImportReport:
 
     def lines(self) -> list[str]:
         verb = "would create" if self.dry_run else "created"
-        out = [f"{verb}: {name}" for name in self.created]
-        out += [f"{'would update' if self.dry_run else 'updated'}: {n}" for n in self.updated]
+        updated = "would update" if self.dry_run else "updated"
+        out: list[str] = []
+        for name in self.created:
+            out += [f"{verb}: {name}", *(f"    {line}" for line in self.details.get(name, ()))]
+        for name in self.updated:
+            out += [f"{updated}: {name}", *(f"    {line}" for line in self.details.get(name, ()))]
         out += [f"skipped (a job with this name exists): {name}" for name in self.skipped]
         out += [f"unchanged: {name}" for name in self.unchanged]
         out += [f"NOT MAPPED {name}: {reason}" for name, reason in self.unmapped.items()]
@@ -120,7 +147,7 @@ class ImportReport:
         for kind, _ in self.left_out.values():
             kinds[kind] = kinds.get(kind, 0) + 1
         out.append(
-            f"{len(self.created)} {verb}, {len(self.updated)} updated, "
+            f"{len(self.created)} {verb}, {len(self.updated)} {updated}, "
             f"{len(self.skipped)} skipped, {len(self.unmapped)} not mapped, "
             f"{len(self.invalid)} invalid"
             + "".join(f", {count} {kind}" for kind, count in kinds.items())
@@ -630,12 +657,100 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         if not changes:
             report.unchanged.append(item.name)
             return
-        with transaction.atomic():
-            api.update(existing.pk, **changes)
+        report.details[item.name] = update_lines(existing, cleaned, changes)
+        if not report.dry_run:
+            with transaction.atomic():
+                api.update(existing.pk, **changes)
         report.updated.append(item.name)
+        return
+    if report.dry_run:  # validated as api.schedule would, and nothing written: no id taken
+        if item.name in report.details:  # an earlier candidate of this run takes the name
+            report.skipped.append(item.name)
+            return
+        report.details[item.name] = preview_lines(item, db_now())
+        report.created.append(item.name)
         return
     with transaction.atomic():
         job = api.schedule(item.task or "", name=item.name, source=JobSource.IMPORTED, **item.spec)
         if item.paused:
             api.pause(job.pk)
     report.created.append(item.name)
+
+
+# --- what a dry run shows ----------------------------------------------------------------------
+
+PREVIEW_TIMES = 3  # next fire times shown per entry
+
+
+def preview_lines(item: Candidate, now: datetime) -> list[str]:
+    """What the job of ``item`` would be, in words: its task and payload, its schedule, zone
+    and next fire times, its message options. Raises ValidationError where ``api.schedule``
+    would, without writing (a dry run takes no job id)."""
+    values = validate_job(
+        with_defaults(job_defaults(), {**item.spec, "task": item.task, "name": item.name})
+    )
+    schedule = stored_schedule(values)
+    try:
+        first = first_fire_time(schedule, now)  # a one-off in the past: due at once
+    except ScheduleError as exc:  # an expiry already passed
+        raise ValidationError({exc.field: [exc.message]}) from exc
+    times = [first, *fire_times(schedule, first, limit=PREVIEW_TIMES - 1)]
+    zone = values["timezone"]
+    lines = [
+        f"task: {values['task']} args {values['args']!r} kwargs {values['kwargs']!r}",
+        f"schedule: {_schedule_text(values)}",
+        f"zone: {zone}",
+        "next: " + "; ".join(preview_text(t, zone) for t in times),
+        f"message options: {_options_text(values['message_options'])}",
+    ]
+    if first <= now:
+        lines[3] += " (past: sent at the first beat tick)"
+    if values["queue"]:
+        lines.append(f"queue: {values['queue']}")
+    if "misfire_policy" in item.spec:
+        lines.append(f"misfire: {values['misfire_policy']}, grace {values['misfire_grace']}")
+    if item.paused:
+        lines.append("paused: disabled in django-celery-beat (resume the job to run it)")
+    return lines
+
+
+def update_lines(job: Job, values: Mapping[str, Any], changes: Mapping[str, Any]) -> list[str]:
+    """What ``--update`` changes in ``job``, field by field (the schedule in words)."""
+    lines: list[str] = []
+    schedule = (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone", "interval_anchor")
+    before, after = job_schedule_text(job), _schedule_text(values)
+    if before != after:
+        lines.append(f"schedule: {before} -> {after}")
+    for name in changes:
+        old, new = getattr(job, name), values[name]
+        if name in schedule and (before != after or old == new):
+            continue  # said in words above, or only restated with the whole schedule
+        if name == "message_options":
+            lines.append(f"message options: {_options_text(old)} -> {_options_text(new)}")
+        elif isinstance(old, datetime) or isinstance(new, datetime):
+            zone = values.get("timezone") or job.timezone
+            lines.append(f"{name}: {local_time(old, zone, True)} -> {local_time(new, zone, True)}")
+        else:
+            lines.append(f"{name}: {old!r} -> {new!r}")
+    return lines
+
+
+def _schedule_text(values: Mapping[str, Any]) -> str:
+    return describe_schedule(
+        values.get("run_at"),
+        values.get("cron") or "",
+        values.get("interval"),
+        values.get("timezone") or "UTC",
+        day_or=values.get("cron_day_or", True),
+        solar_event=values.get("solar_event") or "",
+        latitude=values.get("latitude"),
+        longitude=values.get("longitude"),
+        not_before=values.get("not_before"),
+        expires_at=values.get("expires_at"),
+    )
+
+
+def _options_text(options: Mapping[str, Any] | None) -> str:
+    if not options:
+        return "(none)"
+    return ", ".join(f"{key}={value}" for key, value in options.items())

@@ -472,6 +472,51 @@ def test_the_beat_logs_the_declared_jobs_report_without_a_doubled_prefix(schedap
     assert lines and not any("declared jobs: declared jobs" in line for line in lines)
 
 
+def test_dry_run_shows_each_entry_and_consumes_no_job_ids():
+    from schedapp import api
+
+    before = api.schedule("project.tasks.noop", interval=60, name="before").pk
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE, CELERY_TIMEZONE="Europe/Paris"):
+        out, _ = run("--dry-run")
+    after = api.schedule("project.tasks.noop", interval=60, name="after").pk
+    assert after == before + 1  # nothing inserted and rolled back
+    assert set(Job.objects.values_list("name", flat=True)) == {"before", "after"}
+
+    block = out.split("would create: weekday-report\n")[1].split("would create:")[0]
+    assert "schedule: At 07:00, Monday through Friday (Europe/Paris)" in block
+    assert "zone: Europe/Paris" in block
+    nexts = [line for line in block.splitlines() if line.strip().startswith("next:")]
+    assert len(nexts) == 1 and nexts[0].count("07:00:00 CE") == 3
+    assert "message options: queue=reports, priority=5, expires=30" in block
+    assert "task: project.tasks.record args ['report']" in block
+
+
+def test_dry_run_of_an_update_shows_the_diff():
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
+        run()
+    changed = {
+        **BEAT_SCHEDULE,
+        "every-ten-seconds": {
+            "task": "project.tasks.noop",
+            "schedule": 20,
+            "options": {"priority": 4},
+        },
+    }
+    with override_settings(CELERY_BEAT_SCHEDULE=changed):
+        out, _ = run("--update", "--dry-run")
+    block = out.split("would update: every-ten-seconds\n")[1]
+    assert "schedule: Every 10 seconds -> Every 20 seconds" in block
+    assert "message options: (none) -> priority=4" in block
+    assert Job.objects.get(name="every-ten-seconds").interval == timedelta(seconds=10)
+
+
+def test_a_dry_run_says_a_disabled_task_would_be_paused(periodic_tasks):
+    out, _ = run("--from-django-celery-beat", "--dry-run")
+    block = out.split("would create: dcb-disabled\n")[1].split("would create:")[0]
+    assert "paused: disabled in django-celery-beat" in block
+    assert not Job.objects.exists()
+
+
 def test_time_limits_in_an_entrys_options_reach_its_messages():
     """apply_async's time_limit and soft_time_limit, in the options of many beat schedules,
     were dropped: the job's messages had the task's own limits (none here)."""

@@ -33,7 +33,11 @@ class Command(BaseCommand):
             help="Update jobs imported before whose source entry changed.",
         )
         parser.add_argument(
-            "--dry-run", action="store_true", help="Validate and report; write nothing."
+            "--dry-run",
+            action="store_true",
+            help="Validate and report; write nothing. Shows each job it would create (task, "
+            "schedule in words, zone, next fire times, message options) and, with --update, "
+            "each change.",
         )
         parser.add_argument(
             "--beat-state",
