@@ -91,7 +91,8 @@ def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
 
     The options are ``JobOptions``'s: the schedule, ``name``, ``priority``, ``queue``,
     ``max_retries``, ``jitter``, ``lease_seconds``, ``retry_backoff``, ``retry_backoff_max``,
-    ``misfire_policy``, ``misfire_grace`` and ``misfire_max_catchup``; Celery's semantics:
+    ``misfire_policy``, ``misfire_grace``, ``misfire_max_catchup`` and ``description`` (free
+    text for people); Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,

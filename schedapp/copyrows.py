@@ -57,6 +57,7 @@ COPY_COLUMNS = (
     "updated_at",
     # Celery's semantics (migration 0007): shared by most jobs, encoded once per combination.
     *CELERY_FIELDS,
+    "description",  # free text: its own encoding, per job
 )
 _EXTRA_FIELDS = CELERY_FIELDS
 _MEMO_LIMIT = 4096
@@ -130,6 +131,14 @@ def _text(value: str) -> str:
     return value.replace("\\", "\\\\") if "\\" in value else value
 
 
+_TEXT_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def _free_text(value: str) -> str:
+    """Any text (a description: tabs, line breaks) as a field of COPY's text format."""
+    return value.translate(_TEXT_ESCAPES) if value else ""
+
+
 def _interval_text(value: timedelta) -> str:
     return str(value).replace(",", "")  # psycopg's text form: "1 day 0:00:03"
 
@@ -170,7 +179,7 @@ class TextRows(CopyRows):
         return (
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
-            f"{self._extras_of(values)}"
+            f"{self._extras_of(values)}\t{_free_text(values.get('description') or '')}\n"
         )
 
     def _encode_extras(self, values: dict[str, Any], options_json: str) -> str:
@@ -183,7 +192,7 @@ class TextRows(CopyRows):
             f"{'t' if values.get('cron_day_or', True) else 'f'}\t"
             f"{_text(values.get('solar_event') or '')}\t{opt(values.get('latitude'))}\t"
             f"{opt(values.get('longitude'))}\t{opt(values.get('not_before'))}\t"
-            f"{opt(values.get('expires_at'))}\t{_text(options_json)}\n"
+            f"{opt(values.get('expires_at'))}\t{_text(options_json)}"
         )
 
     @staticmethod
@@ -299,6 +308,7 @@ class BinaryRows(CopyRows):
                 first_b,
                 self.tail,
                 self._extras_of(values),
+                _b_text(values.get("description") or ""),
             )
         )
 

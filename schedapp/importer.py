@@ -28,13 +28,14 @@ Mapping, with Celery's semantics:
   options that are not a mapping, and a schedule that is not a finite number of seconds -> not
   mapped (a deliberate difference where Celery's beat would take a str's characters or a dict's
   keys for the args; where it fails at each send, on a number). django-celery-beat's
-  ``start_time``/``expires`` -> ``not_before``/``expires_at``; its ``expire_seconds``, priority,
-  exchange, routing key and headers -> message options; an interval's ``last_run_at`` -> its phase
-  (``interval_anchor``). A disabled ``PeriodicTask`` becomes a paused job; a ``one_off`` one runs
-  once, at its next fire time, unless it already ran: one with a ``total_run_count``, or disabled
-  with its clocked time past (what django-celery-beat leaves of a one-off it sent) is left out,
-  and reported; so is a row named as a ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy
-  of it: the entry is synced, or imported with ``--from-settings``, not its copy).
+  ``description`` -> the job's; ``start_time``/``expires`` -> ``not_before``/``expires_at``; its
+  ``expire_seconds``, priority, exchange, routing key and headers -> message options; an
+  interval's ``last_run_at`` -> its phase (``interval_anchor``). A disabled ``PeriodicTask``
+  becomes a paused job; a ``one_off`` one runs once, at its next fire time, unless it already ran:
+  one with a ``total_run_count``, or disabled with its clocked time past (what django-celery-beat
+  leaves of a one-off it sent) is left out, and reported; so is a row named as a
+  ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy of it: the entry is synced, or
+  imported with ``--from-settings``, not its copy).
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -517,6 +518,8 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
             item.problem = f"{field_name} is not valid JSON: {exc}"
             return item
     item.spec["queue"] = row.queue or ""
+    if getattr(row, "description", ""):  # for people: what the task is for
+        item.spec["description"] = row.description
     message: dict[str, Any] = {}
     for key in ("exchange", "routing_key", "priority"):  # priority: the message's
         if getattr(row, key, None) not in (None, ""):
@@ -707,6 +710,8 @@ def preview_lines(item: Candidate, now: datetime) -> list[str]:
         lines[3] += " (past: sent at the first beat tick)"
     if values["queue"]:
         lines.append(f"queue: {values['queue']}")
+    if values["description"]:
+        lines.append(f"description: {values['description']!r}")
     if "misfire_policy" in item.spec:
         lines.append(f"misfire: {values['misfire_policy']}, grace {values['misfire_grace']}")
     if item.paused:

@@ -85,6 +85,8 @@ class Job(models.Model):
     # varchar_pattern_ops index that nothing uses, and every claim rewrites every index.
     name = models.CharField(max_length=200)
     task = models.CharField(max_length=200, help_text="Registered Celery task name.")
+    # What the job is for, for people (django-celery-beat's PeriodicTask.description).
+    description = models.TextField(blank=True, default="", db_default="")
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
 

@@ -92,6 +92,7 @@ class JobOptions(TypedDict, total=False):
 
     args: Iterable[Any]
     kwargs: Mapping[str, Any] | None
+    description: str | None
     run_at: datetime | None
     cron: str | None
     interval: timedelta | float | None
@@ -366,6 +367,7 @@ class JobValidator:
         self._check_schedule(values, checked)
         self._check_message_options(values.get("message_options"), checked)
         _check_name(values.get("name"), checked)
+        _check_description(values.get("description"), checked)
         self._check_options(values, checked)
         return checked
 
@@ -687,6 +689,25 @@ def _check_name(name: Any, checked: Checked) -> None:
         _add(checked.errors, "name", "contains a lone surrogate, which is not valid Unicode.")
     else:
         checked.values["name"] = name
+
+
+DESCRIPTION_MAX = 10_000
+
+
+def _check_description(description: Any, checked: Checked) -> None:
+    """Free text for people (None: none); what PostgreSQL can store: no NUL, valid Unicode."""
+    if description is None:
+        checked.values["description"] = ""
+    elif not isinstance(description, str):
+        _add(checked.errors, "description", f"must be a string, got {_kind(description)}.")
+    elif len(description) > DESCRIPTION_MAX:
+        _add(checked.errors, "description", f"must be at most {DESCRIPTION_MAX} characters.")
+    elif "\x00" in description:
+        _add(checked.errors, "description", "must not contain NUL characters.")
+    elif _SURROGATE.search(description):
+        _add(checked.errors, "description", "contains a lone surrogate: not valid Unicode.")
+    else:
+        checked.values["description"] = description
 
 
 def _check_window(values: Mapping[str, Any], checked: Checked) -> None:

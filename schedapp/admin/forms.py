@@ -28,6 +28,7 @@ from ..validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedul
 FORM_FIELDS = [
     "name",
     "task",
+    "description",
     "args",
     "kwargs",
     "cron",

@@ -43,7 +43,7 @@ from .views import JobViewsMixin
 __all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
-    (None, {"fields": ("name", "task", "args", "kwargs")}),
+    (None, {"fields": ("name", "task", "description", "args", "kwargs")}),
     (
         "Schedule",
         {

@@ -537,3 +537,25 @@ def test_time_limits_in_an_entrys_options_reach_its_messages():
     route = resolve_route(app, crunch.task, crunch.queue, json.dumps(crunch.message_options))
     assert (route.time_limit, route.soft_time_limit) == (300, 240)  # the message's timelimit
     assert "ignored" not in out + err
+
+
+def test_a_django_celery_beat_description_is_carried_over(periodic_tasks):
+    periodic_tasks.PeriodicTask.objects.filter(name="dcb-cron").update(
+        description="Nightly report for the finance team"
+    )
+    run("--from-django-celery-beat")
+    assert Job.objects.get(name="dcb-cron").description == "Nightly report for the finance team"
+    assert Job.objects.get(name="dcb-interval").description == ""
+
+
+def test_a_description_is_checked_as_any_field():
+    from django.core.exceptions import ValidationError
+
+    from schedapp import api
+
+    for bad, message in ((5, "must be a string"), ("a\x00b", "NUL"), ("x" * 10_001, "at most")):
+        with pytest.raises(ValidationError) as caught:
+            api.schedule("project.tasks.noop", interval=60, description=bad)
+        assert message in " ".join(caught.value.message_dict["description"])
+    job = api.schedule("project.tasks.noop", interval=60, name="d", description=None)
+    assert api.update(job.pk, description="what it is for").description == "what it is for"

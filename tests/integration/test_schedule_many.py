@@ -222,6 +222,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "misfire_grace": 0.25,
         "timezone": "America/Argentina/Buenos_Aires",
         "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": "é \\ \"t\""}},
+        "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
     }
     with transaction.atomic():
         single = api.schedule(TASK, run_at=SOON, name="single \\ 'x' 夜", **awkward)
