@@ -107,6 +107,8 @@ class Candidate:
 
 ALREADY_RAN = "already ran"
 IN_BEAT_SCHEDULE = "in CELERY_BEAT_SCHEDULE"
+HOUSEKEEPING = "done by schedapp's housekeeping"
+BACKEND_CLEANUP = "celery.backend_cleanup"  # every Celery beat's own entry, result expiry
 
 
 @dataclass
@@ -477,6 +479,16 @@ def from_django_celery_beat() -> list[Candidate]:
 
 def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
     item = Candidate(name=row.name, origin=DJANGO_CELERY_BEAT, task=row.task)
+    if row.task == BACKEND_CLEANUP:
+        # Celery's beat installs it for result expiry, and django-celery-beat keeps it as a
+        # row; schedapp's allowlist denies celery.* and its housekeeping does the same work
+        item.left_out = (
+            HOUSEKEEPING,
+            f"Celery beat's own {BACKEND_CLEANUP} (django-celery-beat keeps it as a row); "
+            "the housekeeping job schedapp-cleanup-results deletes expired results instead "
+            "(SCHEDAPP_HOUSEKEEPING, on by default; or schedule schedapp.cleanup_results)",
+        )
+        return item
     if row.crontab_id:
         tab = row.crontab
         item.spec["cron"] = " ".join(

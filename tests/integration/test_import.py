@@ -559,3 +559,23 @@ def test_a_description_is_checked_as_any_field():
         assert message in " ".join(caught.value.message_dict["description"])
     job = api.schedule("project.tasks.noop", interval=60, name="d", description=None)
     assert api.update(job.pk, description="what it is for").description == "what it is for"
+
+
+def test_celery_beats_own_backend_cleanup_row_is_left_to_housekeeping():
+    """django-celery-beat keeps Celery beat's celery.backend_cleanup as a row: the import
+    reported it INVALID (celery.* is not allowed), and --strict failed, for work schedapp's
+    housekeeping (schedapp-cleanup-results) already does."""
+    dcb = pytest.importorskip("django_celery_beat.models")
+    four = dcb.CrontabSchedule.objects.create(minute="0", hour="4")
+    dcb.PeriodicTask.objects.create(
+        name="celery.backend_cleanup", task="celery.backend_cleanup", crontab=four
+    )
+
+    out, err = run("--from-django-celery-beat", "--strict")
+
+    assert not Job.objects.exists() and err == ""
+    assert (
+        "not imported, done by schedapp's housekeeping: celery.backend_cleanup: Celery beat's "
+        "own celery.backend_cleanup" in out
+    )
+
