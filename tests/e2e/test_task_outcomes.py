@@ -149,6 +149,39 @@ def test_time_limits_fail_the_attempt_and_run_it_once(fleet):
     assert executions.count() == 2 and not executions.exclude(finished_at=None).exists()
 
 
+def test_an_imported_entrys_time_limits_stop_its_task_on_a_real_worker(fleet):
+    """A beat_schedule entry's options time_limit / soft_time_limit, imported: the job's
+    messages carry them (the task has none of its own), and a prefork worker enforces them.
+    Before, the import dropped them and the task slept its full 10 s."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    entries = {
+        "crunch": {
+            "task": "project.tasks.record",
+            "schedule": 3600,
+            "kwargs": {"label": "crunch", "sleep": 10},
+            "options": {"time_limit": 3, "soft_time_limit": 1},
+        }
+    }
+    with override_settings(CELERY_BEAT_SCHEDULE=entries):
+        call_command("schedapp_import", "--strict", stdout=StringIO(), stderr=StringIO())
+    job = Job.objects.get(name="crunch")
+    api.update(job.pk, max_retries=0)
+    fleet.beat()
+    fleet.worker(concurrency=2)
+    api.run_now(job.pk)
+    # Then the soft limit interrupts the sleep: the attempt fails, the task never finishes
+    wait_until(lambda: runs_of(job) and runs_of(job)[0].finished_at, timeout=60, message="done")
+    (run,) = runs_of(job)
+    assert (run.status, run.error.split(":")[0]) == (RunStatus.FAILED, "SoftTimeLimitExceeded")
+    assert (run.finished_at - run.started_at).total_seconds() < 9
+    execution = Execution.objects.get(job_id=job.pk)
+    assert execution.finished_at is None
+
+
 def test_outcomes_are_recorded_with_the_result_backend_disabled(fleet):
     # Given a worker with no result backend (Celery's DisabledBackend)
     fleet.beat()
