@@ -667,6 +667,10 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
             # The source gives no phase: the one the job took at its first run stays (a new
             # interval still gets a new one, as api.update resets it with the schedule).
             merged["interval_anchor"] = existing.interval_anchor
+        elif _same_phase(merged.get("interval_anchor"), existing, merged["interval"]):
+            # A last run whole intervals later (the old scheduler ran on): the same phase,
+            # no change to make
+            merged["interval_anchor"] = existing.interval_anchor
         cleaned = validate_job(merged)
         changes = changed_fields(existing, cleaned)
         if not changes:
@@ -690,6 +694,15 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         if item.paused:
             api.pause(job.pk)
     report.created.append(item.name)
+
+
+def _same_phase(anchor: Any, job: Job, interval: Any) -> bool:
+    """Whether ``anchor`` gives ``job``'s interval the phase it has."""
+    if not isinstance(anchor, datetime) or job.interval_anchor is None:
+        return False
+    if not isinstance(interval, timedelta) or interval != job.interval or not interval:
+        return False
+    return (anchor - job.interval_anchor) % interval == timedelta(0)
 
 
 # --- what a dry run shows ----------------------------------------------------------------------

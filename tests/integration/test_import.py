@@ -579,3 +579,25 @@ def test_celery_beats_own_backend_cleanup_row_is_left_to_housekeeping():
         "own celery.backend_cleanup" in out
     )
 
+
+
+def test_update_keeps_an_interval_whose_last_run_moved_by_whole_intervals_unchanged():
+    """django-celery-beat still running during the switch moves last_run_at on by one
+    interval per run: the phase is the same, so --update has nothing to change."""
+    dcb = pytest.importorskip("django_celery_beat.models")
+    hourly = dcb.IntervalSchedule.objects.create(every=1, period=dcb.IntervalSchedule.HOURS)
+    last = (db_now() - timedelta(hours=3)).replace(minute=17, second=0, microsecond=0)
+    task = dcb.PeriodicTask.objects.create(
+        name="hourly", task="project.tasks.noop", interval=hourly, last_run_at=last
+    )
+    run("--from-django-celery-beat")
+    before = Job.objects.values_list("interval_anchor", "next_run_at").get(name="hourly")
+    dcb.PeriodicTask.objects.filter(pk=task.pk).update(last_run_at=last + timedelta(hours=2))
+
+    out, _ = run("--from-django-celery-beat", "--update")
+
+    assert "unchanged: hourly" in out
+    assert Job.objects.values_list("interval_anchor", "next_run_at").get(name="hourly") == before
+    dcb.PeriodicTask.objects.filter(pk=task.pk).update(last_run_at=last + timedelta(minutes=30))
+    out, _ = run("--from-django-celery-beat", "--update")
+    assert "updated: hourly" in out  # a new phase is a change
