@@ -126,6 +126,7 @@ class ImportReport:
     # What a job created (dry run) or updated would be: lines shown under its name
     details: dict[str, list[str]] = field(default_factory=dict)
     dry_run: bool = False
+    now: datetime | None = None  # the database's, read once for a dry run's fire times
 
     @property
     def complete(self) -> bool:
@@ -686,7 +687,9 @@ def _write(item: Candidate, update: bool, report: ImportReport) -> None:
         if item.name in report.details:  # an earlier candidate of this run takes the name
             report.skipped.append(item.name)
             return
-        report.details[item.name] = preview_lines(item, db_now())
+        if report.now is None:
+            report.now = db_now()
+        report.details[item.name] = preview_lines(item, report.now)
         report.created.append(item.name)
         return
     with transaction.atomic():
