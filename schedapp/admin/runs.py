@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
@@ -36,6 +36,8 @@ COLOURS = {
     "skipped": "#777777",
 }
 RECENT_RUNS_ON_JOB_PAGE = 5
+# The runs search lists the runs of at most this many jobs whose name matches (the newest).
+SEARCH_JOBS = 1_000
 
 
 def badge(value: str, label: str) -> str:
@@ -116,7 +118,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     list_filter = ("status", "stale", RunJobFilter)
     list_select_related = ("job",)
     search_fields = ("=task_id",)
-    search_help_text = "Exact Celery task id, e.g. schedapp:42:7"
+    search_help_text = "Part of a job's name, or an exact Celery task id (e.g. schedapp:42:7)"
     sortable_by = ("id",)
     list_per_page = 100
     paginator = LargeTablePaginator
@@ -160,8 +162,18 @@ class JobRunAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
+        """An exact task id (its index), or the runs of the jobs whose name contains the term:
+        people look for "the billing job's runs", not a task id. The jobs are looked up first
+        (at most ``SEARCH_JOBS`` of them), then their runs through the (job, -id) index."""
         term = search_term.strip()
-        return (queryset.filter(task_id=term) if term else queryset), False  # indexed
+        if not term:
+            return queryset, False
+        jobs = list(
+            Job.objects.filter(name__icontains=term)
+            .order_by("-id")
+            .values_list("id", flat=True)[:SEARCH_JOBS]
+        )
+        return queryset.filter(Q(task_id=term) | Q(job_id__in=jobs)), False
 
     @admin.display(description="status")
     def status_badge(self, run: JobRun) -> str:

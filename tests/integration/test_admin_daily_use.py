@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from schedapp import nodes
+from schedapp import api, nodes
 from schedapp.db import db_now
 from schedapp.models import Node
 
@@ -116,3 +116,46 @@ def test_the_beat_banner_names_the_beat_id_it_works_under_and_its_real_longest_s
         scheduler.close()
     # ... and says how long it sleeps at most (SCHEDAPP_MAX_SLEEP, 5 s), not Celery's 300 s
     assert re.search(r"maxinterval -> 5\.00 seconds \(5(\.0)?s\)", banner), banner
+
+
+# --- item 10: the runs list and the job list's count --------------------------------------
+
+
+def test_the_runs_search_finds_a_job_by_name_and_a_run_by_its_exact_task_id(admin_client):
+    from tests.integration.test_admin_runs import add_run
+
+    # Given runs of two jobs
+    billing = api.schedule("project.tasks.record", cron="0 3 * * *", name="nightly-billing-eu")
+    other = api.schedule("project.tasks.record", cron="0 4 * * *", name="cache-warmer")
+    mine = [add_run(billing, token, "succeeded") for token in (1, 2)]
+    theirs = add_run(other, 1, "failed", error="boom")
+    url = reverse("admin:schedapp_jobrun_changelist")
+
+    # When the operator searches the runs for part of a job's name
+    html = admin_client.get(url, {"q": "billing"}).content.decode()
+
+    # Then that job's runs are listed, and no other job's
+    listed = set(map(int, re.findall(r"/admin/schedapp/jobrun/(\d+)/change/", html)))
+    assert listed == {r.pk for r in mine}
+    # ... and an exact task id still finds its run
+    html = admin_client.get(url, {"q": theirs.task_id}).content.decode()
+    assert set(map(int, re.findall(r"/admin/schedapp/jobrun/(\d+)/change/", html))) == {theirs.pk}
+
+
+def test_the_job_list_says_one_count_at_the_top_and_the_bottom(admin_client, monkeypatch):
+    from schedapp.admin import filters
+
+    # Given more matching jobs than the list counts (the cap, made small here)
+    monkeypatch.setattr(filters, "COUNT_CAP", 3)
+    for i in range(5):
+        api.schedule("project.tasks.record", cron="0 3 * * *", name=f"capped-{i}")
+
+    # When the operator filters the list
+    html = admin_client.get(
+        reverse("admin:schedapp_job_changelist"), {"state__exact": "scheduled"}
+    ).content.decode()
+
+    # Then the count reads the same wherever it is said: "3+", never the probe's 4
+    words = text(html)
+    assert "3+ jobs" in words
+    assert not re.search(r"\b4 results?\b", words), re.findall(r".{40}\b4 results?.{20}", words)
