@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
+from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
@@ -59,6 +60,13 @@ assert set(FORM_FIELDS) == set(JOB_FIELDS)
 WALL_TIMES = ("run_at", "interval_anchor", "not_before", "expires_at")
 
 
+class WallTimeWidget(AdminSplitDateTime):
+    """The admin's date and time inputs, noted as the job's wall-clock time; without the
+    note of the server's zone that Django's admin adds to date-times (these are not in it)."""
+
+    template_name = "admin/schedapp/widgets/wall_time.html"
+
+
 def _datalist(field: forms.Field, list_id: str) -> None:
     field.widget.attrs.update({"list": list_id, "autocomplete": "off", "class": "vTextField"})
 
@@ -67,6 +75,7 @@ class JobForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = FORM_FIELDS
+        widgets = {name: WallTimeWidget for name in WALL_TIMES}
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
             "run_at": "One-off: wall-clock time in the job's time zone.",

@@ -96,6 +96,10 @@ class JobViewsMixin:
         context = {
             **self.admin_site.each_context(request),
             "title": "Scheduler overview",
+            # The change form's breadcrumbs (the template extends it): Jobs > this page.
+            "original": "Scheduler overview",
+            "add": False,
+            "has_view_permission": True,
             "opts": self.model._meta,
             "overview": data,
             "states": states,
