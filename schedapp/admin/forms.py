@@ -11,6 +11,7 @@ like cron, not in the server's ``TIME_ZONE``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,6 +68,19 @@ class WallTimeWidget(AdminSplitDateTime):
     template_name = "admin/schedapp/widgets/wall_time.html"
 
 
+class TaskPickerWidget(forms.TextInput):
+    """The task's text input with the registered tasks to pick from (``registered``, set by
+    the admin per request: the Celery app's tasks that the allowlist permits)."""
+
+    template_name = "admin/schedapp/widgets/task_picker.html"
+    registered: Sequence[str] = ()
+
+    def get_context(self, name: str, value: Any, attrs: dict[str, Any] | None) -> dict[str, Any]:
+        context = super().get_context(name, value, attrs)
+        context["widget"]["registered"] = self.registered
+        return context
+
+
 def _datalist(field: forms.Field, list_id: str) -> None:
     field.widget.attrs.update({"list": list_id, "autocomplete": "off", "class": "vTextField"})
 
@@ -75,7 +89,16 @@ class JobForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = FORM_FIELDS
-        widgets = {name: WallTimeWidget for name in WALL_TIMES}
+        widgets = {"task": TaskPickerWidget, **{name: WallTimeWidget for name in WALL_TIMES}}
+        labels = {
+            "cron_day_or": "Day of month or day of week",
+            "interval_anchor": "Align the interval to",
+            "run_at": "Run at",
+            "not_before": "Not before",
+            "expires_at": "Ends at",
+            "lease_seconds": "Lease (seconds)",
+            "jitter": "Jitter (seconds)",
+        }
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
             "run_at": "One-off: wall-clock time in the job's time zone.",
@@ -84,6 +107,9 @@ class JobForm(forms.ModelForm):
             "args": 'A JSON list, e.g. [1, "two"].',
             "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',
             "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
+            "cron_day_or": "When both day fields are restricted (e.g. '0 9 13 * 5'): checked, "
+            "a day matching either runs (cron's rule); unchecked, only a day matching both "
+            "(Celery's crontab).",
             "solar_event": "Solar schedule (Celery's solar): e.g. sunrise, sunset, dawn_civil; "
             "needs latitude and longitude.",
             "not_before": "Optional: never fires before this (wall-clock time in the job's zone).",

@@ -35,7 +35,7 @@ from .filters import (
     TaskFilter,
     allowed_registered_tasks,
 )
-from .forms import JobForm, preview_for
+from .forms import JobForm, TaskPickerWidget, preview_for
 from .operations import OPERATIONS, error_text, make_action
 from .runs import badge, runs_summary
 from .views import JobViewsMixin
@@ -62,6 +62,7 @@ _EDITABLE = (
                 "fire_preview",
             ),
             "description": "Give exactly one of cron, interval, run_at or a solar event.",
+            "classes": ("schedapp-schedule",),
         },
     ),
     ("Delivery", {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")}),
@@ -97,13 +98,57 @@ _STATUS = (
             )
         },
     ),
-    ("Lease", {"fields": ("claimed_by", "lease_expiry", "token", "unstarted_dispatches")}),
+    (
+        "Lease",
+        {
+            "fields": ("claimed_by", "lease_expiry", "token", "unstarted_dispatches"),
+            "classes": ("collapse",),
+        },
+    ),
     ("Record", {"fields": ("created", "updated"), "classes": ("collapse",)}),
+)
+# The schedule kinds, the fields each one uses, and how the kind chooser names them. The
+# other fields of the Schedule section (time zone, window) apply to every kind.
+SCHEDULE_KINDS = (
+    ("cron", "A cron expression", ("cron", "cron_day_or")),
+    ("interval", "Every interval", ("interval", "interval_anchor")),
+    ("once", "Once, at a time", ("run_at",)),
+    ("solar", "At a solar event", ("solar_event", "latitude", "longitude")),
 )
 # Deleting a job deletes its runs in the same statement: above this, prune first.
 DELETE_RUNS_MAX = 100_000
 _BREAK_AFTER = re.compile(r"(?<=[.@:/])")
 _STATUS_FIELDS = tuple(f for _title, spec in _STATUS for f in spec["fields"])
+
+
+def schedule_kind(job: Job | None) -> str:
+    """The kind of schedule a job has ('cron' for a new one)."""
+    if job is None or job.cron:
+        return "cron"
+    if job.interval is not None:
+        return "interval"
+    if job.run_at is not None:
+        return "once"
+    return "solar" if job.solar_event else "cron"
+
+
+def kind_chooser(selected: str) -> str:
+    """The Schedule section's description: the rule, and a chooser of the kind whose fields
+    the page shows (``job_form.js``; hidden without the script, which then shows them all)."""
+    options = format_html_join(
+        "",
+        '<option value="{}" data-fields="{}"{}>{}</option>',
+        (
+            (kind, " ".join(fields), mark_safe(" selected") if kind == selected else "", label)
+            for kind, label, fields in SCHEDULE_KINDS
+        ),
+    )
+    return format_html(
+        '<span id="schedapp-kind-box" hidden><label for="schedapp-schedule-kind">Schedule kind'
+        '</label> <select id="schedapp-schedule-kind">{}</select> </span>'
+        "<span>Give exactly one of cron, interval, run_at or a solar event.</span>",
+        options,
+    )
 
 
 def breakable(text: str) -> str:
@@ -250,8 +295,18 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     # --- the job page ---------------------------------------------------------------------
 
+    def get_form(self, request: HttpRequest, obj: Job | None = None, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, **kwargs)
+        task = form.base_fields.get("task")
+        if task is not None and isinstance(task.widget, TaskPickerWidget):
+            task.widget.registered = allowed_registered_tasks()
+        return form
+
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
-        return _EDITABLE if obj is None else (*_EDITABLE, *_STATUS)
+        first, (title, schedule), *rest = _EDITABLE
+        schedule = {**schedule, "description": kind_chooser(schedule_kind(obj))}
+        editable = (first, (title, schedule), *rest)
+        return editable if obj is None else (*editable, *_STATUS)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         return ("fire_preview",) if obj is None else ("fire_preview", *_STATUS_FIELDS)
@@ -321,12 +376,29 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
             context["schedapp_tasks"] = allowed_registered_tasks()
             context["schedapp_timezones"] = timezone_names()
         if job is not None:
+            context["schedapp_status"] = self._status(job)
             context["schedapp_buttons"] = [
                 {"op": op, "url": reverse("admin:schedapp_job_operation", args=[job.pk, op.slug])}
                 for op in OPERATIONS
                 if job.state in op.states and self._may(request, op.permission)
             ]
         return context
+
+    def _status(self, job: Job) -> dict[str, Any]:
+        """The job page's header: what a person asks first, above the form."""
+        first_line = job.last_error.strip().splitlines()[0][:300] if job.last_error else ""
+        return {
+            "badge": self.state_badge(job),
+            "dead": job.state == JobState.DEAD,
+            "next_run": self.next_run(job),
+            "last_run": self.last_run(job),
+            "retries": job.retry_count,
+            "max_retries": job.max_retries,
+            "missed": job.missed_runs,
+            "last_error": first_line,
+            "schedule": job_schedule_text(job),
+            "runs_url": f"{reverse('admin:schedapp_jobrun_changelist')}?job={job.pk}",
+        }
 
     def changeform_view(
         self,

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from schedapp import api, nodes
 from schedapp.db import db_now
-from schedapp.models import Node
+from schedapp.models import Job, JobState, Node
 
 pytestmark = [pytest.mark.django_db]
 
@@ -241,3 +241,86 @@ def test_the_job_list_says_one_count_at_the_top_and_the_bottom(admin_client, mon
     words = text(html)
     assert "3+ jobs" in words
     assert not re.search(r"\b4 results?\b", words), re.findall(r".{40}\b4 results?.{20}", words)
+
+
+# --- item 9: the job page -----------------------------------------------------------------
+
+
+def job_page(admin_client, job: Job) -> str:  # type: ignore[no-untyped-def]
+    return admin_client.get(reverse("admin:schedapp_job_change", args=[job.pk])).content.decode()
+
+
+def test_a_dead_job_says_so_at_the_top_with_its_last_error_and_the_actions_that_apply(admin_client):
+    # Given a job that died after its retries, with a long form below
+    job = api.schedule("project.tasks.record", cron="0 3 * * *", name="died")
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.DEAD,
+        retry_count=3,
+        last_status="failed",
+        last_run_at=db_now(),
+        last_error="RuntimeError: the ledger is locked\nTraceback ...",
+    )
+
+    # When the operator opens it
+    html = job_page(admin_client, job)
+
+    # Then, above the form, a status header says it is dead, why, and offers what applies
+    form_at = html.index('id="job_form"')
+    header = re.search(r'<div[^>]*id="schedapp-status".*?</div>\s*<!-- /status -->', html, re.S)
+    assert header is not None and header.start() < form_at
+    words = text(header.group(0))
+    assert "dead" in words.lower() and "RuntimeError: the ledger is locked" in words
+    assert "Traceback" not in words  # the first line; the whole error stays below
+    assert 'id="schedapp-op-requeue"' in header.group(0)
+    assert 'id="schedapp-op-run_now"' in header.group(0)
+    assert 'id="schedapp-op-pause"' not in header.group(0)  # a dead job cannot be paused
+
+
+def test_a_scheduled_job_shows_its_state_and_next_run_at_the_top(admin_client):
+    job = api.schedule(
+        "project.tasks.record", cron="0 3 * * *", timezone="Europe/Paris", name="nightly-top"
+    )
+    html = job_page(admin_client, job)
+    header = re.search(r'<div[^>]*id="schedapp-status".*?<!-- /status -->', html, re.S)
+    assert header is not None and header.start() < html.index('id="job_form"')
+    words = text(header.group(0))
+    assert "scheduled" in words.lower()
+    assert re.search(r"Next run \d{4}-\d\d-\d\d 03:00 CES?T", words), words
+    assert 'id="schedapp-op-pause"' in header.group(0)
+
+
+def test_the_schedule_fields_come_with_a_kind_chooser_naming_each_kinds_fields(admin_client):
+    from schedapp.validation import SCHEDULE_FIELDS
+
+    # Given an interval job
+    job = api.schedule("project.tasks.record", interval=300, name="every-five")
+
+    # When its page is opened
+    html = job_page(admin_client, job)
+
+    # Then the Schedule section has a kind chooser, set to the job's kind, whose options
+    # name the fields each kind uses (the page script shows the chosen kind's only)
+    chooser = re.search(r'<select[^>]*id="schedapp-schedule-kind".*?</select>', html, re.S)
+    assert chooser is not None
+    options = dict(re.findall(r'<option value="(\w+)"[^>]*data-fields="([^"]*)"', chooser.group(0)))
+    assert set(options) == {"cron", "interval", "once", "solar"}
+    assert re.search(r'<option value="interval"[^>]*selected', chooser.group(0))
+    named = {f for fields in options.values() for f in fields.split()}
+    assert set(SCHEDULE_FIELDS) <= named
+    assert "schedapp/job_form.js" in html
+
+
+def test_the_task_is_picked_from_the_registered_tasks_and_labels_are_plain(admin_client):
+    # When the operator opens the add form
+    html = admin_client.get(reverse("admin:schedapp_job_add")).content.decode()
+
+    # Then the task input comes with a list of the Celery app's registered tasks to pick from
+    picker = re.search(r'<select[^>]*id="schedapp-task-picker".*?</select>', html, re.S)
+    assert picker is not None
+    offered = re.findall(r'<option value="([^"]+)"', picker.group(0))
+    assert "project.tasks.record" in offered and not any(o.startswith("celery.") for o in offered)
+    assert 'name="task"' in html  # still a text input: a name may be typed
+    # ... and the day rule of cron reads in plain words
+    label = re.search(r'<label[^>]*for="id_cron_day_or"[^>]*>(.*?)</label>', html, re.S)
+    assert label is not None and "Cron day or" not in label.group(1)
+    assert "day of month" in label.group(1).lower() and "day of week" in label.group(1).lower()

@@ -20,6 +20,8 @@
     function value(name) {
       var input = document.getElementById("id_" + name);
       if (input && input.type === "checkbox") { return input.checked ? "on" : "off"; }
+      var line = input && input.closest(".form-row");
+      if (line && line.style.display === "none") { return ""; }  // another kind's field
       return input ? input.value : "";
     }
 
@@ -68,5 +70,104 @@
         timer = setTimeout(refresh, 400);
       });
     });
+  });
+})();
+
+/* The Schedule section shows the chosen kind's fields only. The chooser (hidden in the HTML)
+   appears with this script; without it every field stays shown, as before. On load the kind
+   is the one whose fields hold a value (else the chooser's own), and on submit the fields of
+   the other kinds are emptied, so that "exactly one schedule" holds for what is sent. */
+(function () {
+  function ready(fn) {
+    if (document.readyState !== "loading") { fn(); } else { document.addEventListener("DOMContentLoaded", fn); }
+  }
+  function row(name) { return document.querySelector(".form-row.field-" + name); }
+  function inputs(name) {
+    var box = row(name);
+    return box ? box.querySelectorAll("input, select, textarea") : [];
+  }
+  function filled(name) {
+    return Array.prototype.some.call(inputs(name), function (input) {
+      return input.type !== "checkbox" && input.value.trim() !== "";
+    });
+  }
+  ready(function () {
+    var chooser = document.getElementById("schedapp-schedule-kind");
+    var box = document.getElementById("schedapp-kind-box");
+    if (!chooser || !box) { return; }
+    var kinds = {};
+    Array.prototype.forEach.call(chooser.options, function (option) {
+      kinds[option.value] = (option.dataset.fields || "").split(" ").filter(Boolean);
+    });
+    // the kind holding a value wins over the chooser's default (a form sent back with errors)
+    var holding = Object.keys(kinds).filter(function (kind) {
+      return kinds[kind].some(function (name) { return name !== "cron_day_or" && filled(name); });
+    });
+    if (holding.length === 1) { chooser.value = holding[0]; }
+
+    function show() {
+      Object.keys(kinds).forEach(function (kind) {
+        kinds[kind].forEach(function (name) {
+          var line = row(name);
+          if (line) { line.style.display = kind === chooser.value ? "" : "none"; }
+        });
+      });
+    }
+    box.hidden = false;
+    chooser.addEventListener("change", function () {
+      show();
+      var preview = document.getElementById("schedapp-preview-button");
+      if (preview) { preview.click(); }  // the preview follows the kind shown
+    });
+    show();
+
+    var form = chooser.closest("form") || document.querySelector("#content-main form");
+    if (form) {
+      form.addEventListener("submit", function () {
+        Object.keys(kinds).forEach(function (kind) {
+          if (kind === chooser.value) { return; }
+          kinds[kind].forEach(function (name) {
+            Array.prototype.forEach.call(inputs(name), function (input) {
+              if (input.type === "checkbox" || input.type === "hidden") { return; }
+              input.value = "";
+            });
+          });
+        });
+      });
+    }
+  });
+})();
+
+/* The task picker fills the task input; a typed name that is not among the registered tasks
+   of this web process gets a warning under the input. */
+(function () {
+  function ready(fn) {
+    if (document.readyState !== "loading") { fn(); } else { document.addEventListener("DOMContentLoaded", fn); }
+  }
+  ready(function () {
+    var picker = document.getElementById("schedapp-task-picker");
+    var input = document.getElementById("id_task");
+    var warning = document.getElementById("schedapp-task-warning");
+    if (!input || !warning) { return; }
+    var known = {};
+    if (picker) {
+      Array.prototype.forEach.call(picker.options, function (option) {
+        if (option.value) { known[option.value] = true; }
+      });
+    }
+    function check() {
+      var name = input.value.trim();
+      warning.hidden = !picker || name === "" || Boolean(known[name]);
+      if (picker) { picker.value = known[name] ? name : ""; }
+    }
+    if (picker) {
+      picker.addEventListener("change", function () {
+        if (picker.value) { input.value = picker.value; }
+        check();
+      });
+    }
+    input.addEventListener("input", check);
+    input.addEventListener("change", check);
+    check();
   });
 })();
