@@ -16,7 +16,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone as django_tz
 from django.utils.html import format_html, format_html_join
 
-from ..display import duration_text, local_time, seconds_text
+from ..display import duration_text, local_time, safe_zone, seconds_text
 from ..models import Job, JobRun, Node
 from ..overview import NODE_FRESH_SECONDS
 from .filters import LargeTablePaginator, RunJobFilter
@@ -106,11 +106,9 @@ class JobRunAdmin(ReadOnlyAdmin):
         "id",
         "status_badge",
         "job_link",
-        "scheduled",
-        "started",
+        "scheduled_started",
         "duration_col",
-        "worker",
-        "claimed_by",
+        "processes",
         "attempt",
         "error_head",
     )
@@ -196,6 +194,17 @@ class JobRunAdmin(ReadOnlyAdmin):
     def _at(self, run: JobRun, value: Any) -> str:
         return local_time(value, run.job.timezone, seconds=True)
 
+    @admin.display(description="scheduled for / started")
+    def scheduled_started(self, run: JobRun) -> str:
+        """The occurrence, and (smaller) when a worker started it, in the job's zone."""
+        started = "not started"
+        if run.started_at is not None:
+            local = run.started_at.astimezone(safe_zone(run.job.timezone))
+            started = f"started {local:%H:%M:%S}"
+            if local.date() != run.scheduled_for.astimezone(local.tzinfo).date():
+                started = f"started {local:%Y-%m-%d %H:%M:%S}"
+        return format_html("{}<br><small>{}</small>", self.scheduled(run), started)
+
     @admin.display(description="started")
     def started(self, run: JobRun) -> str:
         return self._at(run, run.started_at)
@@ -215,6 +224,12 @@ class JobRunAdmin(ReadOnlyAdmin):
     @admin.display(description="last heartbeat")
     def last_heartbeat(self, run: JobRun) -> str:
         return self._at(run, run.heartbeat_at)
+
+    @admin.display(description="worker / beat")
+    def processes(self, run: JobRun) -> str:
+        """Who ran it, and (smaller) which beat claimed it: one column, so that attempt and
+        error stay on a 1,400 px screen with the navigation and filters open."""
+        return format_html("{}<br><small>{}</small>", run.worker or "-", run.claimed_by or "-")
 
     @admin.display(description="duration")
     def duration_col(self, run: JobRun) -> str:
@@ -274,7 +289,8 @@ class NodeAdmin(ReadOnlyAdmin):
     whether the process still refreshes its row (alive) or stopped doing so (missing), by
     the database's clock, as the overview counts live nodes."""
 
-    list_display = ("name", "kind", "status", "host_pid", "started", "seen", "stats_words")
+    # The host is in a node's name (worker1@host, host:pid:id): the list shows the pid only.
+    list_display = ("name", "kind", "status", "pid", "started", "seen", "stats_words")
     list_filter = ("kind",)
     readonly_fields = (
         "name",

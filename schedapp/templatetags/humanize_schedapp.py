@@ -27,3 +27,11 @@ def seconds(value: Any) -> str:
         return seconds_text(None if value is None else float(value))
     except (TypeError, ValueError):
         return "-"
+
+
+@register.filter
+def node_stats(value: Any) -> str:
+    """A node's stats as words, as the Nodes page says them ('active 2 · queues celery')."""
+    from ..admin.runs import stats_text
+
+    return stats_text(value if isinstance(value, dict) else None)

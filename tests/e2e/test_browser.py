@@ -222,3 +222,211 @@ def test_the_jobs_list_fits_1400_pixels_with_every_column_visible(
         "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
     )
     assert widths[0] <= widths[1], widths
+
+
+# --- issue 29 items 7 to 10: the views a person lives in, at 1,400 px, on a Berlin server ---
+
+SHOTS_DAILY = Path(os.environ.get("SCHEDAPP_DAILY_SCREENSHOTS", SCREENSHOTS))
+
+
+def _login(page, live_server, target: str) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{live_server.url}/admin/login/?next={target}")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(re.escape(target.split("?")[0]) + r"(\?.*)?$"))
+
+
+def _no_sideways_scroll(page) -> None:  # type: ignore[no-untyped-def]
+    widths = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths
+
+
+def _fleet_rows() -> tuple[Job, Job]:
+    """A dead job with runs on long-named workers, a live worker and a beat gone missing."""
+    from datetime import timedelta
+
+    from schedapp import api
+    from schedapp.db import db_now
+    from schedapp.models import JobState, Node, task_id_for
+
+    now = db_now()
+    dead = api.schedule(
+        "project.tasks.record_once",
+        cron="0 3 * * *",
+        timezone="Europe/Berlin",
+        name="nightly-billing-reconciliation-eu-west",
+    )
+    Job.objects.filter(pk=dead.pk).update(
+        state=JobState.DEAD,
+        retry_count=3,
+        last_status="failed",
+        last_run_at=now - timedelta(minutes=3),
+        last_error="RuntimeError: the ledger is locked by another reconciliation\nTraceback ...",
+    )
+    for token in range(1, 4):
+        JobRun.objects.create(
+            job=dead,
+            token=token,
+            attempt=token,
+            scheduled_for=now - timedelta(minutes=10),
+            due_at=now - timedelta(minutes=10),
+            claimed_by=f"ip-10-120-33-{token}.eu-west-1.compute.internal:4242:a1b2c3",
+            dispatched_at=now - timedelta(minutes=10),
+            started_at=now - timedelta(minutes=10),
+            finished_at=now - timedelta(minutes=9),
+            worker=f"celery-worker-{token}@ip-10-120-33-{token}.eu-west-1.compute.internal",
+            task_id=task_id_for(dead.pk, token),
+            status="failed",
+            error="RuntimeError: the ledger is locked by another reconciliation "
+            "(ledger_id=eu-west-2026-12, holder=reconcile-7f3a9c2e4b1d)",
+        )
+    cron = api.schedule(
+        "project.tasks.record", cron="*/15 9-17 * * 1-5", timezone="Europe/Berlin", name="office"
+    )
+    Node.objects.create(
+        name="celery-worker-1@ip-10-120-33-1.eu-west-1.compute.internal",
+        kind="worker",
+        hostname="ip-10-120-33-1.eu-west-1.compute.internal",
+        pid=4242,
+        started_at=now - timedelta(hours=3),
+        last_seen_at=now,
+        stats={"active": 2, "held": 3, "processed": 12345, "queues": ["celery", "reports"]},
+    )
+    Node.objects.create(
+        name="ip-10-120-33-9.eu-west-1.compute.internal:77:9f8e7d",
+        kind="beat",
+        hostname="ip-10-120-33-9.eu-west-1.compute.internal",
+        pid=77,
+        started_at=now - timedelta(hours=5),
+        last_seen_at=now - timedelta(minutes=12),
+        stats={"claimed": 1200, "dispatched": 1200, "reaped": 3, "ticks": 40000},
+    )
+    return dead, cron
+
+
+def test_the_admin_a_person_lives_in_at_1400_pixels_on_a_berlin_server(
+    live_server, browser, django_user_model, settings
+):
+    """Issue 29, items 7 to 10, in a real browser: the overview's zone and breadcrumbs, the
+    job form's notes, the status header and kind chooser, the runs and nodes lists' width."""
+    from playwright.sync_api import expect
+
+    # Given a Berlin server, an operator in Berlin, and a fleet's worth of rows
+    settings.TIME_ZONE = "Europe/Berlin"
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    dead, cron = _fleet_rows()
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 900}, timezone_id="Europe/Berlin"
+    )
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    SHOTS_DAILY.mkdir(parents=True, exist_ok=True)
+
+    # item 7: the overview says its time in Berlin's zone, under styled breadcrumbs
+    _login(page, live_server, "/admin/schedapp/job/overview/")
+    expect(page.locator("#schedapp-db-time")).to_contain_text(re.compile(r"CES?T \(Europe/Berlin"))
+    crumbs = page.locator(".breadcrumbs")
+    expect(crumbs).to_contain_text("Scheduler overview")
+    assert crumbs.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+    page.screenshot(path=str(SHOTS_DAILY / "overview-berlin-1400.png"), full_page=True)
+
+    # item 9: a dead job says so at the top, with the actions that apply
+    page.goto(f"{live_server.url}/admin/schedapp/job/{dead.pk}/change/")
+    header = page.locator("#schedapp-status")
+    expect(header).to_contain_text("This job is dead")
+    expect(header).to_contain_text("RuntimeError: the ledger is locked")
+    box = header.bounding_box()
+    assert box is not None and box["y"] < 400, box  # on the first screen
+    expect(page.locator("#schedapp-op-requeue")).to_be_visible()
+    # ... and only the cron kind's fields are shown
+    expect(page.locator("#schedapp-schedule-kind")).to_have_value("cron")
+    expect(page.locator("#id_cron")).to_be_visible()
+    expect(page.locator("#id_interval")).to_be_hidden()
+    expect(page.locator("#id_run_at_0")).to_be_hidden()
+    page.screenshot(path=str(SHOTS_DAILY / "job-dead-1400.png"), full_page=True)
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    assert height < 4000, height
+    _no_sideways_scroll(page)
+
+    # item 9 and 7: a new job: pick the task, choose the kind, no note of the server's zone
+    page.goto(f"{live_server.url}/admin/schedapp/job/add/")
+    page.select_option("#schedapp-task-picker", "project.tasks.record")
+    expect(page.locator("#id_task")).to_have_value("project.tasks.record")
+    expect(page.locator("#schedapp-task-warning")).to_be_hidden()
+    page.fill("#id_task", "project.tasks.not_here")
+    expect(page.locator("#schedapp-task-warning")).to_be_visible()
+    page.fill("#id_task", "project.tasks.record")
+    page.select_option("#schedapp-schedule-kind", "once")
+    expect(page.locator("#id_run_at_0")).to_be_visible()
+    expect(page.locator("#id_cron")).to_be_hidden()
+    expect(page.locator(".field-run_at .schedapp-wall-time")).to_be_visible()
+    assert "server time" not in page.locator("#job_form").inner_text()
+    page.screenshot(path=str(SHOTS_DAILY / "job-add-once-1400.png"), full_page=True)
+    # ... an interval job saved from the chooser keeps only the interval
+    page.fill("#id_name", "every-five-minutes")
+    page.select_option("#schedapp-schedule-kind", "cron")
+    page.fill("#id_cron", "0 3 * * *")  # typed, then another kind chosen
+    page.select_option("#schedapp-schedule-kind", "interval")
+    page.fill("#id_interval", "00:05:00")
+    page.fill("#id_timezone", "Europe/Berlin")
+    page.click("input[name=_continue]")
+    page.wait_for_url(re.compile(r"/admin/schedapp/job/\d+/change/$"))
+    saved = Job.objects.get(name="every-five-minutes")
+    assert saved.cron == "" and saved.interval is not None and saved.interval.total_seconds() == 300
+    expect(page.locator("#schedapp-schedule-kind")).to_have_value("interval")
+
+    # item 10: the runs list, sidebar open, shows attempt and error on screen
+    page.goto(f"{live_server.url}/admin/schedapp/jobrun/?q=billing")
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
+    page.screenshot(path=str(SHOTS_DAILY / "runs-search-1400.png"), full_page=True)
+    results = page.locator("#changelist .results")
+    for title in ("Attempt", "Error"):
+        cell = page.locator("#result_list thead th", has_text=title).first
+        box, frame = cell.bounding_box(), results.bounding_box()
+        assert box is not None and frame is not None, title
+        assert box["x"] + box["width"] <= frame["x"] + frame["width"], (title, box, frame)
+    _no_sideways_scroll(page)
+    scroll = results.evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert scroll[0] <= scroll[1], scroll
+
+    # item 10: a filtered jobs list past the count's cap (made 1 here) says one count
+    from schedapp.admin import filters
+
+    cap, filters.COUNT_CAP = filters.COUNT_CAP, 1
+    page.goto(f"{live_server.url}/admin/schedapp/job/?state__exact=scheduled")
+    expect(page.locator("#schedapp-result-count")).to_contain_text("1+ jobs match")
+    expect(page.locator("p.paginator")).to_contain_text("1+ jobs")
+    assert not re.search(r"\b2 results?\b", page.locator("#changelist").inner_text())
+    page.screenshot(path=str(SHOTS_DAILY / "jobs-filtered-1400.png"), full_page=True)
+    filters.COUNT_CAP = cap
+
+    # item 8: the nodes page marks alive and missing, stats as words, compact rows
+    page.goto(f"{live_server.url}/admin/schedapp/node/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#result_list")).to_contain_text("alive")
+    expect(page.locator("#result_list")).to_contain_text("missing")
+    page.screenshot(path=str(SHOTS_DAILY / "nodes-1400.png"), full_page=True)
+    for i in range(2):
+        box = rows.nth(i).bounding_box()
+        assert box is not None and box["height"] < 100, box
+    _no_sideways_scroll(page)
+    scroll = page.locator("#changelist .results").evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert scroll[0] <= scroll[1], scroll
+
+    # item 7: a browser in another zone than the server's gets no "server time" note either
+    other = browser.new_context(
+        viewport={"width": 1400, "height": 900}, timezone_id="America/New_York"
+    )
+    away = other.new_page()
+    away.set_default_timeout(30_000)
+    _login(away, live_server, f"/admin/schedapp/job/{cron.pk}/change/")
+    away.select_option("#schedapp-schedule-kind", "once")
+    expect(away.locator(".field-run_at .schedapp-wall-time")).to_be_visible()
+    assert "server time" not in away.locator("#job_form").inner_text()
+    away.screenshot(path=str(SHOTS_DAILY / "job-form-new-york-browser-1400.png"), full_page=True)
+    other.close()
+    context.close()
