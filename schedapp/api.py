@@ -84,7 +84,9 @@ class ScheduleOptions(JobOptions, total=False):
     source: str
 
 
-def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
+def schedule(
+    task: str, *, unregistered_ok: bool = False, **options: Unpack[ScheduleOptions]
+) -> Job:
     """Schedule a Celery task: once (``run_at``), on a ``cron`` expression, every
     ``interval``, or at a solar event (``solar_event`` with ``latitude`` and ``longitude``,
     Celery's ``solar``). A ``run_at`` in the past runs at the next tick.
@@ -99,12 +101,18 @@ def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
     soft_time_limit). Any left out (or
     None) takes its default. ``source`` records who created the job (``"api"``, ``"admin"``,
     ``"declared"``, ``"imported"``).
+
+    ``unregistered_ok``: accept a task the Celery app of this process does not register (the
+    allowlist still applies), for a web process that imports fewer task modules than the
+    workers; a worker without the task fails its runs ("not registered on worker").
     """
     given: dict[str, Any] = dict(options)
     source = given.pop("source", JobSource.API)
     args = given.get("args", [])
     given["args"] = list(args) if isinstance(args, list | tuple) else args
-    values = validate_job(_spec(task, given))
+    values = validate_job(_spec(task, given), check_task=not unregistered_ok)
+    if unregistered_ok:
+        _allowed(values["task"])
     job = Job(**values, source=_source(source))
     with transaction.atomic():
         _first_run(job, db_now())
@@ -116,6 +124,13 @@ def schedule(task: str, **options: Unpack[ScheduleOptions]) -> Job:
         notify_due(job.next_run_at)
     log.info("scheduled job %s (%s)", job.pk, job.name, extra={"action": "schedule", "job": job.pk})
     return job
+
+
+def _allowed(task: str) -> None:
+    """The allowlist alone (``unregistered_ok``): registration is not asked for."""
+    problem = task_not_allowed(task)
+    if problem:
+        raise ValidationError({"task": [problem]})
 
 
 def _source(source: str) -> str:
@@ -156,11 +171,12 @@ def _locked(job: JobRef) -> Job:
     return Job.objects.select_for_update().get(pk=job.pk if isinstance(job, Job) else job)
 
 
-def update(job: JobRef, **changes: Unpack[JobChanges]) -> Job:
+def update(job: JobRef, *, unregistered_ok: bool = False, **changes: Unpack[JobChanges]) -> Job:
     """Change a job's fields. A new schedule replaces the old one (give only the new kind)
     and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
     from its next occurrence. None gives an option the default ``schedule`` would (clears
-    ``expires_at``, resets ``max_retries``), as ``schedule`` reads None."""
+    ``expires_at``, resets ``max_retries``), as ``schedule`` reads None. ``unregistered_ok``
+    as for ``schedule``."""
     unknown = set(changes) - set(JOB_FIELDS)
     if unknown:
         raise ValidationError({f: [f"unknown option {f!r}."] for f in sorted(unknown)})
@@ -175,7 +191,9 @@ def update(job: JobRef, **changes: Unpack[JobChanges]) -> Job:
                 values.update(latitude=None, longitude=None)
         given = with_defaults(job_defaults(), changes)
         values.update({f: given[f] for f in changes})
-        cleaned = validate_job(values, check_task="task" in changes)
+        cleaned = validate_job(values, check_task="task" in changes and not unregistered_ok)
+        if unregistered_ok and "task" in changes:
+            _allowed(cleaned["task"])
         for field, value in cleaned.items():
             setattr(current, field, value)
         rescheduled = any(

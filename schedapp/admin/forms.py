@@ -25,7 +25,15 @@ from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
 from ..models import Job, field_default
 from ..schedules import OUT_OF_RANGE, Once, fire_times
-from ..validation import JOB_FIELDS, SCHEDULE_FIELDS, name_taken, stored_schedule, validate_job
+from ..validation import (
+    JOB_FIELDS,
+    SCHEDULE_FIELDS,
+    name_taken,
+    stored_schedule,
+    task_not_allowed,
+    task_problem,
+    validate_job,
+)
 
 FORM_FIELDS = [
     "name",
@@ -121,6 +129,7 @@ class JobForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.job_values: dict[str, Any] = {}
+        self.task_warning = ""
         self.preview: list[str] = []
         for name in ("task", "timezone"):
             if name in self.fields:
@@ -152,9 +161,13 @@ class JobForm(forms.ModelForm):
         self._preview(values)
         check_task = self.adding or values.get("task") != self.instance.task
         try:
-            cleaned = validate_job(values, check_task=check_task)
+            # Registration is a warning here, not an error (see _check_task).
+            cleaned = validate_job(values, check_task=False)
         except ValidationError as exc:
             self._attach(exc)
+            self._check_task(values.get("task"), check_task)
+            return data
+        if not self._check_task(cleaned["task"], check_task):
             return data
         clash = Job.objects.filter(name=cleaned["name"]).exclude(pk=self.instance.pk)
         if clash.exists():
@@ -163,6 +176,25 @@ class JobForm(forms.ModelForm):
             return data
         self.job_values = cleaned
         return data
+
+    def _check_task(self, task: Any, check: bool) -> bool:
+        """The allowlist refuses (a field error); a task this web process does not register
+        is kept with a warning (``task_warning``, said by the admin on save): web processes
+        often import fewer task modules than the workers, as django-celery-beat allows."""
+        self.task_warning = ""
+        if not check or not isinstance(task, str) or "task" in self.errors:
+            return True
+        problem = task_not_allowed(task.strip())
+        if problem:
+            self.add_error("task", problem)
+            return False
+        if task_problem(task.strip()):
+            self.task_warning = (
+                f"Task {task.strip()!r} is not registered with the Celery app in this web "
+                "process: the job is saved, and runs only where a worker has the task "
+                "(elsewhere its runs fail as 'not registered on worker')."
+            )
+        return True
 
     def _preview(self, values: dict[str, Any]) -> None:
         """Shown again with the form (e.g. after an error elsewhere): the schedule as typed."""

@@ -417,12 +417,15 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Job, form: JobForm, change: bool) -> None:
         values = dict(form.job_values)
+        # The form said whether the task is allowed; one unknown to this process is kept.
         if not change:
             task = values.pop("task")
-            job = api.schedule(task, source=JobSource.ADMIN, **values)
+            job = api.schedule(task, source=JobSource.ADMIN, unregistered_ok=True, **values)
         else:
             changes = changed_fields(obj, values)
-            job = api.update(obj.pk, **changes) if changes else obj
+            job = api.update(obj.pk, unregistered_ok=True, **changes) if changes else obj
+        if form.task_warning:
+            self.message_user(request, form.task_warning, messages.WARNING)
         for field in Job._meta.concrete_fields:
             setattr(obj, field.attname, getattr(job, field.attname))
         obj._state.adding = False

@@ -324,3 +324,29 @@ def test_the_task_is_picked_from_the_registered_tasks_and_labels_are_plain(admin
     label = re.search(r'<label[^>]*for="id_cron_day_or"[^>]*>(.*?)</label>', html, re.S)
     assert label is not None and "Cron day or" not in label.group(1)
     assert "day of month" in label.group(1).lower() and "day of week" in label.group(1).lower()
+
+
+def test_a_task_not_registered_in_the_web_process_is_saved_with_a_warning(admin_client):
+    """Web processes often import fewer task modules than workers: like django-celery-beat's
+    admin, a typed name is kept, with a warning; the allowlist still refuses what it denies."""
+    from tests.integration.test_admin import form_data
+
+    # When the operator saves a job whose task only the workers know
+    response = admin_client.post(
+        reverse("admin:schedapp_job_add"),
+        form_data(name="worker-only", task="project.worker_only.tasks.crunch"),
+        follow=True,
+    )
+
+    # Then the job is saved, and the page warns that this web process does not know the task
+    job = Job.objects.get(name="worker-only")
+    assert job.task == "project.worker_only.tasks.crunch"
+    warnings = [str(m) for m in response.context["messages"] if m.level_tag == "warning"]
+    assert any("not registered" in w and "worker_only" in w for w in warnings), warnings
+
+    # ... while a task the allowlist denies is still refused on its field
+    denied = admin_client.post(
+        reverse("admin:schedapp_job_add"), form_data(name="denied", task="celery.backend_cleanup")
+    )
+    assert denied.status_code == 200 and not Job.objects.filter(name="denied").exists()
+    assert "not allowed" in text(denied.content.decode())
