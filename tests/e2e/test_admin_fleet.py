@@ -101,3 +101,41 @@ def test_the_overview_flags_a_queue_no_live_worker_consumes_from(fleet, admin_cl
     unconsumed = out.getvalue().split("Queues no live worker consumes from:")[1]
     assert "bravo  1 jobs (project.tasks.record)" in unconsumed
     assert "alpha" not in unconsumed
+
+
+def test_a_worker_killed_and_started_again_under_its_name_shows_the_new_process(
+    fleet, admin_client
+):
+    """Issue 29 item 8: the node row of a worker restarted under the same name (``-n
+    revived@%h``) kept the dead process's pid and start on the Nodes page, the overview and
+    ``schedapp_status``."""
+    from project.harness import start_worker
+
+    def worker() -> object:
+        proc = start_worker(
+            "revived", fleet._env(None, "revived"), fleet.tmp_path, concurrency=1, heartbeat=1
+        )
+        fleet.procs.append(proc)
+        proc.wait_for(" ready.", timeout=90)
+        return proc
+
+    # Given a worker named revived@host that recorded itself
+    first = worker()
+    row = wait_for(
+        lambda: Node.objects.filter(name__startswith="revived@", pid=first.pid).first(),
+        what="its node row",
+    )
+
+    # When it is killed (no warm shutdown: its row stays) and started again under its name
+    first.kill()
+    second = worker()
+
+    # Then its row is the new process's: its pid, a later start; the nodes page says so
+    wait_for(
+        lambda: Node.objects.filter(pk=row.pk, pid=second.pid).exists(),
+        what="the new process's pid in the row",
+    )
+    again = Node.objects.get(pk=row.pk)
+    assert again.started_at > row.started_at, (row.started_at, again.started_at)
+    html = admin_client.get(reverse("admin:schedapp_node_changelist")).content.decode()
+    assert f">{second.pid}<" in html and f">{first.pid}<" not in html
