@@ -139,3 +139,22 @@ def test_a_worker_killed_and_started_again_under_its_name_shows_the_new_process(
     assert again.started_at > row.started_at, (row.started_at, again.started_at)
     html = admin_client.get(reverse("admin:schedapp_node_changelist")).content.decode()
     assert f">{second.pid}<" in html and f">{first.pid}<" not in html
+
+
+def test_a_real_beats_banner_names_the_id_it_works_under_and_its_longest_sleep(fleet):
+    """Issue 29 item 8: ``celery beat``'s banner showed another id than the beat's, and a
+    maxinterval of 300 s for a beat that sleeps at most 5 s."""
+    import re
+
+    # Given a real celery beat, started as an operator starts one
+    beat = fleet.beat()
+
+    # Then its banner names the id it starts, records itself and claims under
+    log = beat.log()
+    banner = re.search(r"schedapp beat (\S+): jobs in the database", log)
+    started = re.search(r"beat (\S+) started: schedapp\.beat:LeaseScheduler", log)
+    assert banner and started, log[-3000:]
+    assert banner.group(1) == started.group(1), (banner.group(0), started.group(0))
+    wait_for(lambda: Node.objects.filter(name=banner.group(1)).exists(), what="its node row")
+    # ... and the longest it sleeps without looking
+    assert re.search(r"maxinterval -> 5\.00 seconds", log), log[:1500]
