@@ -103,7 +103,8 @@ class LeaseScheduler(Scheduler):
         # --max-interval / beat_max_loop_interval as given (Celery's default: 300 s) bounds
         # the sleeps and back-offs; the attribute Celery's banner prints is the longest sleep
         # this beat really takes, which SCHEDAPP_MAX_SLEEP (5 s) cuts further.
-        self._given_max_interval = float(self.max_interval or DEFAULT_MAX_INTERVAL)
+        given: Any = getattr(self, "max_interval", None)  # Celery's, untyped
+        self._given_max_interval = float(given or DEFAULT_MAX_INTERVAL)
         self.max_interval = min(conf.get_settings().MAX_SLEEP, self._given_max_interval)
 
     # --- celery.beat.Scheduler interface --------------------------------------------------

@@ -295,8 +295,10 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     # --- the job page ---------------------------------------------------------------------
 
-    def get_form(self, request: HttpRequest, obj: Job | None = None, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, **kwargs)
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
         task = form.base_fields.get("task")
         if task is not None and isinstance(task.widget, TaskPickerWidget):
             task.widget.registered = allowed_registered_tasks()
