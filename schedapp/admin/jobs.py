@@ -62,7 +62,6 @@ _EDITABLE = (
                 "fire_preview",
             ),
             "description": "Give exactly one of cron, interval, run_at or a solar event.",
-            "classes": ("schedapp-schedule",),
         },
     ),
     ("Delivery", {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")}),
@@ -388,7 +387,8 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     def _status(self, job: Job) -> dict[str, Any]:
         """The job page's header: what a person asks first, above the form."""
-        first_line = job.last_error.strip().splitlines()[0][:300] if job.last_error else ""
+        lines = (job.last_error or "").strip().splitlines()
+        first_line = lines[0][:300] if lines else ""
         return {
             "badge": self.state_badge(job),
             "dead": job.state == JobState.DEAD,
