@@ -82,6 +82,16 @@ _FULL_NAMES = {
 _FULL_NAME = re.compile(rf"\b(?:{'|'.join(_FULL_NAMES)})\b", re.IGNORECASE)
 # croniter's "R" field picks a random value each time an expression is read: no fixed schedule.
 _RANDOM_FIELD = re.compile(r"^[Rr](/[0-9]+)?$")
+# Each cron field's name and range, as croniter accepts them (a weekday of 7 is Sunday).
+_SECOND_FIELD = ("second", 0, 59)
+_CRON_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 7),
+)
+_NUMBER = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,11 @@ def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
     parts = [",".join(_single_value(item) for item in p.split(",")) for p in parts]
     text = " ".join(parts)
     has_seconds = len(parts) == 6
+    out_of_range = _out_of_range(parts, has_seconds)
+    if out_of_range:  # before croniter, which reads a day of month "1-0" as a schedule
+        raise ScheduleError(
+            field, f"{expr!r} is not a valid cron expression: {'; '.join(out_of_range)}."
+        )
     try:
         ok = croniter.is_valid(text, second_at_beginning=has_seconds)
     except (CroniterError, ValueError, TypeError, IndexError, KeyError):
@@ -224,6 +239,23 @@ def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
         raise ScheduleError(field, f"{expr!r} never fires (no matching date).") from exc
     cronmath.cron_sets(text, has_seconds, day_or)  # read once here; counting reuses it
     return cron
+
+
+def _out_of_range(parts: list[str], has_seconds: bool) -> list[str]:
+    """Each value outside its cron field's range, named by the field ("minute 61 is out of
+    range (0-59)"): croniter only says the whole expression is invalid, which leaves a person
+    with "61 25 * * *" to find both mistakes alone. Steps and names are croniter's to judge."""
+    positions = (_SECOND_FIELD, *_CRON_FIELDS) if has_seconds else _CRON_FIELDS
+    found = []
+    for (name, low, high), part in zip(positions, parts, strict=True):
+        seen: list[int] = []
+        for item in part.split(","):
+            base = item.partition("/")[0].partition("#")[0]  # "5#3": the weekday is 5
+            for number in map(int, _NUMBER.findall(base)):  # a value, a range's bounds, "15W"
+                if not low <= number <= high and number not in seen:
+                    seen.append(number)
+                    found.append(f"{name} {number} is out of range ({low}-{high})")
+    return found
 
 
 def _single_value(item: str) -> str:

@@ -36,6 +36,11 @@ def errors_of(call) -> dict[str, list[str]]:
     ("kwargs", "field", "fragment"),
     [
         ({"cron": "61 * * * *"}, "cron", "not a valid cron expression"),
+        (
+            {"cron": "61 25 * * *"},
+            "cron",
+            "minute 61 is out of range (0-59); hour 25 is out of range (0-23)",
+        ),
         ({"cron": "* * * *"}, "cron", "has 4 fields"),
         ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
         ({"cron": "*/5 * * * *", "timezone": "Mars/Olympus_Mons"}, "timezone", "unknown time zone"),

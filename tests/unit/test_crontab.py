@@ -162,6 +162,68 @@ def test_given_croniter_random_field_when_parsing_then_it_is_rejected(expr):
         parse_cron(expr, "UTC")
 
 
+# --- values out of a field's range name the field ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "says"),
+    [
+        ("61 25 * * *", ["minute 61 is out of range (0-59)", "hour 25 is out of range (0-23)"]),
+        ("0 9 32 * *", ["day of month 32 is out of range (1-31)"]),
+        ("0 9 0 * *", ["day of month 0 is out of range (1-31)"]),
+        ("0 9 * 13 *", ["month 13 is out of range (1-12)"]),
+        ("0 9 * * 8", ["day of week 8 is out of range (0-7)"]),
+        ("0 9 * * 1-9", ["day of week 9 is out of range (0-7)"]),
+        ("0,75 9 * * *", ["minute 75 is out of range (0-59)"]),
+        ("0 */24 * * *", []),  # a step past the range is croniter's to judge: not a value
+        ("61 0 0 * * *", ["second 61 is out of range (0-59)"]),
+        ("0 61 0 * * *", ["minute 61 is out of range (0-59)"]),
+    ],
+)
+def test_given_a_value_out_of_range_when_parsing_then_the_error_names_the_cron_field(expr, says):
+    try:
+        parse_cron(expr, "UTC")
+    except ScheduleError as exc:
+        error = exc
+    else:
+        assert not says, f"{expr!r} was accepted"
+        return
+    assert error.field == "cron"
+    for fragment in says:
+        assert fragment in error.message, error.message
+
+
+_RANGES = [("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12)]
+_RANGES.append(("day of week", 0, 7))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    position=st.integers(0, 5),
+    seconds=st.booleans(),
+    bad=st.data(),
+    shape=st.sampled_from(["{}", "1,{}", "{}-{}", "{}/5", "1-{}"]),
+)
+def test_property_any_out_of_range_value_names_cron_and_its_position(position, seconds, bad, shape):
+    ranges = [("second", 0, 59), *_RANGES] if seconds else _RANGES
+    position %= len(ranges)
+    name, low, high = ranges[position]
+    value = bad.draw(
+        st.one_of(st.integers(high + 1, 10**6), st.integers(0, low - 1))
+        if low
+        else st.integers(high + 1, 10**6),
+        label="value",
+    )
+    field = shape.format(value, value)
+    parts = ["*"] * len(ranges)
+    parts[position] = field
+    expr = " ".join(parts)
+    with pytest.raises(ScheduleError) as info:
+        parse_cron(expr, "UTC")
+    assert info.value.field == "cron"
+    assert f"{name} {value} is out of range ({low}-{high})" in info.value.message, expr
+
+
 # --- Celery's crontab as the oracle ----------------------------------------------------------
 
 ORACLE_APP = Celery("crontab-oracle", set_as_current=False)
