@@ -90,6 +90,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
             # turns: one core busy of two).
             chunk = collections.deque(itertools.islice(pending, chunk_size))
             writer.write_chunk(start, ingest.rows(_draining(chunk), start, chunk_size))
+            writer.report_names_of_refused(ingest.take_refused())
             if ingest.consumed < chunk_size:
                 break
             start += ingest.consumed
@@ -125,6 +126,9 @@ class _Ingest:
         self.written = 0
         self.earliest: datetime | None = None
         self._sources: dict[str, tuple[str, str | None]] = {}
+        # (index, name) of the specs refused in this chunk: told after it is written whether
+        # their name is taken too, so a spec's report holds all of its problems
+        self._refused: list[tuple[int, str]] = []
         self._firsts: dict[Schedule, datetime] = {}
         self._random = random.random
 
@@ -150,16 +154,16 @@ class _Ingest:
             values["name"] = generated_name(task, f"-{self.call}-{index}")
         checked = self.validator.check(values)
         if checked.errors:
-            self.fail(index, checked.errors)
+            self.fail(index, checked.errors, values["name"])
             return None
         source, problem = self._source(source)
         if problem:
-            self.fail(index, {"source": [problem]})
+            self.fail(index, {"source": [problem]}, values["name"])
             return None
         try:
             first, due = self._first_run(checked)
         except ScheduleError as exc:  # an expiry already passed
-            self.fail(index, {exc.field: [exc.message]})
+            self.fail(index, {exc.field: [exc.message]}, values["name"])
             return None
         if self.earliest is None or due < self.earliest:
             self.earliest = due
@@ -193,12 +197,20 @@ class _Ingest:
                 self._sources[source] = verdict
         return verdict
 
-    def fail(self, index: int, errors: Mapping[str, list[str]]) -> None:
+    def fail(self, index: int, errors: Mapping[str, list[str]], name: Any = None) -> None:
+        """Record a spec's errors; ``name``, the name of a spec refused before it could be
+        written, is looked up once its chunk is written (``take_refused``)."""
         for field, messages in errors.items():
             self.errors[f"{index}.{field}"] = list(messages)
+        if isinstance(name, str) and "name" not in errors:
+            self._refused.append((index, name))
         self.bad += 1
         if self.bad >= MAX_BAD_SPECS:
             self.stopped = True
+
+    def take_refused(self) -> list[tuple[int, str]]:
+        refused, self._refused = self._refused, []
+        return refused
 
     def report(self) -> dict[str, list[str]]:
         if self.stopped:
@@ -258,6 +270,31 @@ class _Writer:
     def _owner(self, job_id: int, xid: str) -> int | None:
         """The spec index of a job this call wrote, or None for a job that existed before."""
         raise NotImplementedError
+
+    def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        """The jobs holding any of ``names``: name -> (id, what ``_owner`` needs)."""
+        raise NotImplementedError
+
+    def report_names_of_refused(self, refused: list[tuple[int, str]]) -> None:
+        """Specs refused for other problems (``(index, name)``, after their chunk is written)
+        are told too when their name is taken by an older job or by a spec written before
+        them, as a written spec would be: their report was missing it. A refused spec is not
+        written, so it holds no name: a later spec may take it."""
+        if not refused:
+            return
+        found = self._holders(sorted({name for _, name in refused}))
+        for index, name in refused:
+            holder = found.get(name)
+            if holder is None:
+                continue
+            owner = self._owner(*holder)
+            if owner is None:
+                message = name_taken(name)
+            elif owner < index:
+                message = f"duplicates the name of spec {owner}."
+            else:
+                continue  # a later spec of the same chunk took it
+            self.ingest.errors.setdefault(f"{index}.name", []).append(message)
 
     def _sort_out(
         self, rows: list[Row], found: Mapping[str, tuple[int, str]]
@@ -377,9 +414,7 @@ class _CopyWriter(_Writer):
         """A chunk the unique index refused: find its clashes, write the rest (so that later
         chunks still see these names), report the clashes."""
         for _attempt in range(_RETRIES):
-            with connection.cursor() as cursor:
-                cursor.execute(query("bulk_names_taken"), [[row[1] for row in rows]])
-                found = {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
+            found = self._holders([row[1] for row in rows])
             survivors, errors = self._sort_out(rows, found)
             kept: list[Row] = []
             try:
@@ -392,6 +427,11 @@ class _CopyWriter(_Writer):
                 self._record(first, kept)
             return
         raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
+
+    def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("bulk_names_taken"), [names])
+            return {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
 
     def _owner(self, job_id: int, xid: str) -> int | None:
         chunk = self.by_xid.get(xid)
@@ -412,12 +452,7 @@ class _OrmWriter(_Writer):
             return
         names = [row[1] for row in chunk]
         for _attempt in range(_RETRIES):
-            found: dict[str, tuple[int, str]] = {}
-            for start in range(0, len(names), _NAMES_PER_QUERY):
-                clashes = Job.objects.filter(name__in=names[start : start + _NAMES_PER_QUERY])
-                found.update(
-                    (name, (job_id, "")) for name, job_id in clashes.values_list("name", "id")
-                )
+            found = self._holders(names)
             survivors, errors = self._sort_out(chunk, found)
             try:
                 with transaction.atomic():
@@ -431,6 +466,13 @@ class _OrmWriter(_Writer):
                 self._chunk(first, survivors, ids[-1], "", ids[0], () if contiguous else tuple(ids))
             return
         raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
+
+    def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        found: dict[str, tuple[int, str]] = {}
+        for start in range(0, len(names), _NAMES_PER_QUERY):
+            clashes = Job.objects.filter(name__in=names[start : start + _NAMES_PER_QUERY])
+            found.update((name, (job_id, "")) for name, job_id in clashes.values_list("name", "id"))
+        return found
 
     def _owner(self, job_id: int, xid: str) -> int | None:
         for chunk in self.chunks:

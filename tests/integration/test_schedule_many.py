@@ -116,6 +116,35 @@ def test_a_duplicate_of_a_spec_in_a_chunk_that_already_had_clashes(writer):
     }
 
 
+def test_a_spec_with_other_problems_that_repeats_a_name_is_told_both(writer):
+    # Given chunks of 10: "dup" at 3, then at 6 and 25 (each also with a bad field), a name
+    # taken before the call at 14 with a bad cron, and an invalid spec 2 whose name spec 7
+    # repeats: an invalid spec is not written, so it holds no name
+    api.schedule(TASK, run_at=SOON, name="taken")
+    specs = [once(i) for i in range(30)]
+    specs[3]["name"] = "dup"
+    specs[6].update(name="dup", max_retries=-1)
+    specs[25].update(name="dup", queue="has space")
+    specs[14] = {"task": TASK, "cron": "61 25 * * *", "name": "taken"}
+    specs[2].update(name="first", jitter=-1)
+    specs[7]["name"] = "first"
+    errors = refused(specs, chunk_size=10)
+    assert errors["6.name"] == ["duplicates the name of spec 3."]
+    assert errors["25.name"] == ["duplicates the name of spec 3."]
+    assert errors["14.name"] == ["a job named 'taken' already exists."]
+    assert "6.max_retries" in errors and "25.queue" in errors and "14.cron" in errors
+    assert "minute 61 is out of range (0-59)" in errors["14.cron"][0]
+    assert set(errors) == {
+        "2.jitter",
+        "6.max_retries",
+        "6.name",
+        "14.cron",
+        "14.name",
+        "25.queue",
+        "25.name",
+    }
+
+
 def test_names_taken_by_existing_jobs_are_reported_per_spec(writer):
     api.schedule(TASK, run_at=SOON, name="job-3")
     api.schedule(TASK, run_at=SOON, name="job-40")
