@@ -30,6 +30,9 @@ SECURE_HSTS_PRELOAD = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 X_FRAME_OPTIONS = "DENY"
+# The metrics view (project/urls.py) answers only with this bearer token; without one,
+# `check --deploy` warns (schedapp.W013).
+SCHEDAPP_METRICS_TOKEN = os.environ.get("SCHEDAPP_METRICS_TOKEN") or None
 # The nightly pruning job the demo settings declare, plus the project's own tasks.
 SCHEDAPP_ALLOWED_TASKS = [
     "schedapp.prune_runs",

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -22,12 +23,16 @@ def register() -> None:
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
     checks.register(check_worker_pool, "schedapp")
+    checks.register(check_leases, "schedapp")
+    checks.register(check_result_backend, "schedapp")
+    checks.register(check_beat_scheduler, "schedapp")
     checks.register(check_dependencies, "schedapp")
     checks.register(check_declared_jobs, "schedapp")
     checks.register(check_beat_schedule, "schedapp")
     checks.register(check_declared_names, "schedapp")
     checks.register(check_database, "schedapp", deploy=True)
     checks.register(check_allowlist, "schedapp", deploy=True)
+    checks.register(check_metrics_exposure, "schedapp", deploy=True)
 
 
 def _celery_conf() -> Any:
@@ -108,6 +113,117 @@ def check_worker_pool(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     ]
 
 
+# Result backends that store in django-celery-results' TaskResult table.
+_TASK_RESULT_BACKENDS = (
+    "django-db",
+    "schedapp.results:DatabaseBackend",
+    "django_celery_results.backends.database:DatabaseBackend",
+    "django_celery_results.backends:DatabaseBackend",
+)
+
+
+def check_result_backend(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """schedapp's result backend (or ``django-db``) without ``django_celery_results`` in
+    ``INSTALLED_APPS``: its model cannot load, so no task result is stored, and a run's
+    outcome, which schedapp records from the signals Celery sends after storing it, is not
+    recorded either."""
+    backend = _celery_conf().result_backend
+    if _dotted(backend) not in _TASK_RESULT_BACKENDS or apps.is_installed("django_celery_results"):
+        return []
+    return [
+        checks.Error(
+            f"CELERY_RESULT_BACKEND is {_dotted(backend)!r}, which stores results in "
+            "django-celery-results' TaskResult table, but 'django_celery_results' is not in "
+            "INSTALLED_APPS: no task result can be stored, and schedapp records a run's "
+            "outcome only after Celery has stored its result.",
+            hint="Add 'django_celery_results' to INSTALLED_APPS (schedapp installs the "
+            "package) and run manage.py migrate.",
+            id="schedapp.E013",
+        )
+    ]
+
+
+def _dotted(value: Any) -> str:
+    """A Celery class setting as "module:Name" (given as a path with a dot or a colon, an
+    alias, or the class itself)."""
+    if not isinstance(value, str):
+        return f"{getattr(value, '__module__', '')}:{getattr(value, '__name__', value)}"
+    if ":" in value or "." not in value:
+        return value
+    module, _, name = value.rpartition(".")
+    return f"{module}:{name}"
+
+
+def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CELERY_BEAT_SCHEDULER`` still django-celery-beat's after installing schedapp: every
+    ``celery beat`` then runs django-celery-beat's periodic tasks, and no schedapp job."""
+    path = _dotted(_celery_conf().beat_scheduler)
+    if not path.startswith("django_celery_beat."):
+        return []
+    return [
+        checks.Warning(
+            f"CELERY_BEAT_SCHEDULER is django-celery-beat's ({path}): celery beat runs "
+            "django-celery-beat's periodic tasks with it, and no schedapp job is dispatched.",
+            hint="Import its periodic tasks once (manage.py schedapp_import "
+            "--from-django-celery-beat), then set CELERY_BEAT_SCHEDULER = "
+            "'schedapp.beat:LeaseScheduler' (docs/migrating.md).",
+            id="schedapp.W015",
+        )
+    ]
+
+
+def check_metrics_exposure(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Metrics served to anyone who reaches them (``--deploy``): the view routed without
+    ``SCHEDAPP_METRICS_TOKEN``, and ``SCHEDAPP_METRICS_PORT``, whose server takes no token."""
+    s = get_settings()
+    found: list[checks.CheckMessage] = []
+    routes = [] if s.METRICS_TOKEN else _metrics_routes()
+    if routes:
+        found.append(
+            checks.Warning(
+                f"schedapp.views.metrics is routed at {', '.join(routes)} without "
+                "SCHEDAPP_METRICS_TOKEN: anyone who reaches it reads the fleet's metrics "
+                "(jobs by state, backlog, live beats and workers).",
+                hint="Set SCHEDAPP_METRICS_TOKEN (Prometheus sends it with authorization: "
+                "{credentials: ...}), or protect the path at the proxy.",
+                id="schedapp.W013",
+            )
+        )
+    if s.METRICS_PORT:
+        found.append(
+            checks.Warning(
+                f"SCHEDAPP_METRICS_PORT {s.METRICS_PORT}: beats and workers serve their "
+                "metrics on it to anyone who reaches the port (prometheus_client's server); "
+                "SCHEDAPP_METRICS_TOKEN does not protect it.",
+                hint="Keep the port on a private network (a firewall, a pod network policy), "
+                "or serve metrics through schedapp.views.metrics with a token instead.",
+                id="schedapp.W014",
+            )
+        )
+    return found
+
+
+def _metrics_routes() -> list[str]:
+    """The paths at which the project's URLconf routes ``schedapp.views.metrics``."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # a broken URLconf: Django's own checks report it
+        return []
+    found: list[str] = []
+
+    def walk(entries: Any, prefix: str) -> None:
+        for entry in entries:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, prefix + str(entry.pattern))
+            elif isinstance(entry, URLPattern) and entry.lookup_str == "schedapp.views.metrics":
+                found.append("/" + prefix + str(entry.pattern))
+
+    walk(patterns, "")
+    return found
+
+
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     try:
         vendor = connections["default"].vendor
@@ -167,6 +283,50 @@ def _declarations() -> dict[str, Any]:
     from .declared import declarations
 
     return declarations()
+
+
+# --- leases and heartbeats ----------------------------------------------------------------
+
+
+# A worker renews a lease once it is a third old: one late heartbeat must not let it lapse.
+LEASE_HEARTBEATS = 3
+
+
+@_outermost
+def check_leases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Leases shorter than three lease heartbeats (the default, and each declared job's): a
+    lease is renewed once it is a third old, at the next heartbeat, so a shorter one is left
+    with less than a heartbeat of slack, and a run still running may be reaped and run
+    again. Jobs in the database are not read here."""
+    s = get_settings()
+    beat = s.LEASE_HEARTBEAT
+    if not _positive(beat):
+        return []  # schedapp.E030 says so
+    floor = LEASE_HEARTBEATS * beat
+    short = []
+    if _positive(s.DEFAULT_LEASE_SECONDS) and s.DEFAULT_LEASE_SECONDS < floor:
+        short.append(f"SCHEDAPP_DEFAULT_LEASE_SECONDS ({s.DEFAULT_LEASE_SECONDS} s)")
+    for name, spec in sorted(_declarations().items()):
+        lease = spec.get("lease_seconds") if isinstance(spec, dict) else None
+        if _positive(lease) and lease < floor:
+            short.append(f"declared job {name!r}: lease_seconds ({lease} s)")
+    if not short:
+        return []
+    return [
+        checks.Warning(
+            f"{'; '.join(short)}: shorter than {LEASE_HEARTBEATS} lease heartbeats "
+            f"(SCHEDAPP_LEASE_HEARTBEAT {beat:g} s: {floor:g} s). A worker renews a lease once "
+            "it is a third old, at its next heartbeat, so one late heartbeat lets the lease "
+            "expire under a run that still runs, and the run is reaped and run again.",
+            hint="Keep every lease at least three heartbeats long: raise lease_seconds "
+            "(SCHEDAPP_DEFAULT_LEASE_SECONDS for new jobs) or lower SCHEDAPP_LEASE_HEARTBEAT.",
+            id="schedapp.W006",
+        )
+    ]
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 # --- optional dependencies (schedapp.extras) ----------------------------------------------

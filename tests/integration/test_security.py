@@ -51,6 +51,7 @@ def test_production_settings_pass_the_deploy_check():
         DJANGO_SETTINGS_MODULE="project.settings_prod",
         DJANGO_SECRET_KEY="k" + os.urandom(32).hex() + "-Zq9!",
         DJANGO_ALLOWED_HOSTS="scheduler.example.com",
+        SCHEDAPP_METRICS_TOKEN=os.urandom(16).hex(),
         DATABASE_URL=settings_url(),
         CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
     )

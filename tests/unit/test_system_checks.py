@@ -429,3 +429,102 @@ def run_checks():
     from django.core.checks import run_checks as django_run_checks
 
     return django_run_checks()
+
+
+# --- a new user's trial (issue 29, item 12) ---------------------------------------------
+
+
+def check_ids(*, deploy: bool = False) -> list[str]:
+    return ids(run_checks_tagged(deploy))
+
+
+def run_checks_tagged(deploy: bool) -> list:
+    from django.core.checks import run_checks as django_run_checks
+
+    return [
+        m
+        for m in django_run_checks(tags=["schedapp"], include_deployment_checks=deploy)
+        if m.id.startswith("schedapp.")
+    ]
+
+
+def message(id: str, *, deploy: bool = False):
+    (found,) = [m for m in run_checks_tagged(deploy) if m.id == id]
+    return found
+
+
+def test_a_lease_shorter_than_three_heartbeats_is_a_warning_naming_both():
+    assert "schedapp.W006" not in check_ids()
+    with override_settings(SCHEDAPP_DEFAULT_LEASE_SECONDS=5, SCHEDAPP_LEASE_HEARTBEAT=2):
+        found = message("schedapp.W006")
+    assert "SCHEDAPP_DEFAULT_LEASE_SECONDS (5 s)" in found.msg
+    assert "3 lease heartbeats (SCHEDAPP_LEASE_HEARTBEAT 2 s: 6 s)" in found.msg
+    with override_settings(SCHEDAPP_DEFAULT_LEASE_SECONDS=6, SCHEDAPP_LEASE_HEARTBEAT=2):
+        assert "schedapp.W006" not in check_ids()
+
+
+def test_a_declared_job_whose_lease_is_shorter_than_three_heartbeats_is_named():
+    jobs = {"quick": {"task": "project.tasks.add", "cron": "* * * * *", "lease_seconds": 2}}
+    with override_settings(SCHEDAPP_JOBS=jobs, SCHEDAPP_LEASE_HEARTBEAT=1):
+        found = message("schedapp.W006")
+    assert "declared job 'quick': lease_seconds (2 s)" in found.msg
+
+
+@pytest.mark.parametrize(
+    "backend", ["schedapp.results.DatabaseBackend", "schedapp.results:DatabaseBackend", "django-db"]
+)
+def test_schedapps_result_backend_without_django_celery_results_installed_is_an_error(
+    celery_conf, backend
+):
+    from django.conf import settings
+
+    celery_conf(result_backend=backend)
+    assert "schedapp.E013" not in check_ids()
+    apps = [a for a in settings.INSTALLED_APPS if a != "django_celery_results"]
+    with override_settings(INSTALLED_APPS=apps):
+        found = message("schedapp.E013")
+    assert "INSTALLED_APPS" in found.msg and "django_celery_results" in found.hint
+
+
+def test_another_result_backend_needs_no_django_celery_results(celery_conf):
+    from django.conf import settings
+
+    celery_conf(result_backend="redis://127.0.0.1:6379/1")
+    apps = [a for a in settings.INSTALLED_APPS if a != "django_celery_results"]
+    with override_settings(INSTALLED_APPS=apps):
+        assert "schedapp.E013" not in check_ids()
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        "django_celery_beat.schedulers:DatabaseScheduler",
+        "django_celery_beat.schedulers.DatabaseScheduler",
+    ],
+)
+def test_django_celery_beats_scheduler_still_configured_is_a_warning(celery_conf, scheduler):
+    celery_conf(beat_scheduler=scheduler)
+    found = message("schedapp.W015")
+    assert "django-celery-beat" in found.msg
+    assert "CELERY_BEAT_SCHEDULER = 'schedapp.beat:LeaseScheduler'" in found.hint
+    celery_conf(beat_scheduler="schedapp.beat:LeaseScheduler")
+    assert "schedapp.W015" not in check_ids()
+
+
+def test_deploy_warns_of_the_metrics_view_served_without_a_token():
+    # project/urls.py routes schedapp.views.metrics at /metrics/
+    with override_settings(SCHEDAPP_METRICS_TOKEN=None):
+        assert "schedapp.W013" not in check_ids()  # --deploy only
+        found = message("schedapp.W013", deploy=True)
+    assert "/metrics/" in found.msg and "SCHEDAPP_METRICS_TOKEN" in found.hint
+    with override_settings(SCHEDAPP_METRICS_TOKEN="s3cret"):
+        assert "schedapp.W013" not in check_ids(deploy=True)
+
+
+def test_deploy_warns_that_the_metrics_port_takes_no_token():
+    with override_settings(SCHEDAPP_METRICS_PORT=None):
+        assert "schedapp.W014" not in check_ids(deploy=True)
+    with override_settings(SCHEDAPP_METRICS_PORT=9100, SCHEDAPP_METRICS_TOKEN="s3cret"):
+        assert "schedapp.W014" not in check_ids()
+        found = message("schedapp.W014", deploy=True)
+    assert "9100" in found.msg and "SCHEDAPP_METRICS_TOKEN does not protect it" in found.msg
