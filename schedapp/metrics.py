@@ -20,6 +20,7 @@ need nothing.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -274,6 +275,46 @@ def own_files_in_children() -> None:
     os.register_at_fork(after_in_child=own_files)
 
 
+# What to do when the port is taken, said where it happens (operations.md says it too).
+PORT_TAKEN = (
+    ". Another process on this host serves that port: each beat and each worker serves its "
+    "own metrics, so two of them on one host (a beat and a worker, or two workers) need two "
+    "ports. Give each process its own SCHEDAPP_METRICS_PORT (read it from an environment "
+    "variable set per process), or leave it unset and scrape schedapp.views.metrics. This "
+    "process runs on without a metrics server"
+)
+
+
+def warn_if_pool_unaggregated(pool: Any) -> bool:
+    """Say so (once, at worker start) when a prefork worker serves metrics without
+    ``PROMETHEUS_MULTIPROC_DIR``: its pool processes count the runs they finish, and without
+    the directory the worker's endpoint cannot see their counts, so the runs finished, dead
+    letters and stale completions it shows stay at 0. True if it warned."""
+    port = metrics_port()
+    if not port or prometheus_client is None or multiprocess_dir() or not _is_prefork(pool):
+        return False
+    log.warning(
+        "this worker's prefork pool processes count the runs they finish, and "
+        "PROMETHEUS_MULTIPROC_DIR is not set: the metrics it serves on port %s will not show "
+        "them (schedapp_runs_finished_total, schedapp_dead_letters_total, "
+        "schedapp_stale_completions_total stay at 0). Set PROMETHEUS_MULTIPROC_DIR to an empty "
+        "directory of this host, wiped before the worker starts.",
+        port,
+        extra={"action": "metrics_unaggregated"},
+    )
+    return True
+
+
+def _is_prefork(pool: Any) -> bool:
+    """Whether ``pool`` (a worker's pool: an alias, a class or its path) is Celery's prefork."""
+    if isinstance(pool, str):
+        name = pool.partition(":")[0]
+        return name in ("prefork", "processes") or name.startswith("celery.concurrency.prefork")
+    from celery.concurrency.prefork import TaskPool
+
+    return isinstance(pool, type) and issubclass(pool, TaskPool)
+
+
 def metrics_port() -> int | None:
     port = get_settings().METRICS_PORT
     return int(port) if port else None
@@ -304,10 +345,11 @@ def start_metrics_server(port: int | None = None, addr: str = "0.0.0.0") -> bool
         prometheus_client.start_http_server(port, addr=addr, registry=process_registry())
     except OSError as exc:
         log.warning(
-            "metrics server not started on %s:%s: %s",
+            "metrics server not started on %s:%s: %s%s",
             addr,
             port,
             exc,
+            PORT_TAKEN if exc.errno == errno.EADDRINUSE else "",
             extra={"action": "metrics_failed"},
         )
         return False

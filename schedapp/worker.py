@@ -430,6 +430,7 @@ class WorkerHooks:
         a green pool says at once that it will execute no schedapp run."""
         install_door(sender.app)
         metrics.own_files_in_children()  # before it forks its pool and an embedded beat
+        metrics.warn_if_pool_unaggregated(getattr(sender, "pool_cls", None))
         self.green_pool = green_pool_name(getattr(sender, "pool_cls", None))
         if self.green_pool is not None:
             log.error(

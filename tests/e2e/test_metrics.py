@@ -102,3 +102,18 @@ def test_the_documented_liveness_probe_passes_on_a_ticking_beat_whose_failed_tic
     before = scrape(port)[errors]
     wait_until(lambda: scrape(port)[errors] >= before + 2, timeout=30)
     assert scrape(port)[tick] == stopped
+
+
+def test_a_prefork_worker_without_a_multiprocess_dir_and_a_beat_on_its_port_say_what_to_do(fleet):
+    # Given a prefork worker serving metrics without PROMETHEUS_MULTIPROC_DIR
+    port = free_port()
+    worker = fleet.worker(settings={"SCHEDAPP_METRICS_PORT": port, "PROMETHEUS_MULTIPROC_DIR": ""})
+    # Then it says its pool processes' counts will be missing, and how to fix it
+    worker.wait_for("PROMETHEUS_MULTIPROC_DIR is not set", timeout=30)
+    assert f"on port {port} will not show them" in worker.log()
+    # When a beat on the same host takes the same port
+    beat = fleet.beat(settings={"SCHEDAPP_METRICS_PORT": port})
+    # Then it runs on, and says the port is taken and what to change
+    beat.wait_for(f"metrics server not started on 0.0.0.0:{port}", timeout=30)
+    beat.wait_for("Give each process its own SCHEDAPP_METRICS_PORT", timeout=10)
+    assert beat.alive()
