@@ -316,7 +316,16 @@ class LeaseScheduler(Scheduler):
             return
         shown = runs[: self.settings.DISPATCH_LOG_BURST] if mode == "each" else []
         for run in shown:
-            celery_log.info("Scheduler: Sending due task %s (%s)", run.name, run.task)
+            if run.attempt > 1:  # a retry: the line says which, or it reads as a scheduled send
+                celery_log.info(
+                    "Scheduler: Sending due task %s (%s), retry %d/%d",
+                    run.name,
+                    run.task,
+                    run.attempt - 1,
+                    run.max_retries,
+                )
+            else:
+                celery_log.info("Scheduler: Sending due task %s (%s)", run.name, run.task)
         if len(runs) > len(shown):
             celery_log.info(
                 "Scheduler: Sent %d due tasks in one batch (%d not listed one by one)",

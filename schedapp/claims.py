@@ -52,6 +52,7 @@ class ClaimedRun:
     lateness: float = 0.0  # seconds between due_at and the claim, in the database clock
     schedule: ScheduleRef | None = None  # a recurring job's schedule, as the claim read it
     message_options: str = "{}"  # the job's Celery message options, as JSON text
+    max_retries: int = 0  # the job's, for the beat's log line ("retry 2/3")
     # The database's now() at the claim, and this process's monotonic clock then: what a
     # dispatch dates a message's ``expires`` from (``database_now``), not the host's clock.
     claimed_at: datetime | None = None
@@ -180,8 +181,8 @@ def _apply_misfires(
             quarantined.append(_quarantine_locked(row["id"], _unschedulable(exc)))
             continue
         log.info(
-            "job %s missed %d occurrence(s) (policy %s)",
-            row["id"],
+            "%s missed %d occurrence(s) (policy %s)",
+            job_label(row["id"], row["name"]),
             plan.missed,
             row["misfire_policy"],
             extra={"action": "misfire", "job": row["id"]},
@@ -207,6 +208,12 @@ def _apply_misfires(
     return skipped, quarantined
 
 
+def job_label(job_id: int, name: str | None) -> str:
+    """A job as logs name it: ``job 'nightly-report' (id 31)``, its name for people and its id
+    for the admin's URL and the task ids (``schedapp:31:<token>``)."""
+    return f"job {name!r} (id {job_id})" if name else f"job {job_id}"
+
+
 def _unschedulable(exc: BaseException) -> str:
     return f"its schedule cannot be computed here ({type(exc).__name__}: {exc})"
 
@@ -229,9 +236,10 @@ def _quarantine_locked(job_id: int, reason: str) -> Quarantined:
         finished_at=Now(),
         error=_storable(f"quarantined: {reason}", ERROR_CHARS),
     )
+    name = Job.objects.filter(id=job_id).values_list("name", flat=True).first()
     log.error(
-        "job %s quarantined (now dead): %s",
-        job_id,
+        "%s quarantined (now dead): %s",
+        job_label(job_id, name),
         reason,
         extra={"action": "quarantine", "job": job_id},
     )
@@ -268,6 +276,7 @@ def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
         message_options=row["message_options"],
         claimed_at=row["next_run_at"] + timedelta(seconds=row["lateness"]),
         claimed_monotonic=started,
+        max_retries=row["max_retries"],
     )
 
 
@@ -767,8 +776,8 @@ def _complete(
         )
         if not fresh:
             log.warning(
-                "stale completion of job %s token %s: not applied",
-                job_id,
+                "stale completion of %s token %s: not applied",
+                job_label(job_id, job.name if job is not None else None),
                 token,
                 extra={"action": "stale_completion", "job": job_id, "token": token},
             )
@@ -788,8 +797,8 @@ def _complete(
         _write_after_run(job_id, token, plan, status=outcome, error=error)
     if plan.dead:
         log.error(
-            "job %s is dead after %d attempt(s): %s",
-            job_id,
+            "%s is dead after %d attempt(s): %s",
+            job_label(job_id, job.name),
             job.retry_count + 1,
             error.splitlines()[0] if error else "",
             extra={"action": "dead", "job": job_id},

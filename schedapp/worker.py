@@ -199,8 +199,9 @@ class WorkerHooks:
         except Exception as exc:  # cannot check the claim: do not run it
             verdict = DoorVerdict.ERROR
             log.error(
-                "job %s token %s: could not check the claim (%s); not executing",
+                "job %s (%s) token %s: could not check the claim (%s); not executing",
                 job_id,
+                getattr(task, "name", "?"),
                 token,
                 exc,
                 extra={"action": "door_error", "job": job_id, "token": token},
@@ -212,10 +213,11 @@ class WorkerHooks:
             return
         metrics.door_skipped(verdict.value)
         log.warning(
-            "job %s token %s delivered but not executed: %s",
+            "job %s (%s) token %s delivered but not executed: %s",
             job_id,
+            getattr(task, "name", "?"),
             token,
-            verdict.explanation,
+            verdict.what_next,
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": verdict},
         )
         raise Refused(f"schedapp: {verdict.explanation}")
@@ -237,9 +239,10 @@ class WorkerHooks:
         )
         metrics.door_skipped("green_pool")
         log.warning(
-            "job %s token %s delivered but not executed: this worker runs the %s pool (its run "
-            "failed with the reason)",
+            "job %s (%s) token %s delivered but not executed: this worker runs the %s pool (its "
+            "run failed with the reason, and follows the job's retry policy)",
             job_id,
+            getattr(task, "name", "?"),
             token,
             pool,
             extra={"action": "door_skip", "job": job_id, "token": token, "verdict": "green_pool"},

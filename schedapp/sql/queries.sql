@@ -38,7 +38,8 @@ claimed AS (
         updated_at = now()
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
-              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.lease_seconds, j.jitter,
+              j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.max_retries,
+              j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
               j.misfire_max_catchup, j.misfire_grace, j.priority, j.cron_day_or, j.solar_event,
               j.latitude, j.longitude, j.not_before, j.expires_at,

@@ -37,6 +37,12 @@ class DoorVerdict(StrEnum):
     def explanation(self) -> str:
         return _DOOR_EXPLANATIONS[self]
 
+    @property
+    def what_next(self) -> str:
+        """The explanation and whether (and when) the run is dispatched again: what the
+        worker's log says of a refused delivery. A run that never started costs no attempt."""
+        return _DOOR_WHAT_NEXT[self]
+
 
 _DOOR_EXPLANATIONS = {
     DoorVerdict.ADMITTED: "admitted",
@@ -48,6 +54,23 @@ _DOOR_EXPLANATIONS = {
     DoorVerdict.UNKNOWN: "no such run",
     DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
     "dispatched again",
+}
+
+_NOT_COUNTED = "not counted as an attempt"
+_DOOR_WHAT_NEXT = {
+    DoorVerdict.ADMITTED: "admitted",
+    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one: not run again from "
+    "this message (the job's newer claim, or its cancellation, stands)",
+    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived: a beat reaps it and "
+    f"dispatches it again at its next tick, {_NOT_COUNTED}",
+    DoorVerdict.JOB_PAUSED: "the job is paused: not run again from this message; the job's "
+    "schedule goes on when it is resumed",
+    DoorVerdict.JOB_STATE: "the job is no longer running: not run again",
+    DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery): "
+    "nothing to run again",
+    DoorVerdict.UNKNOWN: "no such run: nothing to run again",
+    DoorVerdict.ERROR: "the claim could not be checked: the run is dispatched again once its "
+    f"lease expires (lease_seconds after its dispatch or last renewal), {_NOT_COUNTED}",
 }
 
 

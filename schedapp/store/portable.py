@@ -31,6 +31,7 @@ _CLAIM_FIELDS = (
     "scheduled_for",
     "next_run_at",
     "retry_count",
+    "max_retries",
     "lease_seconds",
     "unstarted_dispatches",
     "jitter",

@@ -188,6 +188,29 @@ def test_dispatch_log_modes(start_beat, caplog, mode, burst, expected):
     assert sorted(dispatch_lines(caplog)) == sorted(expected)
 
 
+def test_a_retried_send_says_which_retry_it_is(start_beat, caplog):
+    from schedapp import claims
+
+    scheduler = start_beat()
+    past = db_now() - timedelta(seconds=5)
+    job = api.schedule(TASK, run_at=past, name="flaky", max_retries=3, retry_backoff=0)
+    lines = []
+    for _ in range(3):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="celery.beat"):
+            scheduler.tick()
+        lines += dispatch_lines(caplog)
+        run = JobRun.objects.filter(job=job).latest("id")
+        claims.admit_run(job.pk, run.token, "w1", f"a{run.token}")
+        claims.complete_run(job.pk, run.token, claims.FAILED, error="boom")
+        Job.objects.filter(pk=job.pk).update(next_run_at=past)  # due now, whatever the backoff
+    assert lines == [
+        f"Scheduler: Sending due task flaky ({TASK})",
+        f"Scheduler: Sending due task flaky ({TASK}), retry 1/3",
+        f"Scheduler: Sending due task flaky ({TASK}), retry 2/3",
+    ]
+
+
 # --- housekeeping ---------------------------------------------------------------------------
 
 

@@ -610,7 +610,9 @@ def _lose_lease(job_id: int) -> None:
 
 
 class _Task:
-    """What the door reads of the task it guards: the worker's name."""
+    """What the door reads of the task it guards: the worker's name, and its own for logs."""
+
+    name = "project.tasks.record"
 
     def __init__(self, hostname: str = "w1@host") -> None:
         self.request = type("Request", (), {"hostname": hostname})()
@@ -802,3 +804,57 @@ def test_a_failure_whose_exception_text_postgresql_cannot_store_is_still_recorde
     assert r.error.startswith(error), r.error[:80]
     assert len(r.error) <= 10_000 and "Traceback" in r.traceback
     assert Job.objects.get(pk=run.job_id).state == JobState.DEAD
+
+
+# --- what the logs say (issue 29, item 11) --------------------------------------------------
+
+
+@pytest.fixture
+def schedapp_records(caplog):
+    """The schedapp loggers' records (they do not propagate to pytest's root handler)."""
+    schedapp_log = logging.getLogger("schedapp")
+    schedapp_log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="schedapp")
+    yield lambda: [r.getMessage() for r in caplog.records if r.name.startswith("schedapp")]
+    schedapp_log.removeHandler(caplog.handler)
+
+
+def test_a_dead_job_is_logged_by_its_name_and_id(schedapp_records):
+    job, run = claimed(name="nightly-report", max_retries=0)
+    admit_run(job.pk, run.token, "w1", "a1")
+    complete_run(job.pk, run.token, claims.FAILED, error="boom\nmore")
+    (line,) = [m for m in schedapp_records() if "is dead" in m]
+    assert line == f"job 'nightly-report' (id {job.pk}) is dead after 1 attempt(s): boom"
+
+
+def test_a_refused_delivery_says_when_its_run_is_dispatched_again(schedapp_records):
+    from celery.exceptions import Ignore
+
+    hooks = pool_hooks()
+    late, run = claim_one(name="late")
+    Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    with pytest.raises(Ignore):
+        hooks.admit(_Task(), run.task_id)
+    (line,) = [m for m in schedapp_records() if "delivered but not executed" in m]
+    assert line.startswith(f"job {late.pk} (project.tasks.record) token {run.token} delivered")
+    assert line.endswith(
+        "its lease expired before it arrived: a beat reaps it and dispatches it again at its "
+        "next tick, not counted as an attempt"
+    )
+    hooks.pending.close()
+
+
+def test_a_delivery_refused_for_a_newer_claim_says_it_is_not_run_again(schedapp_records):
+    from celery.exceptions import Ignore
+
+    hooks = pool_hooks()
+    job, run = claim_one(name="moved-on")
+    Job.objects.filter(pk=job.pk).update(token=run.token + 1)
+    with pytest.raises(Ignore):
+        hooks.admit(_Task(), run.task_id)
+    (line,) = [m for m in schedapp_records() if "delivered but not executed" in m]
+    assert line.endswith(
+        "its claim is no longer the job's current one: not run again from this message (the "
+        "job's newer claim, or its cancellation, stands)"
+    )
+    hooks.pending.close()
