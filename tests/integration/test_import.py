@@ -580,7 +580,6 @@ def test_celery_beats_own_backend_cleanup_row_is_left_to_housekeeping():
     )
 
 
-
 def test_update_keeps_an_interval_whose_last_run_moved_by_whole_intervals_unchanged():
     """django-celery-beat still running during the switch moves last_run_at on by one
     interval per run: the phase is the same, so --update has nothing to change."""
@@ -601,3 +600,14 @@ def test_update_keeps_an_interval_whose_last_run_moved_by_whole_intervals_unchan
     dcb.PeriodicTask.objects.filter(pk=task.pk).update(last_run_at=last + timedelta(minutes=30))
     out, _ = run("--from-django-celery-beat", "--update")
     assert "updated: hourly" in out  # a new phase is a change
+
+
+def test_a_crontab_out_of_range_is_reported_naming_the_cron_fields():
+    dcb = pytest.importorskip("django_celery_beat.models")
+    bad = dcb.CrontabSchedule.objects.create(minute="61", hour="25")
+    dcb.PeriodicTask.objects.create(name="dcb-61-25", task="project.tasks.record", crontab=bad)
+    _, err = run("--from-django-celery-beat")
+    (line,) = [line for line in err.splitlines() if "dcb-61-25" in line]
+    assert "cron: '61 25 * * *' is not a valid cron expression: minute 61 is out of range" in line
+    assert "hour 25 is out of range (0-23)" in line
+    assert not Job.objects.filter(name="dcb-61-25").exists()
