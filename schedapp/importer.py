@@ -3,7 +3,8 @@
 A team switches in one step: every entry that maps is created as a job (source "imported")
 through ``api.schedule``; every entry that does not is reported with the reason, and nothing
 is half-imported. Importing is idempotent by name: a name that exists is skipped (or, with
-``update=True``, an imported job is brought in line with the source).
+``update=True``, an imported job is brought in line with the source, each in a short
+transaction of its own once the new jobs are in).
 
 Mapping, with Celery's semantics:
 
@@ -628,8 +629,15 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
 def import_candidates(
     candidates: Iterable[Candidate], *, update: bool = False, dry_run: bool = False
 ) -> ImportReport:
-    """Create (or update) a job per mapped candidate; everything else goes in the report."""
+    """Create (or update) a job per mapped candidate; everything else goes in the report.
+
+    New jobs are created in one transaction (all or none). With ``update``, each existing
+    job is then updated in a transaction of its own, its row locked for milliseconds: one
+    transaction over every update held the rows of running jobs for the whole import, and
+    their lease renewals, which skip locked rows, let healthy leases lapse.
+    """
     report = ImportReport(dry_run=dry_run)
+    updates: list[Candidate] = []
     with transaction.atomic():
         for item in candidates:
             if item.notes:
@@ -643,60 +651,82 @@ def import_candidates(
                 report.unmapped[item.name] = item.problem
                 continue
             try:
-                _write(item, update, report)
+                if _write(item, update, report) and not dry_run:
+                    updates.append(item)
             except ValidationError as exc:
-                report.invalid[item.name] = [
-                    f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()
-                ]
+                report.invalid[item.name] = _invalid(exc)
         if dry_run:
             transaction.set_rollback(True)
+    for item in updates:
+        try:
+            with transaction.atomic():
+                existing = Job.objects.select_for_update().filter(name=item.name).first()
+                changes = _changes(item, existing)[1] if existing is not None else {}
+                if not changes or existing is None or existing.source != JobSource.IMPORTED:
+                    report.unchanged.append(item.name)  # changed or removed meanwhile
+                    continue
+                api.update(existing.pk, **changes)
+            report.updated.append(item.name)
+        except ValidationError as exc:
+            report.invalid[item.name] = _invalid(exc)
     return report
 
 
-def _write(item: Candidate, update: bool, report: ImportReport) -> None:
+def _invalid(exc: ValidationError) -> list[str]:
+    return [f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()]
+
+
+def _changes(item: Candidate, existing: Job) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The imported job as the source entry has it (validated), and the fields that differ."""
+    merged = {f: getattr(existing, f) for f in JOB_FIELDS}
+    merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
+    merged.update(solar_event="", latitude=None, longitude=None, cron_day_or=True)
+    merged.update(not_before=None, expires_at=None, message_options={})
+    merged.update(item.spec)
+    if "interval_anchor" not in item.spec and merged["interval"] == existing.interval:
+        # The source gives no phase: the one the job took at its first run stays (a new
+        # interval still gets a new one, as api.update resets it with the schedule).
+        merged["interval_anchor"] = existing.interval_anchor
+    elif _same_phase(merged.get("interval_anchor"), existing, merged["interval"]):
+        # A last run whole intervals later (the old scheduler ran on): the same phase,
+        # no change to make
+        merged["interval_anchor"] = existing.interval_anchor
+    cleaned = validate_job(merged)
+    return cleaned, changed_fields(existing, cleaned)
+
+
+def _write(item: Candidate, update: bool, report: ImportReport) -> bool:
+    """Create the job, or report it; True: an existing job to update (read without a lock,
+    written afterwards in its own short transaction; a dry run only reports it)."""
     existing = Job.objects.filter(name=item.name).first()
     if existing is not None:
         if not update or existing.source != JobSource.IMPORTED:
             report.skipped.append(item.name)
-            return
-        merged = {f: getattr(existing, f) for f in JOB_FIELDS}
-        merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
-        merged.update(solar_event="", latitude=None, longitude=None, cron_day_or=True)
-        merged.update(not_before=None, expires_at=None, message_options={})
-        merged.update(item.spec)
-        if "interval_anchor" not in item.spec and merged["interval"] == existing.interval:
-            # The source gives no phase: the one the job took at its first run stays (a new
-            # interval still gets a new one, as api.update resets it with the schedule).
-            merged["interval_anchor"] = existing.interval_anchor
-        elif _same_phase(merged.get("interval_anchor"), existing, merged["interval"]):
-            # A last run whole intervals later (the old scheduler ran on): the same phase,
-            # no change to make
-            merged["interval_anchor"] = existing.interval_anchor
-        cleaned = validate_job(merged)
-        changes = changed_fields(existing, cleaned)
+            return False
+        cleaned, changes = _changes(item, existing)
         if not changes:
             report.unchanged.append(item.name)
-            return
+            return False
         report.details[item.name] = update_lines(existing, cleaned, changes)
-        if not report.dry_run:
-            with transaction.atomic():
-                api.update(existing.pk, **changes)
-        report.updated.append(item.name)
-        return
+        if report.dry_run:
+            report.updated.append(item.name)
+            return False
+        return True
     if report.dry_run:  # validated as api.schedule would, and nothing written: no id taken
         if item.name in report.details:  # an earlier candidate of this run takes the name
             report.skipped.append(item.name)
-            return
+            return False
         if report.now is None:
             report.now = db_now()
         report.details[item.name] = preview_lines(item, report.now)
         report.created.append(item.name)
-        return
+        return False
     with transaction.atomic():
         job = api.schedule(item.task or "", name=item.name, source=JobSource.IMPORTED, **item.spec)
         if item.paused:
             api.pause(job.pk)
     report.created.append(item.name)
+    return False
 
 
 def _same_phase(anchor: Any, job: Job, interval: Any) -> bool:
