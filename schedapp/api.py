@@ -22,7 +22,7 @@ from . import bulk, policies
 from .bulk import CHUNK_SIZE
 from .db import db_now, notify_due
 from .exceptions import JobStateError, ScheduleError
-from .models import ACTIVE_RUN_STATUSES, Job, JobRun, JobSource, JobState, RunStatus
+from .models import ACTIVE_RUN_STATUSES, Declaration, Job, JobRun, JobSource, JobState, RunStatus
 from .schedules import first_fire_time
 from .validation import (
     JOB_FIELDS,
@@ -227,7 +227,15 @@ def pause(job: JobRef) -> Job:
             )
         current.state = JobState.PAUSED
         current.save(update_fields=["state", "updated_at"])
+        _a_persons_pause(current)
     return current
+
+
+def _a_persons_pause(job: Job) -> None:
+    """A pause or resume of a declared job is a person's from now on: a release declaring it
+    again no longer resumes it as one it paused itself (``declared``'s withdrawal)."""
+    if job.source == JobSource.DECLARED:
+        Declaration.objects.filter(name=job.name, withdrawn=True).update(withdrawn=False)
 
 
 def _still_allowed(job: Job) -> None:
@@ -256,6 +264,7 @@ def resume(job: JobRef) -> Job:
             ).exists()
         )
         current.state = JobState.RUNNING if in_flight else JobState.SCHEDULED
+        _a_persons_pause(current)
         if current.state == JobState.SCHEDULED:
             current.claimed_by, current.lease_expires_at = "", None
             current.unstarted_dispatches = 0  # a person's action: an ordinary wait again

@@ -46,6 +46,11 @@ class Settings:
     METRICS_TOKEN: str | None = None
     # Jobs declared in code: {"name": {"task": ..., "cron": ..., ...}}, synced at beat start.
     JOBS: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # This deploy's release, ordered: a larger one is newer (compared part by part, runs of
+    # digits as numbers: "41" < "100", "2026.12.2" < "2026.12.10"). In a rolling deploy the
+    # declared jobs of the newest release win; unset, a set of declarations the database saw
+    # later is newer. A git hash alone is not ordered: prefix it with a build number or time.
+    RELEASE: str = ""
     # Seconds between a worker's or beat's row updates in the nodes table.
     NODE_HEARTBEAT: float = 10.0
     # Seconds between a worker's lease heartbeats (a thread of its main process, independent

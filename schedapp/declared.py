@@ -19,18 +19,29 @@ schedule class, is reported at beat start and not run), and::
 ``sync_declared_jobs()`` creates missing jobs (source "declared"), updates those whose
 declaration changed (through ``api.update``: an unchanged job keeps its ``next_run_at``), and
 *pauses* declared jobs whose declaration disappeared: their history stays, and declaring them
-again shows them (still paused: a person resumes them, because sync cannot tell its own pause
-from an operator's). A job created by someone else under a declared name is never touched.
+again resumes them, unless a person paused them (``Declaration.withdrawn`` tells the sync's
+pause from a person's). A job created by someone else under a declared name is never touched.
 A bad declaration is reported and skipped; the others are still synced. Beats call it at
-start; several beats starting together are serialised by an advisory lock.
+start.
+
+In a rolling deploy the newest declarations win (DESIGN.md note 27): each sync records its
+declaration set (``SCHEDAPP_RELEASE`` and a fingerprint) and, per job name, which set last
+decided on it; a sync never writes a name a newer set decided on (``newer``). Each job is
+written in a short transaction of its own (note 23), so running jobs' lease renewals and
+doors never wait behind the sync; beats syncing at once serialise on each name's
+``Declaration`` row, never on a lock held for the whole sync.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -38,16 +49,13 @@ from django.db import transaction
 
 from . import api
 from .conf import get_settings
-from .db import beat_transaction
+from .db import beat_transaction, db_now
 from .exceptions import JobStateError
-from .models import Job, JobSource, JobState, field_default
-from .store import get_store
+from .models import Declaration, DeclarationSet, Job, JobSource, JobState, field_default
 from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
 
 log = logging.getLogger("schedapp.declared")
 
-# pg_advisory_xact_lock key: "schedapp" declared-jobs sync.
-_LOCK_KEY = 0x5C4ED_D3C1
 _registry: list[dict[str, Any]] = []
 
 
@@ -196,14 +204,17 @@ class SyncReport:
     created: list[str] = field(default_factory=list)
     updated: dict[str, list[str]] = field(default_factory=dict)  # name -> changed fields
     paused: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)  # declared again after a withdrawal
     unchanged: list[str] = field(default_factory=list)
     conflicts: dict[str, str] = field(default_factory=dict)  # name taken by another source
     waiting: list[str] = field(default_factory=list)  # declared again, still paused
+    superseded: list[str] = field(default_factory=list)  # a newer release decided on it
+    deferred: list[str] = field(default_factory=list)  # its job row stayed busy: next sync
     errors: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
-        return bool(self.created or self.updated or self.paused)
+        return bool(self.created or self.updated or self.paused or self.resumed)
 
     def __str__(self) -> str:
         parts = [
@@ -212,6 +223,12 @@ class SyncReport:
             f"{len(self.paused)} paused",
             f"{len(self.unchanged)} unchanged",
         ]
+        if self.resumed:
+            parts.append(f"{len(self.resumed)} resumed")
+        if self.superseded:
+            parts.append(f"{len(self.superseded)} left to a newer release")
+        if self.deferred:
+            parts.append(f"{len(self.deferred)} deferred (busy)")
         if self.conflicts:  # named: each is a declaration whose edits are ignored
             names = ", ".join(sorted(self.conflicts))
             parts.append(f"{len(self.conflicts)} name conflicts ({names})")
@@ -220,39 +237,298 @@ class SyncReport:
         return "declared jobs: " + ", ".join(parts)
 
 
+# --- which declarations are the newest ---------------------------------------------------------
+
+
+def release_key(release: str) -> tuple[tuple[int, int, str], ...]:
+    """The order of ``SCHEDAPP_RELEASE`` values: part by part, runs of digits as numbers
+    ("41" < "100", "2026.12.2" < "2026.12.10", ISO timestamps in time order)."""
+    return tuple(
+        (0, int(part), "") if part[0] in "0123456789" else (1, 0, part)
+        for part in re.findall(r"[0-9]+|[^0-9]+", release)
+    )
+
+
+def _rank(found: DeclarationSet | None) -> tuple[Any, ...]:
+    """Newer sorts higher: a set with a release over one without (a team that starts setting
+    it), then the release's order, then the set the database saw first is the older."""
+    if found is None:  # no set decided yet
+        return (0,)
+    return (1, bool(found.release), release_key(found.release), found.first_seen, found.pk)
+
+
+def newer(one: DeclarationSet | None, other: DeclarationSet | None) -> bool:
+    """Whether declaration set ``one`` is newer than ``other`` (None: none, the oldest)."""
+    return _rank(one) > _rank(other)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return {"seconds": value.total_seconds()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return repr(value)
+
+
+def fingerprint(decls: Mapping[str, Mapping[str, Any]]) -> str:
+    """A digest of a declaration set, the same at every start of one release: what a beat
+    computes from the instant it starts (a relative ``beat_schedule`` entry's phase) and the
+    notes it logs are left out."""
+    canonical: dict[str, Any] = {}
+    for name, spec in decls.items():
+        item = {k: v for k, v in spec.items() if k != "_notes"}
+        if spec.get("_keep_phase"):
+            item.pop("interval_anchor", None)
+            item.pop("not_before", None)
+        canonical[str(name)] = item
+    try:
+        text = json.dumps(canonical, sort_keys=True, default=_plain)
+    except TypeError:  # keys json cannot sort (mixed types in a kwargs mapping)
+        text = repr(sorted(canonical.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _our_set(decls: Mapping[str, Mapping[str, Any]]) -> DeclarationSet:
+    """This beat's declaration set, recorded when the database first sees it."""
+    release = str(get_settings().RELEASE or "")[:200]
+    digest = fingerprint(decls)
+    with transaction.atomic():
+        DeclarationSet.objects.bulk_create(
+            [DeclarationSet(release=release, fingerprint=digest, first_seen=db_now())],
+            ignore_conflicts=True,
+        )
+    return DeclarationSet.objects.get(release=release, fingerprint=digest)
+
+
+class _Sets:
+    """Declaration sets by id; one another beat recorded meanwhile is read when met."""
+
+    def __init__(self) -> None:
+        self._sets = {s.pk: s for s in DeclarationSet.objects.all()}
+
+    def get(self, pk: int | None) -> DeclarationSet | None:
+        if pk is None:
+            return None
+        if pk not in self._sets:
+            self._sets[pk] = DeclarationSet.objects.get(pk=pk)
+        return self._sets[pk]
+
+
+# --- the sync ----------------------------------------------------------------------------------
+
+# A name whose job row another transaction holds (a door, a renewal, a completion, a person)
+# is tried again after the others, up to this many passes, a pause apart; then the next sync.
+BUSY_PASSES = 20
+BUSY_PAUSE = 0.25
+STAMP_BATCH = 500
+
+
 def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> SyncReport:
-    """Bring the database in line with the declarations; idempotent (see the module doc)."""
+    """Bring the database in line with the declarations; idempotent (see the module doc).
+
+    Each job is written in a transaction of its own, holding its row for milliseconds: a
+    sync holding every row it touched until the end let running jobs' leases lapse (their
+    renewals skip locked rows) and made doors wait. A job whose row stays busy is left for
+    the next sync (``SyncReport.deferred``). A name a newer declaration set decided on is
+    left alone (``SyncReport.superseded``).
+    """
     decls = declarations() if decls is None else decls
     report = SyncReport()
-    with beat_transaction():
-        get_store().lock(_LOCK_KEY)  # one beat at a time
-        existing = {job.name: job for job in Job.objects.filter(name__in=list(decls))}
-        for name, spec in decls.items():
-            for note in spec.get("_notes", ()):
-                log.warning("beat_schedule entry %s: %s", name, note, extra={"action": "declared"})
+    ours = _our_set(decls)
+    sets = _Sets()
+    values: dict[str, dict[str, Any]] = {}
+    for name, spec in decls.items():
+        for note in spec.get("_notes", ()):
+            log.warning("beat_schedule entry %s: %s", name, note, extra={"action": "declared"})
+        try:
+            values[name] = declared_values(name, spec)
+        except ValidationError as exc:
+            _invalid(name, exc, report)
+    todo = _in_line(decls, values, ours, sets, report)
+    live = (JobState.SCHEDULED, JobState.RUNNING)
+    gone = (
+        Job.objects.filter(source=JobSource.DECLARED, state__in=live)
+        .exclude(name__in=list(decls))
+        .values_list("name", flat=True)
+    )
+    pending: list[tuple[str, str]] = [("declare", n) for n in todo]
+    pending += [("withdraw", n) for n in gone]
+    for attempt in range(BUSY_PASSES):
+        busy = []
+        for action, name in pending:
             try:
-                values = declared_values(name, spec)
-                job = existing.get(name)
-                _keep_phase(spec, values, job)
-                _sync_one(name, values, job, report)
+                if action == "declare":
+                    done = _declare(name, decls[name], values[name], ours, sets, report)
+                else:
+                    done = _withdraw(name, ours, sets, report)
             except (ValidationError, JobStateError) as exc:
-                report.errors[name] = _messages(exc)
-                log.error(
-                    "declared job %s is invalid: %s",
-                    name,
-                    report.errors[name],
-                    extra={"action": "declared_invalid", "job_name": name},
-                )
-        gone = (
-            Job.objects.filter(source=JobSource.DECLARED)
-            .exclude(name__in=list(decls))
-            .filter(state__in=(JobState.SCHEDULED, JobState.RUNNING))
+                _invalid(name, exc, report)
+                done = True
+            if not done:
+                busy.append((action, name))
+        pending = busy
+        if not pending:
+            break
+        if attempt + 1 < BUSY_PASSES:
+            time.sleep(BUSY_PAUSE)
+    report.deferred = [name for _, name in pending]
+    if report.deferred:
+        log.warning(
+            "declared jobs left for the next sync, their rows busy: %s",
+            ", ".join(report.deferred),
+            extra={"action": "declared_deferred"},
         )
-        for job in gone:
-            api.pause(job.pk)
-            report.paused.append(job.name)
     log.info("%s", report, extra={"action": "declared_sync"})
     return report
+
+
+def _invalid(name: str, exc: Exception, report: SyncReport) -> None:
+    report.errors[name] = _messages(exc)
+    log.error(
+        "declared job %s is invalid: %s",
+        name,
+        report.errors[name],
+        extra={"action": "declared_invalid", "job_name": name},
+    )
+
+
+def _changes(spec: Mapping[str, Any], values: dict[str, Any], job: Job) -> dict[str, Any]:
+    """The fields of ``job`` its declaration changes (a copy of ``values`` is adjusted)."""
+    values = dict(values)
+    _keep_phase(spec, values, job)
+    if values.get("interval_anchor") is None:
+        # Not declared: the phase the job took at its first occurrence stays (a new schedule
+        # still gets a new one, as changed_fields then says the whole schedule).
+        values.pop("interval_anchor", None)
+    return changed_fields(job, values)
+
+
+def _in_line(
+    decls: Mapping[str, Mapping[str, Any]],
+    values: Mapping[str, dict[str, Any]],
+    ours: DeclarationSet,
+    sets: _Sets,
+    report: SyncReport,
+) -> list[str]:
+    """The names that need a transaction of their own; the others are in line with this set
+    already (a beat of a release starting again: nothing is written) or need only its stamp,
+    written in batches that lock declarations, never job rows."""
+    todo: list[str] = []
+    names = list(values)
+    for i in range(0, len(names), STAMP_BATCH):
+        batch = names[i : i + STAMP_BATCH]
+        jobs = {j.name: j for j in Job.objects.filter(name__in=batch)}
+        stamps = {d.name: d for d in Declaration.objects.filter(name__in=batch)}
+        stamp: dict[int | None, list[str]] = {}
+        for name in batch:
+            job, decl = jobs.get(name), stamps.get(name)
+            if (
+                job is None
+                or job.source != JobSource.DECLARED
+                or (decl is not None and decl.withdrawn)
+                or (decl is not None and newer(sets.get(decl.declaration_set_id), ours))
+                or _changes(decls[name], values[name], job)
+            ):
+                todo.append(name)
+            elif decl is not None and decl.declaration_set_id == ours.pk and decl.declared:
+                _unchanged(name, job, report)
+            else:
+                stamp.setdefault(None if decl is None else decl.declaration_set_id, []).append(name)
+        for read, group in stamp.items():
+            if read is None:
+                Declaration.objects.bulk_create(
+                    [Declaration(name=n, declaration_set=ours, declared=True) for n in group],
+                    ignore_conflicts=True,
+                )
+            else:
+                Declaration.objects.filter(
+                    name__in=group, declaration_set_id=read, withdrawn=False
+                ).update(declaration_set=ours, declared=True)
+            done = set(
+                Declaration.objects.filter(
+                    name__in=group, declaration_set=ours, declared=True, withdrawn=False
+                ).values_list("name", flat=True)
+            )
+            for name in group:
+                if name in done:
+                    _unchanged(name, jobs[name], report)
+                else:  # another beat wrote it meanwhile: decide under its lock
+                    todo.append(name)
+    return todo
+
+
+def _unchanged(name: str, job: Job, report: SyncReport) -> None:
+    report.unchanged.append(name)
+    if job.state == JobState.PAUSED:
+        report.waiting.append(name)
+
+
+def _locked_declaration(name: str) -> Declaration:
+    """The name's declaration row, locked for this transaction (made if there is none)."""
+    decl = Declaration.objects.select_for_update().filter(name=name).first()
+    if decl is None:
+        Declaration.objects.bulk_create([Declaration(name=name)], ignore_conflicts=True)
+        decl = Declaration.objects.select_for_update().get(name=name)
+    return decl
+
+
+def _busy_or_absent(name: str, **filters: Any) -> tuple[Job | None, bool]:
+    """The job named ``name``, locked, unless another transaction holds its row (busy)."""
+    job = Job.objects.select_for_update(skip_locked=True).filter(name=name, **filters).first()
+    return job, job is None and Job.objects.filter(name=name, **filters).exists()
+
+
+def _declare(
+    name: str,
+    spec: Mapping[str, Any],
+    values: dict[str, Any],
+    ours: DeclarationSet,
+    sets: _Sets,
+    report: SyncReport,
+) -> bool:
+    """Create or update one declared job in a short transaction; False: its row is busy."""
+    with beat_transaction():
+        decl = _locked_declaration(name)
+        if decl.declaration_set_id != ours.pk and newer(sets.get(decl.declaration_set_id), ours):
+            report.superseded.append(name)
+            return True
+        job, busy = _busy_or_absent(name)
+        if busy:
+            return False
+        values = dict(values)
+        if job is not None and job.source == JobSource.DECLARED:
+            _keep_phase(spec, values, job)
+        if not _sync_one(name, values, job, report):
+            return True  # another source's job: not ours to stamp
+        if job is not None and decl.withdrawn and job.state == JobState.PAUSED:
+            api.resume(job.pk)  # paused only because a release stopped declaring it
+            report.resumed.append(name)
+            report.waiting.remove(name)
+        decl.declaration_set, decl.declared, decl.withdrawn = ours, True, False
+        decl.save(update_fields=["declaration_set", "declared", "withdrawn"])
+    return True
+
+
+def _withdraw(name: str, ours: DeclarationSet, sets: _Sets, report: SyncReport) -> bool:
+    """Pause a declared job this set no longer declares, unless a newer set decided on it or
+    this set did already (a person may have resumed it since); False: its row is busy."""
+    with beat_transaction():
+        decl = _locked_declaration(name)
+        if decl.declaration_set_id == ours.pk and not decl.declared:
+            return True
+        if decl.declaration_set_id != ours.pk and newer(sets.get(decl.declaration_set_id), ours):
+            report.superseded.append(name)
+            return True
+        job, busy = _busy_or_absent(name, source=JobSource.DECLARED)
+        if busy:
+            return False
+        if job is not None and job.state in (JobState.SCHEDULED, JobState.RUNNING):
+            api.pause(job.pk)
+            decl.withdrawn = True
+            report.paused.append(name)
+        decl.declaration_set, decl.declared = ours, False
+        decl.save(update_fields=["declaration_set", "declared", "withdrawn"])
+    return True
 
 
 def _keep_phase(spec: Mapping[str, Any], values: dict[str, Any], job: Job | None) -> None:
@@ -269,13 +545,14 @@ def _keep_phase(spec: Mapping[str, Any], values: dict[str, Any], job: Job | None
         values.pop("interval_anchor", None)  # a new interval: the update resets its phase
 
 
-def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncReport) -> None:
+def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncReport) -> bool:
+    """Create or update the job; False when the name belongs to a job of another source."""
     if job is None:
         task = values.pop("task")
         with transaction.atomic():
             api.schedule(task, source=JobSource.DECLARED, **values)
         report.created.append(name)
-        return
+        return True
     if job.source != JobSource.DECLARED:
         report.conflicts[name] = f"a job named {name!r} was created via {job.source}; not synced."
         log.warning(
@@ -284,7 +561,7 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
             conflict_text(name, job.source),
             extra={"action": "declared_conflict", "job_name": name},
         )
-        return
+        return False
     if values.get("interval_anchor") is None:
         # Not declared: the phase the job took at its first occurrence stays (a new schedule
         # still gets a new one, as changed_fields then says the whole schedule).
@@ -298,6 +575,7 @@ def _sync_one(name: str, values: dict[str, Any], job: Job | None, report: SyncRe
         report.unchanged.append(name)
     if job.state == JobState.PAUSED:
         report.waiting.append(name)
+    return True
 
 
 def conflict_text(name: str, source: str) -> str:

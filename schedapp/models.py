@@ -399,9 +399,51 @@ class OnceKey(models.Model):
         return self.key
 
 
+class DeclarationSet(models.Model):
+    """One release's declared jobs as a whole: its ``SCHEDAPP_RELEASE`` and a fingerprint of
+    the declarations. Which of two sets is newer decides whose declaration a job keeps in a
+    rolling deploy (``schedapp.declared.newer``): the release first, then which set the
+    database saw first."""
+
+    release = models.CharField(max_length=200, blank=True, default="")
+    fingerprint = models.CharField(max_length=64)
+    first_seen = models.DateTimeField(help_text="Database clock, when a beat first synced it.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["release", "fingerprint"], name="schedapp_declarationset_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.release or 'no release'} {self.fingerprint[:12]}"
+
+
+class Declaration(models.Model):
+    """What the newest declaration set that synced a job name said about it: the sync of an
+    older set leaves that name alone. Kept out of the job table (the hot table), read and
+    locked only by the sync."""
+
+    name = models.CharField(max_length=200, unique=True)
+    # None: no set has decided on this name yet (a row made to lock on).
+    declaration_set = models.ForeignKey(
+        DeclarationSet, null=True, on_delete=models.PROTECT, related_name="+"
+    )
+    declared = models.BooleanField(default=False)  # False: that set no longer declares it
+    # The sync paused the job because a set stopped declaring it, and no person paused or
+    # resumed it since: a set that declares it again resumes it.
+    withdrawn = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Declaration",
+    "DeclarationSet",
     "Job",
     "JobRun",
     "JobSource",

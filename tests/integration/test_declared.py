@@ -7,9 +7,7 @@ from datetime import timedelta
 import pytest
 from celery import shared_task
 from django.core.exceptions import ValidationError
-from django.db import connection
 from django.test import override_settings
-from django.test.utils import CaptureQueriesContext
 
 from schedapp import api, declared
 from schedapp.db import db_now
@@ -94,11 +92,12 @@ def test_a_removed_declaration_pauses_the_job_and_keeps_it():
         assert Job.objects.get(name="every-minute").state == JobState.PAUSED
         assert Job.objects.get(name="not-declared").state == JobState.SCHEDULED
         assert declared.sync_declared_jobs().paused == []  # idempotent
-    # Declared again: it stays paused until a person resumes it, and the report says so
-    with override_settings(SCHEDAPP_JOBS=JOBS):
+    # Declared again by a newer set of declarations: the job its sync paused comes back
+    again = {**JOBS, "nightly": {**JOBS["nightly"], "kwargs": {"label": "nightly", "v": 2}}}
+    with override_settings(SCHEDAPP_JOBS=again):
         report = declared.sync_declared_jobs()
-    assert report.waiting == ["every-minute"]
-    assert Job.objects.get(name="every-minute").state == JobState.PAUSED
+    assert (report.resumed, report.waiting) == (["every-minute"], [])
+    assert Job.objects.get(name="every-minute").state == JobState.SCHEDULED
 
 
 def test_a_bad_declaration_names_job_and_field_and_the_others_still_sync():
@@ -158,12 +157,6 @@ def test_the_periodic_decorator_declares_a_job_for_its_task():
     assert message in report.errors["refresh-cache"][0]
     with pytest.raises(ValueError, match="declared twice"):
         declared.periodic(cron="* * * * *", name="refresh-cache")(refresh)
-
-
-def test_sync_takes_an_advisory_lock_so_beats_starting_together_do_not_race():
-    with override_settings(SCHEDAPP_JOBS=JOBS), CaptureQueriesContext(connection) as queries:
-        declared.sync_declared_jobs()
-    assert any("pg_advisory_xact_lock" in q["sql"] for q in queries)
 
 
 def test_the_demo_projects_declarations_are_valid():
