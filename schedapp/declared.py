@@ -26,14 +26,16 @@ start.
 
 In a rolling deploy the newest declarations win (DESIGN.md note 27): each sync records its
 declaration set (``SCHEDAPP_RELEASE`` and a fingerprint) and, per job name, which set last
-decided on it; a sync never writes a name a newer set decided on (``newer``). Each job is
-written in a short transaction of its own (note 23), so running jobs' lease renewals and
-doors never wait behind the sync; beats syncing at once serialise on each name's
-``Declaration`` row, never on a lock held for the whole sync.
+decided on it; a sync never writes a name a newer set decided on (``newer``). Jobs are
+written a few at a time, each transaction holding its rows about a tenth of a second at most
+(note 23), so running jobs' lease renewals and doors never wait behind the sync; beats
+syncing at once serialise on each name's ``Declaration`` row, never on a lock held for the
+whole sync.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -288,9 +290,9 @@ def fingerprint(decls: Mapping[str, Mapping[str, Any]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _our_set(decls: Mapping[str, Mapping[str, Any]]) -> DeclarationSet:
+def _our_set(decls: Mapping[str, Mapping[str, Any]], release: Any) -> DeclarationSet:
     """This beat's declaration set, recorded when the database first sees it."""
-    release = str(get_settings().RELEASE or "")[:200]
+    release = str(release or "")[:200]
     digest = fingerprint(decls)
     with transaction.atomic():
         DeclarationSet.objects.bulk_create(
@@ -320,21 +322,30 @@ class _Sets:
 # is tried again after the others, up to this many passes, a pause apart; then the next sync.
 BUSY_PASSES = 20
 BUSY_PAUSE = 0.25
+# Names written in one transaction: at most this many, and none started after it has held
+# its rows this long (a commit a row cost as much again as the writes).
+WRITE_BATCH = 20
+WRITE_BATCH_SECONDS = 0.1
 STAMP_BATCH = 500
 
 
-def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> SyncReport:
+def sync_declared_jobs(
+    decls: Mapping[str, Mapping[str, Any]] | None = None, *, release: str | None = None
+) -> SyncReport:
     """Bring the database in line with the declarations; idempotent (see the module doc).
+    ``decls`` and ``release`` default to the settings (``declarations()``,
+    ``SCHEDAPP_RELEASE``).
 
-    Each job is written in a transaction of its own, holding its row for milliseconds: a
-    sync holding every row it touched until the end let running jobs' leases lapse (their
-    renewals skip locked rows) and made doors wait. A job whose row stays busy is left for
-    the next sync (``SyncReport.deferred``). A name a newer declaration set decided on is
-    left alone (``SyncReport.superseded``).
+    Jobs are written a few at a time, each transaction holding its rows for at most about
+    ``WRITE_BATCH_SECONDS``: a sync holding every row it touched until the end let running
+    jobs' leases lapse (their renewals skip locked rows) and made doors wait. A job whose
+    row another transaction holds is skipped, never waited for, and tried again; still busy
+    after ``BUSY_PASSES``, it is left for the next sync (``SyncReport.deferred``). A name a
+    newer declaration set decided on is left alone (``SyncReport.superseded``).
     """
     decls = declarations() if decls is None else decls
     report = SyncReport()
-    ours = _our_set(decls)
+    ours = _our_set(decls, get_settings().RELEASE if release is None else release)
     sets = _Sets()
     values: dict[str, dict[str, Any]] = {}
     for name, spec in decls.items():
@@ -351,27 +362,24 @@ def sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None = None) -> 
         .exclude(name__in=list(decls))
         .values_list("name", flat=True)
     )
-    pending: list[tuple[str, str]] = [("declare", n) for n in todo]
-    pending += [("withdraw", n) for n in gone]
+    # One order for every beat: batches lock Declaration rows in name order, so two beats
+    # syncing at once wait for each other, never deadlock (job rows are never waited for).
+    pending = sorted([(n, "declare") for n in todo] + [(n, "withdraw") for n in gone])
     for attempt in range(BUSY_PASSES):
-        busy = []
-        for action, name in pending:
-            try:
-                if action == "declare":
-                    done = _declare(name, decls[name], values[name], ours, sets, report)
-                else:
-                    done = _withdraw(name, ours, sets, report)
-            except (ValidationError, JobStateError) as exc:
-                _invalid(name, exc, report)
-                done = True
-            if not done:
-                busy.append((action, name))
-        pending = busy
+        busy: list[tuple[str, str]] = []
+        queue = collections.deque(pending)
+        while queue:
+            batch = [queue.popleft() for _ in range(min(WRITE_BATCH, len(queue)))]
+            with beat_transaction():
+                held, later = _write_batch(batch, decls, values, ours, sets, report)
+            busy += held
+            queue.extendleft(reversed(later))
+        pending = sorted(busy)
         if not pending:
             break
         if attempt + 1 < BUSY_PASSES:
             time.sleep(BUSY_PAUSE)
-    report.deferred = [name for _, name in pending]
+    report.deferred = [name for name, _ in pending]
     if report.deferred:
         log.warning(
             "declared jobs left for the next sync, their rows busy: %s",
@@ -463,71 +471,96 @@ def _unchanged(name: str, job: Job, report: SyncReport) -> None:
         report.waiting.append(name)
 
 
-def _locked_declaration(name: str) -> Declaration:
-    """The name's declaration row, locked for this transaction (made if there is none)."""
-    decl = Declaration.objects.select_for_update().filter(name=name).first()
-    if decl is None:
-        Declaration.objects.bulk_create([Declaration(name=name)], ignore_conflicts=True)
-        decl = Declaration.objects.select_for_update().get(name=name)
-    return decl
-
-
-def _busy_or_absent(name: str, **filters: Any) -> tuple[Job | None, bool]:
-    """The job named ``name``, locked, unless another transaction holds its row (busy)."""
-    job = Job.objects.select_for_update(skip_locked=True).filter(name=name, **filters).first()
-    return job, job is None and Job.objects.filter(name=name, **filters).exists()
+def _write_batch(
+    batch: list[tuple[str, str]],
+    decls: Mapping[str, Mapping[str, Any]],
+    values: Mapping[str, dict[str, Any]],
+    ours: DeclarationSet,
+    sets: _Sets,
+    report: SyncReport,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Write a few names in the caller's transaction: their Declaration rows locked in name
+    order (made first where missing), their job rows locked unless another transaction
+    holds them. Returns the names found busy, and those left for another transaction
+    because this one has held its rows ``WRITE_BATCH_SECONDS`` already."""
+    names = [name for name, _ in batch]
+    Declaration.objects.bulk_create([Declaration(name=n) for n in names], ignore_conflicts=True)
+    stamps = {
+        d.name: d
+        for d in Declaration.objects.select_for_update().filter(name__in=names).order_by("name")
+    }
+    jobs = {
+        j.name: j for j in Job.objects.select_for_update(skip_locked=True).filter(name__in=names)
+    }
+    held = set(
+        Job.objects.filter(name__in=set(names) - set(jobs)).values_list("name", flat=True)
+    )
+    busy: list[tuple[str, str]] = []
+    later: list[tuple[str, str]] = []
+    written: list[Declaration] = []
+    started = time.monotonic()
+    for index, (name, action) in enumerate(batch):
+        if index and time.monotonic() - started >= WRITE_BATCH_SECONDS:
+            later = batch[index:]
+            break
+        decl = stamps[name]
+        if decl.declaration_set_id != ours.pk and newer(sets.get(decl.declaration_set_id), ours):
+            report.superseded.append(name)  # a newer release decided on it
+            continue
+        if name in held:
+            busy.append((name, action))
+            continue
+        try:
+            if action == "declare":
+                done = _declare(name, decls[name], values[name], jobs.get(name), decl, report)
+            else:
+                done = _withdraw(name, jobs.get(name), decl, ours, report)
+        except (ValidationError, JobStateError) as exc:
+            _invalid(name, exc, report)
+            continue
+        if done:
+            decl.declaration_set = ours
+            written.append(decl)
+    Declaration.objects.bulk_update(written, ["declaration_set", "declared", "withdrawn"])
+    return busy, later
 
 
 def _declare(
     name: str,
     spec: Mapping[str, Any],
     values: dict[str, Any],
-    ours: DeclarationSet,
-    sets: _Sets,
+    job: Job | None,
+    decl: Declaration,
     report: SyncReport,
 ) -> bool:
-    """Create or update one declared job in a short transaction; False: its row is busy."""
-    with beat_transaction():
-        decl = _locked_declaration(name)
-        if decl.declaration_set_id != ours.pk and newer(sets.get(decl.declaration_set_id), ours):
-            report.superseded.append(name)
-            return True
-        job, busy = _busy_or_absent(name)
-        if busy:
-            return False
-        values = dict(values)
-        if job is not None and job.source == JobSource.DECLARED:
-            _keep_phase(spec, values, job)
-        if not _sync_one(name, values, job, report):
-            return True  # another source's job: not ours to stamp
-        if job is not None and decl.withdrawn and job.state == JobState.PAUSED:
-            api.resume(job.pk)  # paused only because a release stopped declaring it
-            report.resumed.append(name)
-            report.waiting.remove(name)
-        decl.declaration_set, decl.declared, decl.withdrawn = ours, True, False
-        decl.save(update_fields=["declaration_set", "declared", "withdrawn"])
+    """Create or update one declared job; True: its declaration is to be stamped."""
+    values = dict(values)
+    if job is not None and job.source == JobSource.DECLARED:
+        _keep_phase(spec, values, job)
+    if not _sync_one(name, values, job, report):
+        return False  # another source's job: not ours to stamp
+    if job is not None and decl.withdrawn and job.state == JobState.PAUSED:
+        api.resume(job.pk)  # paused only because a release stopped declaring it
+        report.resumed.append(name)
+        report.waiting.remove(name)
+    decl.declared, decl.withdrawn = True, False
     return True
 
 
-def _withdraw(name: str, ours: DeclarationSet, sets: _Sets, report: SyncReport) -> bool:
-    """Pause a declared job this set no longer declares, unless a newer set decided on it or
-    this set did already (a person may have resumed it since); False: its row is busy."""
-    with beat_transaction():
-        decl = _locked_declaration(name)
-        if decl.declaration_set_id == ours.pk and not decl.declared:
-            return True
-        if decl.declaration_set_id != ours.pk and newer(sets.get(decl.declaration_set_id), ours):
-            report.superseded.append(name)
-            return True
-        job, busy = _busy_or_absent(name, source=JobSource.DECLARED)
-        if busy:
-            return False
-        if job is not None and job.state in (JobState.SCHEDULED, JobState.RUNNING):
-            api.pause(job.pk)
-            decl.withdrawn = True
-            report.paused.append(name)
-        decl.declaration_set, decl.declared = ours, False
-        decl.save(update_fields=["declaration_set", "declared", "withdrawn"])
+def _withdraw(
+    name: str, job: Job | None, decl: Declaration, ours: DeclarationSet, report: SyncReport
+) -> bool:
+    """Pause a declared job this set no longer declares, unless this set did already (a
+    person may have resumed it since); True: its declaration is to be stamped."""
+    if decl.declaration_set_id == ours.pk and not decl.declared:
+        return False
+    if job is not None and job.source != JobSource.DECLARED:
+        return False  # the name went to a job of another source meanwhile
+    if job is not None and job.state in (JobState.SCHEDULED, JobState.RUNNING):
+        api.pause(job.pk)
+        decl.withdrawn = True
+        report.paused.append(name)
+    decl.declared = False
     return True
 
 

@@ -3,15 +3,17 @@ newest set of declarations wins whatever order beats start in (DESIGN.md notes 2
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from schedapp import api, declared, importer
 from schedapp.models import Declaration, Job, JobSource, JobState
-from tests.rowlocks import probing_updates
+from tests.rowlocks import other_connection, probing_updates
 
 pytestmark = [pytest.mark.django_db]
 
@@ -30,15 +32,22 @@ def states() -> dict[str, tuple[str, Any]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_sync_holds_no_job_row_while_it_writes_the_next(monkeypatch):
-    # Given three declared jobs, "a" first
-    sync({"a": spec(1), "b": spec(1), "c": spec(1)})
-    seen = probing_updates(monkeypatch, "a")
-    # When a deploy changes all three
-    report = sync({"a": spec(2), "b": spec(2), "c": spec(2)})
-    # Then while it wrote b and c, a's row was free for a renewal or a door to lock
-    assert sorted(report.updated) == ["a", "b", "c"]
-    assert seen == [True, True]
+def test_the_sync_holds_a_job_row_only_for_its_own_short_batch(monkeypatch):
+    # Given 60 declared jobs, "a00" first (three times the names one transaction writes)
+    names = [f"a{i:02}" for i in range(60)]
+    sync({n: spec(1) for n in names})
+    seen = probing_updates(monkeypatch, "a00")
+    # When a deploy changes them all
+    report = sync({n: spec(2) for n in names})
+    # Then a00's row was free for a renewal or a door to lock while all but the jobs of its
+    # own batch were written
+    assert sorted(report.updated) == names
+    assert len(seen) == 59 and seen[-1], seen
+    assert seen.count(False) < declared.WRITE_BATCH, seen
+    # And every job's declaration names the set that wrote it, however the batches were cut
+    stamped = Declaration.objects.filter(name__in=names, declared=True)
+    assert set(stamped.values_list("declaration_set__release", flat=True)) == {""}
+    assert stamped.exclude(declaration_set=None).count() == len(names)
 
 
 def test_an_older_release_never_reverts_or_pauses_what_a_newer_one_declared():
@@ -155,3 +164,47 @@ def test_a_relative_beat_schedule_entrys_fingerprint_does_not_move_with_the_cloc
     )
     assert first != later
     assert declared.fingerprint(first) == declared.fingerprint(later)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_row_stays_busy_is_deferred_to_the_next_sync(monkeypatch):
+    sync({"a": spec(1), "b": spec(1)}, "1")
+    monkeypatch.setattr(declared, "BUSY_PASSES", 2)
+    monkeypatch.setattr(declared, "BUSY_PAUSE", 0.01)
+    # Given another transaction holding a's row for the whole sync (a slow door, a person)
+    with other_connection() as other, other.transaction():
+        other.execute("SELECT id FROM schedapp_job WHERE name = 'a' FOR UPDATE")
+        report = sync({"a": spec(2), "b": spec(2)}, "2")
+    # Then the sync went on without waiting, and left a's change for the next one
+    assert (report.deferred, sorted(report.updated)) == (["a"], ["b"])
+    assert states()["a"] == ("scheduled", {"v": 1})
+    report = sync({"a": spec(2), "b": spec(2)}, "2")
+    assert (report.deferred, sorted(report.updated)) == ([], ["a"])
+    assert states()["a"] == ("scheduled", {"v": 2})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_releases_syncing_at_once_end_with_the_newest_and_never_deadlock():
+    names = [f"j{i:03}" for i in range(150)]
+    sync({n: spec(0) for n in names}, "0")
+    errors: list[BaseException] = []
+
+    def beat(version: int, order: list[str]) -> None:
+        try:
+            # (not override_settings: it is process-wide, and two threads would mix it up)
+            declared.sync_declared_jobs({n: spec(version) for n in order}, release=str(version))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=beat, args=(1, names)),
+        threading.Thread(target=beat, args=(2, names[::-1])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert {kwargs["v"] for _, kwargs in states().values()} == {2}
