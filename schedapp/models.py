@@ -425,7 +425,7 @@ class Declaration(models.Model):
     older set leaves that name alone. Kept out of the job table (the hot table), read and
     locked only by the sync."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200)  # unique through a constraint, as Job.name
     # None: no set has decided on this name yet (a row made to lock on).
     declaration_set = models.ForeignKey(
         DeclarationSet, null=True, on_delete=models.PROTECT, related_name="+"
@@ -434,6 +434,11 @@ class Declaration(models.Model):
     # The sync paused the job because a set stopped declaring it, and no person paused or
     # resumed it since: a set that declares it again resumes it.
     withdrawn = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name"], name="schedapp_declaration_name_unique")
+        ]
 
     def __str__(self) -> str:
         return self.name

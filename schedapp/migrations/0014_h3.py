@@ -32,10 +32,13 @@ class Migration(migrations.Migration):
             name='Declaration',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
+                ('name', models.CharField(max_length=200)),
                 ('declared', models.BooleanField(default=False)),
                 ('withdrawn', models.BooleanField(default=False)),
                 ('declaration_set', models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='schedapp.declarationset')),
             ],
+            options={
+                'constraints': [models.UniqueConstraint(fields=('name',), name='schedapp_declaration_name_unique')],
+            },
         ),
     ]
