@@ -492,9 +492,7 @@ def _write_batch(
     jobs = {
         j.name: j for j in Job.objects.select_for_update(skip_locked=True).filter(name__in=names)
     }
-    held = set(
-        Job.objects.filter(name__in=set(names) - set(jobs)).values_list("name", flat=True)
-    )
+    held = set(Job.objects.filter(name__in=set(names) - set(jobs)).values_list("name", flat=True))
     busy: list[tuple[str, str]] = []
     later: list[tuple[str, str]] = []
     written: list[Declaration] = []
