@@ -324,6 +324,64 @@ def test_blackhole_hangs_a_statement_and_new_connections_until_it_ends(pg_proxy:
     assert pg_proxy.stats()["held"] >= 2
 
 
+def test_cut_then_down_refuses_new_connections_at_once_until_it_ends(pg_proxy: PgProxy) -> None:
+    marker = uuid.uuid4().hex
+    with via(pg_proxy, autocommit=True) as conn, via(pg_proxy, autocommit=True) as other:
+        round_trip(other)
+        # Given a cut that then takes the database down for 1.5 s
+        pg_proxy.cut_after(f"insert into {TABLE}".encode(), down=1.5)
+        # When the statement runs: it commits, its client sees a broken connection
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute(f"INSERT INTO {TABLE} (marker) VALUES (%s)", (marker,))
+        # Then the other open connection is closed too, and a new one is refused at once
+        with pytest.raises(psycopg.OperationalError):
+            round_trip(other)
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="the database is down"):
+            via(pg_proxy).close()
+        assert time.monotonic() - started < 1.0
+    assert committed(marker)
+    # ...until its end: then connections are served again
+    time.sleep(1.6)
+    with via(pg_proxy) as conn:
+        assert round_trip(conn) < 1.0
+
+
+def test_a_silent_cut_leaves_the_client_waiting_without_a_reply_or_a_reset(
+    pg_proxy: PgProxy,
+) -> None:
+    marker = uuid.uuid4().hex
+    conn = via(pg_proxy, autocommit=True)
+    # Given a silent cut after an INSERT
+    pg_proxy.cut_after(f"insert into {TABLE}".encode(), silent=True)
+    # When the statement runs
+    stmt, out = in_thread(
+        lambda: conn.execute(f"INSERT INTO {TABLE} (marker) VALUES (%s)", (marker,))
+    )
+    # Then it committed, but its client waits: no reply, no reset, even once the server
+    # side is gone (here: once the server ended that session)
+    wait_for = time.monotonic() + 10
+    while not committed(marker):
+        assert time.monotonic() < wait_for
+        time.sleep(0.05)
+    with psycopg.connect(conninfo(), autocommit=True) as direct:
+        direct.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s "
+            "AND pid <> pg_backend_pid()",
+            (f"INSERT INTO {TABLE}%",),
+        )
+    stmt.join(1.5)
+    assert stmt.is_alive()
+    [event] = pg_proxy.events()
+    assert event["silent"] and event["reply"] == ["INSERT 0 1"]
+    # ...until it closes the connection itself
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # as schedapp's watchdog does
+        sock.shutdown(socket.SHUT_RDWR)
+    stmt.join(10)
+    assert isinstance(out.get("error"), psycopg.OperationalError), out
+    conn.close()
+
+
 def test_blackhole_with_reset_closes_the_connections_at_its_end(pg_proxy: PgProxy) -> None:
     with via(pg_proxy, autocommit=True) as conn, via(pg_proxy, autocommit=True) as idle:
         round_trip(conn)

@@ -50,6 +50,8 @@ class Connection:
         self.cut_sealed = False  # batch complete: forward nothing more from the client
         self.cut_statement = ""
         self.cut_reply: list[str] = []
+        self.cut_down = 0.0  # the cut then takes the database down for this client
+        self.cut_silent = False  # the cut leaves the connection open and silent
         self.prepared: dict[bytes, bytes] = {}  # named prepared statement -> its text
         self.stall_for = 0.0  # a stall fired: hold the client's next messages this long
 
@@ -118,6 +120,9 @@ class Connection:
                 raise wire.ProtocolError(f"unsupported protocol {code >> 16}.{code & 0xFFFF}")
             self.app = wire.startup_parameters(packet).get("application_name", "")
             break
+        if self.proxy.refusing(self):
+            self.client.sendall(wire.error_response("pgproxy: the database is down"))
+            return False
         if not self.proxy._wait_to_forward(self, time.monotonic(), to_server=False):
             return False
         try:
@@ -228,6 +233,12 @@ class Connection:
                 client.sendall(buf if send_end == size else buf[:send_end])
             if cut_now:
                 proxy._fire_cut(self)
+                if self.cut_silent:  # keep it open; whatever the server sends is dropped,
+                    while server.recv(RECV_SIZE):  # its end too: the client sees nothing
+                        pass
+                    with proxy._cond:  # until the client itself closes (close() notifies)
+                        while not self.closed:
+                            proxy._cond.wait()
                 return  # _guard closes both sides
             del buf[:pos]
 

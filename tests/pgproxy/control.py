@@ -32,6 +32,7 @@ from .proxy import COMMIT, Address, Pattern, PgProxy, with_address
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = (
     "cut_after",
+    "down",
     "stall_after",
     "delay",
     "blackhole",
@@ -119,12 +120,23 @@ class ProxyControl:
             raise RuntimeError(f"pgproxy {op}: {reply['error']}")
         return reply["result"]
 
-    def cut_after(self, pattern: Pattern = COMMIT, times: int = 1, app: str | None = None) -> None:
+    def cut_after(
+        self,
+        pattern: Pattern = COMMIT,
+        times: int = 1,
+        app: str | None = None,
+        down: float = 0.0,
+        silent: bool = False,
+    ) -> None:
+        more = {"times": times, "app": app, "down": down, "silent": silent}
         if isinstance(pattern, bytes):
-            self.call("cut_after", pattern=pattern.decode("latin-1"), times=times, app=app)
+            self.call("cut_after", pattern=pattern.decode("latin-1"), **more)
             return
         text = pattern.pattern.decode("latin-1")
-        self.call("cut_after", pattern=text, regex=pattern.flags, times=times, app=app)
+        self.call("cut_after", pattern=text, regex=pattern.flags, **more)
+
+    def down(self, duration: float, app: str | None = None) -> int:
+        return self.call("down", duration=duration, app=app)
 
     def stall_after(
         self, pattern: Pattern, seconds: float, times: int = 1, app: str | None = None

@@ -38,6 +38,8 @@ class _Trigger:
     remaining: int
     app: str | None
     seconds: float = 0.0  # a stall's length
+    down: float = 0.0  # a cut's: the proxy then refuses that app's connections this long
+    silent: bool = False  # a cut's: the connection is kept open, nothing more forwarded
 
     def matches(self, text: bytes) -> bool:
         if isinstance(self.pattern, bytes):
@@ -83,6 +85,7 @@ class PgProxy:
         self._delay: _Delay | None = None
         self._stall: _Trigger | None = None
         self._partition: _Partition | None = None
+        self._down: tuple[float, str | None] | None = None  # (until, app): connections refused
         self._stats = dict.fromkeys(
             ("connections", "cuts", "delayed", "partitions", "held", "resets", "stalls"), 0
         )
@@ -132,7 +135,14 @@ class PgProxy:
         return f"{self.host}:{self.port}"
 
     # -- faults -------------------------------------------------------------------------------
-    def cut_after(self, pattern: Pattern = COMMIT, times: int = 1, app: str | None = None) -> None:
+    def cut_after(
+        self,
+        pattern: Pattern = COMMIT,
+        times: int = 1,
+        app: str | None = None,
+        down: float = 0.0,
+        silent: bool = False,
+    ) -> None:
         """Lose the reply of the next ``times`` statements that match ``pattern``.
 
         ``pattern``: bytes found anywhere in the statement text, case-insensitively, or a
@@ -141,13 +151,33 @@ class PgProxy:
         batch up to Sync are forwarded, the server's reply is read up to its ReadyForQuery and
         dropped, then the connection is closed on both sides: the server has done the work
         (committed), the client only sees a broken connection.
+
+        ``down``: the cut then takes the database down for that client (``app``) for ``down``
+        seconds (``down()``): its other connections are closed, new ones refused. ``silent``:
+        the connection is not closed but goes silent, as behind a network black hole or a
+        NAT that dropped its state: the client waits for a reply that never comes, with no
+        reset, until it closes the connection itself.
         """
         if not pattern or times < 1:
             raise ValueError("cut_after needs a non-empty pattern and times >= 1")
         if isinstance(pattern, bytes):
             pattern = pattern.lower()
         with self._cond:
-            self._cut = _Trigger(pattern, times, app)
+            self._cut = _Trigger(pattern, times, app, down=down, silent=silent)
+
+    def down(self, duration: float, app: str | None = None) -> int:
+        """The database is down for ``duration`` seconds, for the connections of ``app``: those
+        open are closed now, new ones are refused with an error at once (as a stopped server
+        refuses them). Returns how many were closed."""
+        with self._cond:
+            self._down = (time.monotonic() + duration, app)
+            self._event("down", app=app, duration=duration)
+        return self.reset_all(app=app)
+
+    def refusing(self, conn: Connection) -> bool:
+        """Whether a new connection ``conn`` is refused: the database is down for it."""
+        down = self._down
+        return down is not None and time.monotonic() < down[0] and conn.matches(down[1])
 
     def stall_after(
         self, pattern: Pattern, seconds: float, times: int = 1, app: str | None = None
@@ -211,6 +241,7 @@ class PgProxy:
             self._cut = None
             self._stall = None
             self._delay = None
+            self._down = None
             self._end_partition_timer()
             self._partition = None
             self._event("clear")
@@ -293,8 +324,10 @@ class PgProxy:
         if self._cut is None:  # the common case, without the lock
             return False
         with self._cond:
-            if self._take("_cut", conn, text) is None:
+            cut = self._take("_cut", conn, text)
+            if cut is None:
                 return False
+        conn.cut_down, conn.cut_silent = cut.down, cut.silent
         conn.cut_statement = f"{chr(mtype)}: {text[:200].decode('utf-8', 'replace')}"
         return True
 
@@ -332,7 +365,10 @@ class PgProxy:
                 app=conn.app,
                 statement=conn.cut_statement,
                 reply=conn.cut_reply,
+                silent=conn.cut_silent,
             )
+        if conn.cut_down:
+            self.down(conn.cut_down, app=conn.app)
 
     def _wait_to_forward(self, conn: Connection, received: float, to_server: bool) -> bool:
         """Hold a chunk while a partition or a delay applies to it; False if conn closed."""
