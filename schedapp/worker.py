@@ -187,15 +187,20 @@ class WorkerHooks:
         # and takes the run over under an admission of its own
         carried = run_admission(task.request)
         admission = uuid.uuid4().hex
+        # The door keeps trying for as long as the run's lease may be alive: its statement may
+        # have committed with the reply lost, and a retry under the same admission finds it
+        # admitted. Giving up sooner left the run running with nothing executing it, and its
+        # lease's expiry cost it an attempt (design note 24).
+        lease = run_lease(task.request) or get_settings().DEFAULT_LEASE_SECONDS
         try:
             if carried:
                 verdict = with_retries(
                     lambda: admit_replacement(job_id, token, worker, carried, admission),
                     what="door",
-                    attempts=3,
+                    **_door_retries(lease),
                 )
             else:
-                verdict = self._door(job_id, token, worker, admission)
+                verdict = self._door(job_id, token, worker, admission, lease)
         except Exception as exc:  # cannot check the claim: do not run it
             verdict = DoorVerdict.ERROR
             log.error(
@@ -249,10 +254,13 @@ class WorkerHooks:
         )
         raise Refused(f"schedapp: this worker runs the {pool} pool")
 
-    def _door(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+    def _door(
+        self, job_id: int, token: int, worker: str, admission: str, lease: float | None = None
+    ) -> DoorVerdict:
         """One round trip: the successes this process recorded since its last one ride with
         the door. If that fails, they go back to the linger thread and the door is tried
-        alone."""
+        alone, for as long as the run's ``lease`` may be alive."""
+        lease = lease or get_settings().DEFAULT_LEASE_SECONDS
         pending = self.pending.take() if self.pending is not None else []
         if pending:
             successes = [(j, t, kwargs["headers"]) for (j, t), _, kwargs in pending]
@@ -273,7 +281,7 @@ class WorkerHooks:
                     self._observe(result, SUCCEEDED)
                 return verdict
         return with_retries(
-            lambda: admit_run(job_id, token, worker, admission), what="door", attempts=3
+            lambda: admit_run(job_id, token, worker, admission), what="door", **_door_retries(lease)
         )
 
     def retried_quietly(self, task: Any, retry: Any) -> None:
@@ -702,6 +710,12 @@ class WorkerHooks:
             metrics.run_finished(
                 outcome, stale=result.completion is Completion.STALE, dead=result.dead
             )
+
+
+def _door_retries(lease: float) -> dict[str, Any]:
+    """The door's retries: for as long as the run's ``lease`` may be alive (it was renewed
+    at most now), a second apart at most."""
+    return {"attempts": 3, "at_least": lease, "max_delay": 1.0}
 
 
 def green_pool_name(pool: Any) -> str | None:
