@@ -21,7 +21,14 @@ from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
 from . import conf, metrics
 from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
-from .db import CONNECTION_ERRORS, forget_inherited_connections, reset_connection, with_retries
+from .db import (
+    CONNECTION_ERRORS,
+    bound_connection_waits,
+    bounded_wait,
+    forget_inherited_connections,
+    reset_connection,
+    with_retries,
+)
 from .declared import sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .models import Node
@@ -99,6 +106,7 @@ class LeaseScheduler(Scheduler):
         # Settings it cannot work with stop it here, not in a tick, which would back off and
         # try again for ever (Celery runs no Django system checks before a beat).
         refuse_bad_settings("beat")
+        bound_connection_waits()  # no connection opened: options for those to come
         super().__init__(app, *args, lazy=True, **kwargs)
         # --max-interval / beat_max_loop_interval as given (Celery's default: 300 s) bounds
         # the sleeps and back-offs; the attribute Celery's banner prints is the longest sleep
@@ -157,7 +165,11 @@ class LeaseScheduler(Scheduler):
             if self._dispatcher is None:  # the first tick: set up now
                 self.setup_schedule()
             self._ensure_listener()
-            delay = self._work()
+            # A statement of the tick still waiting for its reply after SCHEDAPP_DB_TIMEOUT
+            # (a network black hole) has its connection given up: the tick fails as on a
+            # lost connection and backs off, instead of stopping this beat for hours.
+            with bounded_wait(None, "beat tick"):
+                delay = self._work()
             self._failures = 0
             metrics.beat_tick(time.monotonic() - started, time.time())
         except CONNECTION_ERRORS as exc:

@@ -58,6 +58,12 @@ class Settings:
     # worker holds whose last renewal is a third of the lease old: keep leases at least three
     # heartbeats long.
     LEASE_HEARTBEAT: float = 1.0
+    # The longest a beat or worker waits on the database for one connection (libpq's
+    # connect_timeout, unless DATABASES sets one) or for one statement's reply (a watchdog
+    # gives the connection up, and the caller's retries take a new one): a network that
+    # drops packets without a reset would otherwise hold it for hours. A worker's door and
+    # lease renewals wait at most a third of the run's lease, if that is shorter.
+    DB_TIMEOUT: float = 30.0
     # Beats log "Scheduler: Sending due task <job> (<task>)" at INFO for each dispatch, as
     # Celery beat does ("each", at most DISPATCH_LOG_BURST lines a batch, then a summary
     # line), one summary line per batch ("batch"), or nothing ("off").

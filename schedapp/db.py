@@ -7,17 +7,22 @@ workers on different hosts never disagree about what is due or expired.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import os
+import socket
 import stat
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import (
+    DEFAULT_DB_ALIAS,
     DatabaseError,
     InterfaceError,
     OperationalError,
@@ -131,6 +136,7 @@ def with_retries(
     first_delay: float = 0.2,
     max_delay: float = 5.0,
     at_least: float = 0.0,
+    attempt_timeout: float | None = None,
 ) -> T:
     """Run ``fn``, reconnecting and retrying with backoff while the database is unreachable
     (or aborts the statement to break a deadlock: retried without reconnecting).
@@ -140,6 +146,9 @@ def with_retries(
     on past ``attempts`` until ``at_least`` seconds have passed: a completion keeps trying for
     as long as its lease could still be alive, since once the database is back within the
     lease it must land before the lease expires, or the occurrence runs again.
+    ``attempt_timeout``: an attempt still waiting for the server's reply after that many
+    seconds has its connection given up (``bounded_wait``) and counts as failed: a reply
+    that never comes (a network black hole) would otherwise hold the caller for ever.
     """
     delay = first_delay
     started = time.monotonic()
@@ -147,7 +156,8 @@ def with_retries(
     while True:
         attempt += 1
         try:
-            return fn()
+            with bounded_wait(attempt_timeout, what) if attempt_timeout else nullcontext():
+                return fn()
         except CONNECTION_ERRORS as exc:
             conflict = _LOCK_CONFLICTS.get(getattr(exc.__cause__, "sqlstate", None) or "")
             if conflict is None:
@@ -165,6 +175,141 @@ def with_retries(
             )
             time.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+# --- bounded waits ---------------------------------------------------------------------------
+#
+# libpq waits for a reply for as long as the socket stays open, and a network that drops
+# packets without a reset (a black hole, a NAT or firewall that lost its state) keeps it open
+# for hours: TCP keepalives do not fire while a request is unanswered, and a proxy or
+# PgBouncer in the way answers them anyway. So beats and workers bound each wait themselves:
+# a watchdog thread gives up the connection of a statement that waits too long.
+
+
+class _Watchdog:
+    """One daemon thread per process that gives up (shuts down the socket of) the
+    connection of a watched block still waiting for a statement's reply past its deadline:
+    the blocked call then fails as on a lost connection, and its caller's retries take a
+    new one. Only a statement in flight is cut (the connection is ``ACTIVE``), never an
+    idle connection or one inside a transaction waiting for its client."""
+
+    TICK = 0.1
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, list[Any]] = {}  # [deadline, seconds, wrapper, what]
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.given_up = 0  # connections given up, for tests and logs
+
+    @contextmanager
+    def watch(self, seconds: float, what: str) -> Iterator[None]:
+        key = next(self._ids)
+        wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's
+        with self._lock:
+            self._watched[key] = [time.monotonic() + seconds, seconds, wrapper, what]
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="schedapp-db-watchdog", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._watched[key]
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(self.TICK)
+            with self._lock:
+                if not self._watched:
+                    self._wake.clear()
+                    continue
+                now = time.monotonic()
+                for entry in self._watched.values():
+                    deadline, seconds, wrapper, what = entry
+                    if now < deadline or not _give_up_if_waiting(wrapper):
+                        continue
+                    entry[0] = math.inf  # once: the blocked call fails now
+                    self.given_up += 1
+                    log.warning(
+                        "no reply from the database during %s within %.1fs: its connection "
+                        "is given up",
+                        what,
+                        seconds,
+                        extra={"action": "db_wait_bounded", "what": what},
+                    )
+
+
+def _give_up_if_waiting(wrapper: Any) -> bool:
+    """Shut down the socket of ``wrapper``'s connection if a statement is in flight on it."""
+    raw = getattr(wrapper, "connection", None)
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is None:  # not connected (connect_timeout bounds a connect), or not psycopg
+        return False
+    try:
+        if pgconn.transaction_status != 1:  # psycopg.pq.TransactionStatus.ACTIVE
+            return False
+        sock = socket.socket(fileno=os.dup(pgconn.socket))
+    except Exception:  # closed meanwhile
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+_watchdog = _Watchdog()
+
+
+def _new_watchdog_after_fork() -> None:
+    global _watchdog
+    _watchdog = _Watchdog()  # the parent's thread did not come along
+
+
+os.register_at_fork(after_in_child=_new_watchdog_after_fork)
+
+
+def bounded_wait(seconds: float | None, what: str) -> Any:
+    """A block in which this thread's statements wait for their reply at most ``seconds``
+    (None: ``SCHEDAPP_DB_TIMEOUT``); past that the connection is given up and the statement
+    fails as on a lost connection (an ``OperationalError``)."""
+    return _watchdog.watch(seconds or get_settings().DB_TIMEOUT, what)
+
+
+def watchdog_given_up() -> int:
+    """How many connections this process's watchdog gave up."""
+    return _watchdog.given_up
+
+
+def bound_connection_waits(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Bound how long a beat's or worker's connection may take to open, and have the kernel
+    find a dead idle connection (a LISTEN connection waiting for notifications), by
+    defaulting libpq's ``connect_timeout`` (``SCHEDAPP_DB_TIMEOUT``) and TCP keepalives in
+    this process's ``DATABASES[alias]["OPTIONS"]``: only those the project did not set, and
+    only in the beat and worker processes (the web's connections are left as they are).
+    Returns the options added. Applies to connections opened from now on."""
+    settings_dict = connections.settings[alias]
+    if settings_dict.get("ENGINE") != "django.db.backends.postgresql":
+        return {}
+    options = settings_dict.setdefault("OPTIONS", {})
+    wanted = {
+        "connect_timeout": max(2, math.ceil(get_settings().DB_TIMEOUT)),
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
+    added = {k: v for k, v in wanted.items() if k not in options}
+    options.update(added)
+    return added
 
 
 def notify_due(when: datetime | None = None, delay_seconds: float | None = None) -> None:

@@ -948,6 +948,7 @@ _POSITIVE_SECONDS = (
     "BEAT_TRANSACTION_TIMEOUT",
     "NODE_HEARTBEAT",
     "LEASE_HEARTBEAT",
+    "DB_TIMEOUT",
 )
 _DISPATCH_LOGS = ("each", "batch", "off")
 

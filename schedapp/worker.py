@@ -79,7 +79,14 @@ from .claims import (
 )
 from .conf import get_settings
 from .context import replacement_headers, run_admission, run_headers, run_lease
-from .db import CONNECTION_ERRORS, db_now, reset_connection, with_retries
+from .db import (
+    CONNECTION_ERRORS,
+    bound_connection_waits,
+    bounded_wait,
+    db_now,
+    reset_connection,
+    with_retries,
+)
 from .exceptions import ReplaceNotSupported
 from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
@@ -190,7 +197,8 @@ class WorkerHooks:
         # The door keeps trying for as long as the run's lease may be alive: its statement may
         # have committed with the reply lost, and a retry under the same admission finds it
         # admitted. Giving up sooner left the run running with nothing executing it, and its
-        # lease's expiry cost it an attempt (design note 24).
+        # lease's expiry cost it an attempt (design note 24). Each try waits a bounded time
+        # for its reply, so a silent connection is given up and a new one tried.
         lease = run_lease(task.request) or get_settings().DEFAULT_LEASE_SECONDS
         try:
             if carried:
@@ -269,6 +277,7 @@ class WorkerHooks:
                     lambda: admit_run_after_successes(successes, job_id, token, worker, admission),
                     what="door",
                     attempts=3,
+                    attempt_timeout=statement_wait(lease),
                 )
             except BaseException as exc:  # the linger thread writes them, with its retries
                 # (a stop landing here, SystemExit: the process's exit writes them; if the
@@ -319,7 +328,12 @@ class WorkerHooks:
                 f"follow one task (nothing was sent)"
             )
         sig.set(headers={**(sig.options.get("headers") or {}), **replacement_headers(request)})
-        with_retries(lambda: renew_leases([claim]), what="renewal", attempts=3)
+        with_retries(
+            lambda: renew_leases([claim]),
+            what="renewal",
+            attempts=3,
+            attempt_timeout=statement_wait(run_lease(request)),
+        )
         log.info(
             "job %s token %s: task replaced by %s, which goes on with the run",
             *claim,
@@ -331,9 +345,15 @@ class WorkerHooks:
     # --- the lease heartbeat ---------------------------------------------------------------
 
     def on_lease_heartbeat(self, sender: Any = None, **_: Any) -> None:
+        """Renew what is due; a renewal whose reply does not come within a third of the
+        shortest lease held is given up (its connection too), so the next heartbeat tries
+        on a new connection while the leases may still be alive."""
+        with self._lock:
+            shortest = min((h.lease for h in self.held.values()), default=None)
         try:
-            self.renew_held_leases()
-            self._record_node()
+            with bounded_wait(statement_wait(shortest), "lease renewal"):
+                self.renew_held_leases()
+                self._record_node()
         except CONNECTION_ERRORS as exc:
             reset_connection()
             log.warning("lease renewal failed: %s", exc, extra={"action": "renew_failed"})
@@ -440,6 +460,7 @@ class WorkerHooks:
         processes inherit the door) and before the consumer builds its tracers. A worker on
         a green pool says at once that it will execute no schedapp run."""
         install_door(sender.app)
+        bound_connection_waits()  # before it forks its pool: every process connects so
         metrics.own_files_in_children()  # before it forks its pool and an embedded beat
         metrics.warn_if_pool_unaggregated(getattr(sender, "pool_cls", None))
         self.green_pool = green_pool_name(getattr(sender, "pool_cls", None))
@@ -600,7 +621,10 @@ class WorkerHooks:
         if expired and not terminated:
             self._expired_early(claim, getattr(request, "expires", None))
             result = with_retries(
-                lambda: record_expired(claim[0], claim[1]), what="expired", attempts=3
+                lambda: record_expired(claim[0], claim[1]),
+                what="expired",
+                attempts=3,
+                attempt_timeout=statement_wait(None),
             )
             if result is not None:
                 metrics.run_finished("skipped")
@@ -609,6 +633,7 @@ class WorkerHooks:
             lambda: record_cancelled(claim[0], claim[1], terminated=terminated),
             what="revoked",
             attempts=3,
+            attempt_timeout=statement_wait(None),
         )
         self._observe(result, "cancelled")
 
@@ -663,6 +688,7 @@ class WorkerHooks:
                     what="completions",
                     attempts=10,
                     at_least=max(kwargs.get(_RETRY_FOR, 0.0) for _, _, kwargs in items),
+                    attempt_timeout=statement_wait(None),
                 )
             except Exception as exc:  # never break the worker; the leases will expire
                 log.exception(
@@ -690,6 +716,7 @@ class WorkerHooks:
                 what="completion",
                 attempts=10,
                 at_least=kwargs.get(_RETRY_FOR, 0.0),
+                attempt_timeout=statement_wait(None),
             )
         except Exception as exc:  # never break the worker; the lease will expire
             log.exception(
@@ -712,10 +739,23 @@ class WorkerHooks:
             )
 
 
+def statement_wait(lease: float | None) -> float:
+    """How long a worker's statement waits for its reply before its connection is given
+    up: ``SCHEDAPP_DB_TIMEOUT``, or a third of the run's ``lease`` if shorter, so that a
+    door or a renewal can try again on a new connection while the lease may be alive."""
+    limit = get_settings().DB_TIMEOUT
+    return min(limit, max(lease / 3.0, 1.0)) if lease else limit
+
+
 def _door_retries(lease: float) -> dict[str, Any]:
     """The door's retries: for as long as the run's ``lease`` may be alive (it was renewed
-    at most now), a second apart at most."""
-    return {"attempts": 3, "at_least": lease, "max_delay": 1.0}
+    at most now), a second apart at most, each try bounded in time."""
+    return {
+        "attempts": 3,
+        "at_least": lease,
+        "max_delay": 1.0,
+        "attempt_timeout": statement_wait(lease),
+    }
 
 
 def green_pool_name(pool: Any) -> str | None:

@@ -1,9 +1,11 @@
 """The worker's door through database outages (issue 26), with a real beat and a real worker
 whose connections go through the fault-injecting proxy: the door's statement commits and its
-reply is lost, then the database is down for a moment.
+reply is lost, then the database is down for a moment, or the connection goes silent.
 
 Giving up must not cost an attempt (design note 24): a run that never executed is never
-counted as a failed attempt, and nothing runs twice."""
+counted as a failed attempt, and nothing runs twice. A statement that waits for a reply that
+never comes is bounded, so a door does not hold its run (renewed by the main process) for as
+long as the silence lasts."""
 
 from __future__ import annotations
 
@@ -60,4 +62,25 @@ def test_a_door_whose_reply_is_lost_in_a_short_outage_runs_its_run_once_without_
     assert pg_proxy.stats()["cuts"] == 1
     # Then the door kept trying within the run's lease, found its own admission once the
     # database was back, and the run executed once: no attempt spent, not dead
+    assert_ran_once_and_succeeded(job)
+
+
+def test_a_door_whose_connection_goes_silent_lets_go_and_its_run_executes_once(fleet, pg_proxy):
+    # Given a worker reaching PostgreSQL through a proxy, and a one-off with no retry left
+    fleet.beat()
+    worker = fleet.worker(
+        concurrency=1, settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])}
+    )
+    # When the door's statement commits and its connection then goes silent: no reply, no
+    # reset (a network black hole, a NAT that dropped its state); new connections work,
+    # and the main process's heartbeat, on its own connection, keeps renewing the lease
+    pg_proxy.cut_after(DOOR, app=worker.name, silent=True)
+    job = one_off("door-silence", lease=10)
+    # Then the door's wait is bounded: it gives the silent connection up, tries again on a
+    # new one, finds its own admission, and the run executes once, well within a minute
+    # (unbounded, it waited for as long as the silence lasted, the job kept running)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state in ENDED, timeout=60, message="the job ended"
+    )
+    assert pg_proxy.stats()["cuts"] == 1
     assert_ran_once_and_succeeded(job)
