@@ -15,7 +15,8 @@ Where each runs, in a prefork worker:
 * ``LeaseHeartbeat`` (a bootstep: a thread of the main process with its own database
   connection): every ``SCHEDAPP_LEASE_HEARTBEAT`` seconds it sends
   ``schedapp.signals.lease_heartbeat``; the receiver renews, in one statement, the leases of
-  every run this worker holds, prefetched or executing, once a third of the lease has passed.
+  every run this worker holds, prefetched or executing, once a third of the lease has passed
+  (not a run whose door has been at work longer than its lease: ``DoorBoard``).
   It needs neither the broker nor a free pool process: leases live as long as the worker
   process lives and reaches the database. A hung task is bounded by Celery's time limits.
 * ``task_success`` / ``task_failure`` / ``task_retry`` (pool process; ``task_failure`` also in
@@ -45,8 +46,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import mmap
 import os
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from billiard.process import current_process
 from celery import bootsteps, signals, states
 from celery.app.trace import build_tracer
 from celery.exceptions import Ignore
@@ -144,6 +148,9 @@ class WorkerHooks:
         self.consumer: Any = None  # Celery's Consumer, from worker_ready: the queues read
         self._node_recorded = 0.0
         self.pending: PendingSuccesses | None = None  # in pool processes and solo workers
+        self.doors: DoorBoard | None = None  # from worker_init: the runs at a door, and since
+        self._wedged: dict[tuple[int, int], float] = {}  # doors seen past their lease
+        self._wedged_told: set[tuple[int, int]] = set()
         self.green_pool: str | None = None  # this worker's pool, if schedapp declines it
 
     def connect(self) -> None:
@@ -200,6 +207,7 @@ class WorkerHooks:
         # lease's expiry cost it an attempt (design note 24). Each try waits a bounded time
         # for its reply, so a silent connection is given up and a new one tried.
         lease = run_lease(task.request) or get_settings().DEFAULT_LEASE_SECONDS
+        at_door = self.doors.enter(claim) if self.doors is not None else None
         try:
             if carried:
                 verdict = with_retries(
@@ -219,6 +227,9 @@ class WorkerHooks:
                 exc,
                 extra={"action": "door_error", "job": job_id, "token": token},
             )
+        finally:
+            if at_door is not None:
+                self.doors.leave(at_door)  # type: ignore[union-attr]
         if verdict is DoorVerdict.ADMITTED:
             if self.green_pool is not None:
                 self._decline_on_green_pool(task, claim, worker)
@@ -405,12 +416,45 @@ class WorkerHooks:
     def _due_for_renewal(self) -> list[tuple[int, int]]:
         live = live_task_ids(self.consumer)
         now = time.monotonic()
+        wedged = self._wedged_doors(now)
         with self._lock:
             if live is not None:
                 for key, held in list(self.held.items()):
                     if held.done_with(live, now):
                         del self.held[key]  # Celery is done with it
-            return [k for k, h in self.held.items() if now - h.renewed_at >= h.lease / 3.0]
+            return [
+                k
+                for k, h in self.held.items()
+                if now - h.renewed_at >= h.lease / 3.0 and k not in wedged
+            ]
+
+    def _wedged_doors(self, now: float) -> set[tuple[int, int]]:
+        """Runs held here whose door has been at work for longer than their lease, seen so
+        on two heartbeats running: no longer renewed, so their lease lapses and another
+        worker takes them. A door's waits are bounded (``statement_wait``, ``_door_retries``)
+        and it gives up after about a lease; this is for a door stuck past that anyway,
+        which would otherwise hold its run for as long as the worker lives."""
+        if self.doors is None:
+            return set()
+        with self._lock:
+            leases = {key: held.lease for key, held in self.held.items()}
+        seen, self._wedged = self._wedged, {}
+        for job_id, token, since in self.doors.entries():
+            key = (job_id, token)
+            if key in leases and now - since > leases[key]:
+                self._wedged[key] = since
+        wedged = {key for key, since in self._wedged.items() if seen.get(key) == since}
+        untold, self._wedged_told = wedged - self._wedged_told, wedged
+        for job_id, token in sorted(untold):
+            log.error(
+                "job %s token %s: its door has been at work for %.0fs, longer than the run's "
+                "lease: its lease is no longer renewed, so another worker can take the run",
+                job_id,
+                token,
+                now - self._wedged[(job_id, token)],
+                extra={"action": "door_wedged", "job": job_id, "token": token},
+            )
+        return wedged
 
     # --- the node row ----------------------------------------------------------------------
 
@@ -460,6 +504,7 @@ class WorkerHooks:
         processes inherit the door) and before the consumer builds its tracers. A worker on
         a green pool says at once that it will execute no schedapp run."""
         install_door(sender.app)
+        self.doors = DoorBoard()  # before it forks its pool: the processes share it
         bound_connection_waits()  # before it forks its pool: every process connects so
         metrics.own_files_in_children()  # before it forks its pool and an embedded beat
         metrics.warn_if_pool_unaggregated(getattr(sender, "pool_cls", None))
@@ -737,6 +782,55 @@ class WorkerHooks:
             metrics.run_finished(
                 outcome, stale=result.completion is Completion.STALE, dead=result.dead
             )
+
+
+class DoorBoard:
+    """Which runs are at a door now, and since when (``time.monotonic``, one clock for every
+    process of the host), for the main process's heartbeat to read: the doors of prefork
+    pool processes in memory shared over fork, a slot per pool process (billiard's process
+    index), and those of threads or a solo worker (the main process itself) in a dict.
+    Writing costs a door two small copies into memory, and no system call."""
+
+    SLOTS = 1024
+    _SLOT = struct.Struct("<qqd")  # job id, token, since
+
+    def __init__(self) -> None:
+        self._shared = mmap.mmap(-1, self.SLOTS * self._SLOT.size)  # MAP_SHARED, anonymous
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._local: dict[int, tuple[int, int, float]] = {}  # thread -> entry, in the owner
+
+    def enter(self, claim: tuple[int, int]) -> int | None:
+        """``claim``'s door starts in this process or thread; returns what ``leave`` takes
+        (None when the door is not tracked: a pool process without an index, or too many)."""
+        entry = (claim[0], claim[1], time.monotonic())
+        if os.getpid() == self._owner:
+            key = threading.get_ident()
+            with self._lock:
+                self._local[key] = entry
+            return -1 - key  # negative: a thread of the owner (idents are not negative)
+        index = getattr(current_process(), "index", None)
+        if not isinstance(index, int) or not 0 <= index < self.SLOTS:
+            return None
+        self._SLOT.pack_into(self._shared, index * self._SLOT.size, *entry)
+        return index
+
+    def leave(self, mark: int) -> None:
+        """The door of ``mark`` (from ``enter``) is done."""
+        if mark >= 0:
+            self._SLOT.pack_into(self._shared, mark * self._SLOT.size, 0, 0, 0.0)
+            return
+        with self._lock:
+            self._local.pop(-1 - mark, None)
+
+    def entries(self) -> list[tuple[int, int, float]]:
+        """Every door at work now: (job id, token, since)."""
+        with self._lock:
+            found = list(self._local.values())
+        for job_id, token, since in self._SLOT.iter_unpack(self._shared):
+            if job_id and since:
+                found.append((job_id, token, since))
+        return found
 
 
 def statement_wait(lease: float | None) -> float:

@@ -4,15 +4,18 @@ is retried through a database outage."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
+from billiard.process import current_process
 from celery.worker import state as worker_state
 from kombu.utils.limits import TokenBucket
 
 from schedapp import worker
-from schedapp.message import task_id_for
+from schedapp.message import HEADER_LEASE, task_id_for
 from schedapp.worker import WorkerHooks
 
 CLAIM = (7, 3)
@@ -257,3 +260,53 @@ def test_a_message_discarded_as_expired_by_a_clock_ahead_of_the_databases_raises
     assert recorded == [CLAIM]
     said = [r.getMessage() for r in caplog.records if "clock is" in r.getMessage()]
     assert bool(said) is alarm, said
+def executing(hooks: WorkerHooks, lease: float) -> Request:
+    """A run with ``lease`` received and executing here, due for renewal."""
+    request = Request(task_id_for(*CLAIM))
+    request.request_dict[HEADER_LEASE] = lease
+    hooks.on_task_received(request=request)
+    worker_state.task_reserved(request)
+    worker_state.task_accepted(request)
+    hooks.held[CLAIM].renewed_at -= lease
+    return request
+
+
+def test_a_pool_process_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(hooks):
+    # Given a run with a 1 s lease executing here, whose door a prefork pool process entered
+    # (the board is made before the pool is forked, as at worker_init)
+    executing(hooks, lease=1.0)
+    hooks.doors = worker.DoorBoard()
+    pid = os.fork()
+    if pid == 0:  # the pool process: enters the door and stays there (it never leaves)
+        try:
+            current_process().index = 0  # billiard's index of a pool process
+            hooks.doors.enter(CLAIM)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    # While its door is younger than the lease, the run is renewed
+    assert hooks._due_for_renewal() == [CLAIM]
+    # When the door has been at work longer than the lease (seen on two looks running)
+    time.sleep(1.1)
+    hooks._due_for_renewal()
+    # Then the run is no longer renewed: its lease lapses, and another worker can take it
+    assert hooks._due_for_renewal() == []
+    assert CLAIM in hooks.held
+    # and once its door is done, it is renewed again
+    hooks.doors.leave(0)
+    assert hooks._due_for_renewal() == [CLAIM]
+
+
+def test_a_thread_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(hooks):
+    # Given a threads (or solo) worker, whose doors run in its main process
+    executing(hooks, lease=0.5)
+    hooks.doors = worker.DoorBoard()
+    mark = hooks.doors.enter(CLAIM)
+    assert mark is not None
+    assert hooks._due_for_renewal() == [CLAIM]
+    time.sleep(0.6)
+    hooks._due_for_renewal()
+    assert hooks._due_for_renewal() == []
+    hooks.doors.leave(mark)
+    assert hooks.doors.entries() == []
+    assert hooks._due_for_renewal() == [CLAIM]
