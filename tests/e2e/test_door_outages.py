@@ -44,13 +44,19 @@ def assert_ran_once_and_succeeded(job: Job) -> None:
     assert Execution.objects.filter(label=job.name).count() == 1
 
 
+POOLS = ["prefork", "threads", "solo"]  # the door in a pool process, a thread, the worker
+
+
+@pytest.mark.parametrize("pool", POOLS)
 def test_a_door_whose_reply_is_lost_in_a_short_outage_runs_its_run_once_without_an_attempt(
-    fleet, pg_proxy
+    fleet, pg_proxy, pool
 ):
     # Given a worker reaching PostgreSQL through a proxy, and a one-off with no retry left
     fleet.beat()
     worker = fleet.worker(
-        concurrency=1, settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])}
+        pool=pool,
+        concurrency=1,
+        settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])},
     )
     # When the door's statement commits, its reply is lost, and the database is down for
     # that worker for 3 s (connections refused at once: the door's retries fail fast)
@@ -65,11 +71,16 @@ def test_a_door_whose_reply_is_lost_in_a_short_outage_runs_its_run_once_without_
     assert_ran_once_and_succeeded(job)
 
 
-def test_a_door_whose_connection_goes_silent_lets_go_and_its_run_executes_once(fleet, pg_proxy):
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_door_whose_connection_goes_silent_lets_go_and_its_run_executes_once(
+    fleet, pg_proxy, pool
+):
     # Given a worker reaching PostgreSQL through a proxy, and a one-off with no retry left
     fleet.beat()
     worker = fleet.worker(
-        concurrency=1, settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])}
+        pool=pool,
+        concurrency=1,
+        settings={"DATABASE_URL": pg_proxy.database_url(fleet.env["DATABASE_URL"])},
     )
     # When the door's statement commits and its connection then goes silent: no reply, no
     # reset (a network black hole, a NAT that dropped its state); new connections work,
