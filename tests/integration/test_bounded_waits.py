@@ -31,9 +31,7 @@ RENEWAL = b"schedapp_renew_leases("
 CLAIM = b"due AS MATERIALIZED"
 
 
-def test_a_door_whose_connection_goes_silent_gives_it_up_and_admits_its_run_on_a_new_one(
-    pg_proxy,
-):
+def test_a_door_whose_connection_goes_silent_gives_it_up_and_admits_its_run_on_a_new_one(pg_proxy):
     # Given a run with a 6 s lease, and a door whose statement commits while its
     # connection then goes silent
     _, run = claim_one(name="job", lease_seconds=6)
@@ -52,9 +50,7 @@ def test_a_door_whose_connection_goes_silent_gives_it_up_and_admits_its_run_on_a
     assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
 
 
-def test_a_lease_renewal_whose_connection_goes_silent_is_given_up_and_the_next_one_renews(
-    pg_proxy,
-):
+def test_a_lease_renewal_whose_connection_goes_silent_is_given_up_and_the_next_one_renews(pg_proxy):
     # Given a worker holding a started run with a 3 s lease
     _, run = claim_one(name="job", lease_seconds=3)
     from schedapp import claims
