@@ -61,8 +61,22 @@ def misfire_after(policy: str, grace: timedelta) -> timedelta:
     return min(grace, RUN_RECENT_LATE_AFTER) if policy == RUN_RECENT else grace
 
 
+# The longest schedapp waits before a retry: the API's bound of a backoff (validation), and
+# the bound of any delay it adds to the database's now(), so a value written behind the API's
+# back (a backoff of a million years) cannot push a retry past what a timestamp holds: the
+# completion's write ("timestamp out of range") would fail for ever, and the reaper's with it.
+MAX_DELAY = timedelta(days=365)
+
+
+def bounded_delay(delay: timedelta) -> timedelta:
+    """``delay`` within ``[0, MAX_DELAY]``: a wait is never negative nor longer than that."""
+    return min(max(delay, timedelta(0)), MAX_DELAY)
+
+
 def compute_backoff(retry_count: int, base: timedelta, cap: timedelta) -> timedelta:
-    """``min(base * 2**retry_count, cap)``: the wait before retry number ``retry_count + 1``."""
+    """``min(base * 2**retry_count, cap)``: the wait before retry number ``retry_count + 1``,
+    within ``[0, MAX_DELAY]`` whatever the stored base and cap say."""
+    base, cap = bounded_delay(base), bounded_delay(cap)
     if retry_count >= 64:  # 2**64 seconds overflows timedelta long before the cap matters
         return cap if base else min(base, cap)  # a zero base stays zero
     try:
@@ -235,7 +249,7 @@ def plan_after_failure(
             job.retry_count + 1,
         )
     wait = (
-        delay
+        bounded_delay(delay)
         if delay is not None
         else compute_backoff(job.retry_count, job.retry_backoff, job.retry_backoff_max)
     )

@@ -31,7 +31,7 @@ from .conf import get_settings
 from .exceptions import ScheduleError
 from .message import RUN_HEADERS
 from .models import MAX_PRIORITY, MIN_PRIORITY, JobSource, field_default, schedule_of
-from .policies import MISFIRE_POLICIES
+from .policies import MAX_DELAY, MISFIRE_POLICIES
 from .schedules import (
     Cron,
     Interval,
@@ -825,7 +825,7 @@ def _options_verdict(given: tuple[Any, ...]) -> Options:
             errors.append((field, "must be a duration (timedelta or seconds)."))
         elif duration < timedelta(0):
             errors.append((field, "must not be negative."))
-        elif duration > timedelta(days=365):
+        elif duration > MAX_DELAY:
             errors.append((field, "must be at most a year."))
         else:
             out[field] = duration

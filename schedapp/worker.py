@@ -95,6 +95,7 @@ from .exceptions import ReplaceNotSupported
 from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
 from .nodes import record_node
+from .policies import MAX_DELAY
 from .signals import lease_heartbeat
 from .validation import celery_app, refuse_bad_settings
 
@@ -1154,8 +1155,8 @@ def _describe(exc: Any) -> str:
 def _retry_delay(when: Any) -> timedelta | None:
     if when is None:
         return None
-    if isinstance(when, int | float):
-        return timedelta(seconds=max(0.0, float(when)))
+    if isinstance(when, int | float):  # bounded first: timedelta overflows on 1e15 seconds
+        return timedelta(seconds=min(max(0.0, float(when)), MAX_DELAY.total_seconds()))
     if isinstance(when, datetime):
         aware = when if when.tzinfo else when.replace(tzinfo=UTC)
         return max(timedelta(0), aware - datetime.now(UTC))

@@ -1,0 +1,103 @@
+"""Rows changed behind the API's back (by SQL, an old release, a restore): one such row among
+healthy ones never stops a beat. The database refuses what can never be valid; a row it
+holds anyway is quarantined (``dead``, with the reason) by whoever finds it, and the healthy
+jobs are claimed and dispatched as if it were not there (DESIGN 19)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from schedapp import api, policies
+from schedapp.claims import Completion, admit_run, claim_due_jobs, complete_run
+from schedapp.db import db_now
+from schedapp.models import Job, JobState
+
+pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
+TASK = "project.tasks.record"
+
+
+def sql(statement: str, params: list | None = None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params or [])
+
+
+def refused(statement: str, params: list | None = None) -> bool:
+    """Whether the database refuses a write (in a savepoint: the test goes on either way)."""
+    try:
+        with transaction.atomic():
+            sql(statement, params)
+    except DatabaseError:
+        return True
+    return False
+
+
+def due_jobs(*names: str, **options) -> list[Job]:
+    """Interval jobs due a second ago, in the order given."""
+    jobs = [api.schedule(TASK, interval=60, name=name, **options) for name in names]
+    due = db_now() - timedelta(seconds=1)
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(scheduled_for=due, next_run_at=due)
+    return jobs
+
+
+def quarantined(job: Job) -> str:
+    """The reason a job was quarantined for (it must be dead, its reason recorded)."""
+    # (read column by column: the row may hold what Python cannot load, args nested too deep)
+    row = Job.objects.values(
+        "state", "last_status", "last_error", "next_run_at", "lease_expires_at"
+    ).get(pk=job.pk)
+    assert row["state"] == JobState.DEAD, row
+    assert row["last_status"] == "quarantined" and row["last_error"].startswith("quarantined: ")
+    assert row["next_run_at"] is None and row["lease_expires_at"] is None
+    return row["last_error"]
+
+
+# --- 2. a backoff of a million years ------------------------------------------------------------
+
+
+def test_a_failure_with_a_backoff_of_a_million_years_waits_the_longest_delay():
+    # Given a failing job whose backoff was set to a million years behind the API's back
+    (job,) = due_jobs("forever", max_retries=3)
+    sql(
+        "UPDATE schedapp_job SET retry_backoff = '1000000 years', "
+        "retry_backoff_max = '1000000 years' WHERE id = %s",
+        [job.pk],
+    )
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    admit_run(run.job_id, run.token, "w1", "a1")
+    # When its run fails (the completion failed: "timestamp out of range")
+    result = complete_run(run.job_id, run.token, "failed", error="boom")
+    # Then it is retried after the longest delay schedapp waits, no later
+    assert result.completion is Completion.APPLIED
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED and job.retry_count == 1
+    wait = job.next_run_at - db_now()
+    assert (
+        policies.MAX_DELAY - timedelta(minutes=1) < wait < policies.MAX_DELAY + timedelta(minutes=1)
+    )
+
+
+def test_the_reaper_bounds_a_backoff_of_a_million_years_and_the_claim_goes_on():
+    # Given a job with a million-year backoff whose run started and whose worker died
+    bad, healthy = due_jobs("forever", "healthy", max_retries=3)
+    sql(
+        "UPDATE schedapp_job SET retry_backoff = '1000000 years', "
+        "retry_backoff_max = '1000000 years' WHERE id = %s",
+        [bad.pk],
+    )
+    earlier = db_now() - timedelta(seconds=5)
+    Job.objects.filter(pk=bad.pk).update(scheduled_for=earlier, next_run_at=earlier)
+    runs = claim_due_jobs("beat-1", 1).runs  # the bad one alone (it is due first)
+    assert [r.job_id for r in runs] == [bad.pk]
+    admit_run(bad.pk, runs[0].token, "w1", "a1")
+    Job.objects.filter(pk=bad.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    # When a beat claims (the reaper's write failed inside every claim transaction)
+    result = claim_due_jobs("beat-1", 10)
+    # Then the healthy job is claimed, and the bad one waits the longest delay for its retry
+    assert [r.job_id for r in result.runs] == [healthy.pk]
+    assert result.reap.expired == 1
+    bad.refresh_from_db()
+    assert bad.state == JobState.SCHEDULED and bad.retry_count == 1
+    assert bad.next_run_at - db_now() < policies.MAX_DELAY + timedelta(minutes=1)
