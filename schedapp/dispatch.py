@@ -39,6 +39,7 @@ from kombu.common import maybe_declare
 from kombu.compression import compress
 
 from .claims import ClaimedRun
+from .conf import get_settings
 from .message import (
     HEADER_ATTEMPT,
     HEADER_JOB,
@@ -203,6 +204,32 @@ def message_headers(
     return headers
 
 
+def payload_problem(run: ClaimedRun) -> str | None:
+    """Why a claimed run's arguments cannot make a message (None: they can), as the API would
+    have refused them. Rows written behind the API's back may hold any JSON: args that are
+    not an array, kwargs that are not an object, or nesting too deep for Python's parser
+    (``json.loads`` raises RecursionError: taken for a broker error, it gave the whole batch
+    back, every tick). Cheap for the common text: the first character, and a parse only
+    when there are more brackets than the API's depth allows (a deep value the API would
+    refuse but a worker can read is still sent: the limit may have been lowered since)."""
+    limit = get_settings().MAX_PAYLOAD_DEPTH
+    for name, text, opener, shape in (
+        ("args", run.args_json, "[", "array"),
+        ("kwargs", run.kwargs_json, "{", "object"),
+    ):
+        if not text.startswith(opener):
+            return f"{name} must be a JSON {shape}, got {text[:40]!r}."
+        if text.count("[") + text.count("{") <= limit:
+            continue
+        try:
+            json.loads(text)
+        except RecursionError:
+            return f"{name} is nested too deep for Python to read it."
+        except ValueError as exc:
+            return f"{name} cannot be read as JSON: {exc}."
+    return None
+
+
 class Dispatcher:
     """Publishes batches of claimed runs through one producer; caches routes and declares."""
 
@@ -272,6 +299,8 @@ class Dispatcher:
             if run.task not in verdicts:
                 verdicts[run.task] = task_not_allowed(run.task)
             problem = verdicts[run.task]
+            if problem is None:
+                problem = payload_problem(run)
             if problem is None:
                 try:
                     route = self.route(run.task, run.queue, run.message_options)

@@ -10,10 +10,11 @@ from datetime import timedelta
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from schedapp import api, policies
+from schedapp import api, beat, policies
 from schedapp.claims import Completion, admit_run, claim_due_jobs, complete_run
 from schedapp.db import db_now
-from schedapp.models import Job, JobState
+from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.validation import celery_app
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
 TASK = "project.tasks.record"
@@ -101,3 +102,25 @@ def test_the_reaper_bounds_a_backoff_of_a_million_years_and_the_claim_goes_on():
     bad.refresh_from_db()
     assert bad.state == JobState.SCHEDULED and bad.retry_count == 1
     assert bad.next_run_at - db_now() < policies.MAX_DELAY + timedelta(minutes=1)
+
+
+# --- 3. arguments nested 3,000 deep -------------------------------------------------------------
+
+
+def test_arguments_nested_too_deep_to_build_a_message_quarantine_the_job_not_the_batch():
+    # Given a due job whose args are valid jsonb nested 3,000 deep, among healthy ones
+    bad, *healthy = due_jobs("deep", "healthy-1", "healthy-2")
+    deep = "[" * 3000 + "]" * 3000
+    sql("UPDATE schedapp_job SET args = %s::jsonb WHERE id = %s", [deep, bad.pk])
+    scheduler = beat.LeaseScheduler(celery_app(), lazy=True)
+    try:
+        # When a beat ticks (building the message raised RecursionError, taken for a broker
+        # failure: the whole batch was released and the beat backed off)
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    # Then the healthy jobs were dispatched, and the bad one is dead with the reason
+    for job in healthy:
+        assert JobRun.objects.get(job=job).status == RunStatus.DISPATCHED
+    assert "nested" in quarantined(bad)
+    assert scheduler.stats["publish_failures"] == 0
