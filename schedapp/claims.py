@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Least, Now
 
@@ -137,25 +137,130 @@ def claim_due_jobs(
     it granted, they are stamped again from the clock just before it commits: a lease is never
     already expired when it is granted. ``message_expiry`` is the reaper's (see
     ``reap_expired_leases``).
+
+    A row the batch statements cannot take (a value written behind the API's back that the
+    database or Python refuses on the way: ``ROW_ERRORS``) would fail every beat's claim,
+    every tick: the transaction is then done again one row at a time, each in a savepoint,
+    and each row that fails alone is quarantined with the error (DESIGN 19). The ordinary
+    claim pays nothing for this.
     """
+    try:
+        return _claim_due_jobs(beat, limit, rng, message_expiry, careful=False)
+    except ROW_ERRORS as exc:
+        log.warning(
+            "a row failed the claim (%s: %s): claiming one row at a time",
+            type(exc).__name__,
+            _first_line(exc),
+            extra={"action": "claim_careful", "beat": beat},
+        )
+        return _claim_due_jobs(beat, limit, rng, message_expiry, careful=True)
+
+
+# What one row can raise on its way through a claim, a reap or a completion: the database
+# refusing a value (out of range, a constraint) or failing to hand it to Python, and Python's
+# arithmetic or parsing failing on it. Connection errors and timeouts are no row's fault, and
+# neither are the errors a bug raises for every row alike (TypeError, KeyError...): those fail
+# the tick as before, rather than quarantine every job the claim meets.
+ROW_ERRORS: tuple[type[BaseException], ...] = (
+    DataError,
+    IntegrityError,
+    ArithmeticError,
+    ValueError,
+    RecursionError,
+)
+
+
+def _claim_due_jobs(
+    beat: str, limit: int, rng: policies.Rng, message_expiry: MessageExpiry | None, *, careful: bool
+) -> ClaimResult:
     result = ClaimResult()
     store = get_store()
     started = time.monotonic()
     with beat_transaction():
-        result.reap = _reap(limit, rng, message_expiry)
-        rows, now = store.claim(beat, limit)
+        if careful:
+            result.reap = _reap_each(limit, rng, message_expiry)
+            rows, now = _claim_each(store, beat, limit, result.quarantined)
+        else:
+            result.reap = _reap(limit, rng, message_expiry)
+            rows, now = store.claim(beat, limit)
         result.claimed = len(rows)
         late = [r for r in rows if r["late"]]
         ready = [r for r in rows if not r["late"]]
         if late:
             now = now or store.now()  # the transaction's time, the same as the claim's now()
-            result.skipped_misfires, result.quarantined = _apply_misfires(beat, late, now, rng)
+            if careful:
+                for row in late:
+                    _in_savepoint_or_quarantine(
+                        row["id"],
+                        lambda row=row: _misfires_into(beat, [row], now, rng, result),
+                        result.quarantined,
+                        "its misfire policy cannot be applied",
+                    )
+            else:
+                _misfires_into(beat, late, now, rng, result)
             ready.extend(r for r in late if r.get("run_id"))
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
     result.runs = [_claimed_run(r, started) for r in ready]
     return result
+
+
+def _misfires_into(
+    beat: str, rows: list[dict], now: datetime, rng: policies.Rng, result: ClaimResult
+) -> None:
+    skipped, quarantined = _apply_misfires(beat, rows, now, rng)
+    result.skipped_misfires += skipped
+    result.quarantined.extend(quarantined)
+
+
+def _claim_each(
+    store: Any, beat: str, limit: int, quarantined: list[Quarantined]
+) -> tuple[list[dict], datetime | None]:
+    """The claim, one due row at a time, each in a savepoint: a row whose claim fails is
+    quarantined with the error, the others are claimed as the batch statement claims them."""
+    rows: list[dict] = []
+    now = None
+    for job_id in store.due_ids(limit):
+        claimed = _in_savepoint_or_quarantine(
+            job_id,
+            lambda job_id=job_id: store.claim(beat, 1, ids=[job_id]),
+            quarantined,
+            "the claim cannot take this row",
+        )
+        if claimed is not None:
+            rows.extend(claimed[0])
+            now = now or claimed[1]
+    return rows, now
+
+
+def _in_savepoint_or_quarantine(
+    job_id: int, work: Callable[[], Any], quarantined: list[Quarantined], what: str
+) -> Any:
+    """``work()`` in a savepoint; if one of ``ROW_ERRORS`` comes out of it, its writes are
+    undone and the job is quarantined with the error (None is returned). A quarantine that
+    fails too is logged: the row stays as it was, and the caller goes on without it."""
+    try:
+        with transaction.atomic():
+            return work()
+    except ROW_ERRORS as exc:
+        reason = f"{what} ({type(exc).__name__}: {_first_line(exc)})"
+    try:
+        with transaction.atomic():
+            quarantined.append(_quarantine_locked(job_id, reason))
+    except ROW_ERRORS as exc:
+        log.error(
+            "job %s cannot be quarantined either (%s): left as it is",
+            job_id,
+            _first_line(exc),
+            extra={"action": "quarantine_failed", "job": job_id},
+        )
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _apply_misfires(
@@ -365,14 +470,45 @@ def reap_expired_leases(
         return _reap(limit, rng, message_expiry)
 
 
-def _reap(
-    limit: int, rng: policies.Rng, message_expiry: MessageExpiry | None = None
-) -> ReapResult:
-    expired = list(
+def _expired() -> Any:
+    """The leases that expired, oldest first, as a queryset that locks them (SKIP LOCKED)."""
+    return (
         Job.objects.select_for_update(skip_locked=True)
         .filter(state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now())
-        .order_by("lease_expires_at")[:limit]
+        .order_by("lease_expires_at")
     )
+
+
+def _reap_each(limit: int, rng: policies.Rng, message_expiry: MessageExpiry | None) -> ReapResult:
+    """The reaper, one expired lease at a time, each in a savepoint: a job the reaper cannot
+    read or write (a value written behind the API's back) is quarantined with the error."""
+    result = ReapResult()
+    for job_id in list(_expired().values_list("id", flat=True)[:limit]):
+        one = _in_savepoint_or_quarantine(
+            job_id,
+            lambda job_id=job_id: _reap(1, rng, message_expiry, ids=[job_id]),
+            result.quarantined,
+            "the reaper cannot take this row",
+        )
+        if one is not None:
+            result.expired += one.expired
+            result.started += one.started
+            result.dead += one.dead
+            result.dropped += one.dropped
+            result.quarantined.extend(one.quarantined)
+    return result
+
+
+def _reap(
+    limit: int,
+    rng: policies.Rng,
+    message_expiry: MessageExpiry | None = None,
+    ids: list[int] | None = None,
+) -> ReapResult:
+    expired_leases = _expired()
+    if ids is not None:
+        expired_leases = expired_leases.filter(id__in=ids)
+    expired = list(expired_leases[:limit])
     if not expired:
         return ReapResult()
     claims = [(j.id, j.token) for j in expired]
@@ -746,6 +882,73 @@ def _success_results(
 
 
 def _complete(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    retry_delay: timedelta | None,
+    accepted: frozenset[str],
+    rng: policies.Rng,
+) -> CompletionResult:
+    try:
+        return _complete_locked(
+            job_id,
+            token,
+            outcome,
+            error=error,
+            traceback=traceback,
+            retry_delay=retry_delay,
+            accepted=accepted,
+            rng=rng,
+        )
+    except ROW_ERRORS as exc:  # the job row cannot be read or written as it is
+        return _complete_and_quarantine(
+            job_id, token, outcome, error=error, traceback=traceback, accepted=accepted, exc=exc
+        )
+
+
+def _complete_and_quarantine(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    accepted: frozenset[str],
+    exc: BaseException,
+) -> CompletionResult:
+    """An outcome whose job row could not be read or written (a value written behind the
+    API's back): the run's outcome is recorded as usual, and the job, if the run was still
+    its current one, is quarantined with the error instead of moving on. Only the columns
+    every claim writes are read here."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).values("token", "state").first()
+        run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
+        if run is None or run["status"] not in accepted:
+            return CompletionResult(Completion.ALREADY_RECORDED)
+        fresh = (
+            job is not None
+            and job["token"] == token
+            and job["state"] in (JobState.RUNNING, JobState.PAUSED)
+            and run["status"] != RunStatus.LOST
+        )
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=outcome,
+            finished_at=Now(),
+            error=_storable(error, ERROR_CHARS),
+            traceback=_storable(traceback, TRACEBACK_CHARS),
+            stale=not fresh,
+        )
+        if not fresh:
+            return CompletionResult(Completion.STALE)
+        reason = f"its run's outcome cannot be written ({type(exc).__name__}: {_first_line(exc)})"
+        quarantined = _quarantine_locked(job_id, reason)
+    return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
+
+
+def _complete_locked(
     job_id: int,
     token: int,
     outcome: str,

@@ -23,8 +23,8 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 @cache
 def queries() -> dict[str, str]:
-    """Every named query, its comments stripped and ``{due_levels}``, the priority bounds,
-    the dispatch wait's cap and run_recent's lateness filled in."""
+    """Every named query, its comments stripped and ``{due_levels}``, ``{claim_rows}``, the
+    priority bounds, the dispatch wait's cap and run_recent's lateness filled in."""
     text = (Path(__file__).parent / "queries.sql").read_text()
     parts = _NAME.split(text)[1:]
     raw = {
@@ -40,8 +40,9 @@ def queries() -> dict[str, str]:
         "RUN_RECENT": RUN_RECENT,
         "RUN_RECENT_LATE_AFTER": str(RUN_RECENT_LATE_AFTER.total_seconds()),
     }
-    due_levels = _fill(raw["due_levels"], constants)
-    return {name: _fill(sql, {**constants, "due_levels": due_levels}) for name, sql in raw.items()}
+    # Blocks other blocks include, filled in first.
+    parts = {name: _fill(raw[name], constants) for name in ("due_levels", "claim_rows")}
+    return {name: _fill(sql, {**constants, **parts}) for name, sql in raw.items()}
 
 
 def query(name: str) -> str:

@@ -1,6 +1,6 @@
 -- schedapp's hand-written SQL, one named query a block, read by schedapp/sql/__init__.py.
 -- A block starts with "-- name: <name>"; the comment lines right after it say what it is for.
--- {due_levels} stands for the due_levels block, {MAX_PRIORITY}/{MIN_PRIORITY} for the bounds
+-- {due_levels} and {claim_rows} stand for those blocks, {MAX_PRIORITY}/{MIN_PRIORITY} for the bounds
 -- of a job's priority, {MAX_WAIT_DOUBLINGS} for the cap of policies.dispatch_wait and
 -- {RUN_RECENT}/{RUN_RECENT_LATE_AFTER} for policies.misfire_after's policy and its seconds
 -- (schedapp.policies). Parameters are Django's: %s or %(name)s.
@@ -16,7 +16,7 @@ levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))
 -- The due slice, highest priority first, earliest first within a priority, until the batch is
 -- full. Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
 -- MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select (PostgreSQL
--- bug #15715). Claim, lease, fencing token and run rows: one statement.
+-- bug #15715). Claim, lease, fencing token and run rows: one statement ({claim_rows}).
 WITH {due_levels},
 due AS MATERIALIZED (
     SELECT d.id
@@ -30,6 +30,34 @@ due AS MATERIALIZED (
     ) AS d
     LIMIT %(limit)s
 ),
+{claim_rows}
+
+-- name: due_ids
+-- The ids claim_due_jobs would claim, in its order, locked: a claim taken one row at a time
+-- (claims.claim_due_jobs, when a row fails the batch statement) claims them one by one.
+WITH {due_levels}
+SELECT d.id
+FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
+CROSS JOIN LATERAL (
+    SELECT j.id, j.next_run_at FROM schedapp_job j
+    WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+    ORDER BY j.next_run_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+) AS d
+LIMIT %(limit)s
+
+-- name: claim_job_ids
+-- claim_due_jobs for given ids (the rows due_ids locked), still due and scheduled.
+WITH due AS MATERIALIZED (
+    SELECT j.id FROM schedapp_job j
+    WHERE j.id = ANY(%(ids)s) AND j.state = 'scheduled' AND j.next_run_at <= now()
+    FOR UPDATE OF j
+),
+{claim_rows}
+
+-- name: claim_rows
+-- The part of a claim after the due ids (a CTE "due"): lease, token, run rows, the rows read.
 claimed AS (
     UPDATE schedapp_job AS j
     SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,

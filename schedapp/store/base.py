@@ -94,10 +94,15 @@ class Store(Protocol):
     def now(self) -> datetime:
         """The database's clock (the transaction's time where it has one)."""
 
-    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
-        """Lock, lease and token up to ``limit`` due jobs, with a run row for each that is not
-        late (``row["run_id"]``); returns the rows and the claim's now (None: read it with
-        ``now()`` in the same transaction)."""
+    def claim(
+        self, beat: str, limit: int, ids: list[int] | None = None
+    ) -> tuple[list[dict], datetime | None]:
+        """Lock, lease and token up to ``limit`` due jobs (only those of ``ids``, if given),
+        with a run row for each that is not late (``row["run_id"]``); returns the rows and the
+        claim's now (None: read it with ``now()`` in the same transaction)."""
+
+    def due_ids(self, limit: int) -> list[int]:
+        """The ids ``claim`` would take, in its order, locked for this transaction."""
 
     def restamp_leases(self, job_ids: list[int]) -> None:
         """Leases of these claimed jobs from the clock now, just before the claim commits."""

@@ -47,14 +47,18 @@ _CLAIM_FIELDS = (
 )
 
 
-def _claim(beat: str, limit: int, now: datetime) -> list[dict]:
-    """The claim statement of the PostgreSQL store, through the ORM."""
-    rows = list(
+def _due(now: datetime) -> Any:
+    return (
         Job.objects.select_for_update(skip_locked=True)
         .filter(state=JobState.SCHEDULED, next_run_at__lte=now)
         .order_by("-priority", "next_run_at")
-        .values(*_CLAIM_FIELDS)[:limit]
     )
+
+
+def _claim(beat: str, limit: int, now: datetime, ids: list[int] | None = None) -> list[dict]:
+    """The claim statement of the PostgreSQL store, through the ORM."""
+    due = _due(now) if ids is None else _due(now).filter(id__in=ids)
+    rows = list(due.values(*_CLAIM_FIELDS)[:limit])
     for row in rows:
         Job.objects.filter(id=row["id"], token=row["token"]).update(
             state=JobState.RUNNING,
@@ -85,11 +89,16 @@ class PortableStore:
     def now(self) -> datetime:
         return datetime.now(UTC)  # one machine, so its clock is the only clock there is
 
-    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
+    def claim(
+        self, beat: str, limit: int, ids: list[int] | None = None
+    ) -> tuple[list[dict], datetime | None]:
         now = self.now()
-        rows = _claim(beat, limit, now)
+        rows = _claim(beat, limit, now, ids)
         insert_runs(beat, [r for r in rows if not r["late"]], now)
         return rows, now
+
+    def due_ids(self, limit: int) -> list[int]:
+        return list(_due(self.now()).values_list("id", flat=True)[:limit])
 
     def restamp_leases(self, job_ids: list[int]) -> None:
         now = datetime.now(UTC)

@@ -46,13 +46,23 @@ class PostgreSQLStore:
             value = cursor.fetchone()[0]
         return value.astimezone(UTC)
 
-    def claim(self, beat: str, limit: int) -> tuple[list[dict], datetime | None]:
+    def claim(
+        self, beat: str, limit: int, ids: list[int] | None = None
+    ) -> tuple[list[dict], datetime | None]:
         # The statement reads now() itself.
         with connection.cursor() as cursor:
-            cursor.execute(query("claim_due_jobs"), {"limit": limit, "beat": beat})
+            if ids is None:
+                cursor.execute(query("claim_due_jobs"), {"limit": limit, "beat": beat})
+            else:
+                cursor.execute(query("claim_job_ids"), {"ids": ids, "beat": beat})
             names = [c.name for c in cursor.description]
             rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         return rows, None
+
+    def due_ids(self, limit: int) -> list[int]:
+        with connection.cursor() as cursor:
+            cursor.execute(query("due_ids"), {"limit": limit})
+            return [job_id for (job_id,) in cursor.fetchall()]
 
     def restamp_leases(self, job_ids: list[int]) -> None:
         with connection.cursor() as cursor:

@@ -394,3 +394,25 @@ def test_run_recent_skips_when_its_latest_missed_occurrence_is_older_than_its_gr
     job.refresh_from_db()
     assert (job.state, job.missed_runs) == (JobState.SCHEDULED, 3)
     assert job.next_run_at == first + 3 * every  # the first one after now
+
+
+def test_a_job_whose_token_went_back_behind_its_runs_is_quarantined_and_the_rest_claimed():
+    """A job row restored from an older backup (its token behind a run it already has): the
+    claim's run row broke the run table's unique key, and the whole claim failed, every tick.
+    Here on every store: the claim goes on one row at a time and quarantines that job."""
+    restored, healthy = due_jobs(2)
+    JobRun.objects.create(
+        job=restored,
+        token=restored.token + 1,
+        scheduled_for=restored.scheduled_for,
+        due_at=restored.next_run_at,
+        dispatched_at=db_now(),
+        task_id="from-the-backup",
+        status=RunStatus.SUCCEEDED,
+    )
+    result = claim_due_jobs("beat-1", 10)
+    assert [r.job_id for r in result.runs] == [healthy.pk]
+    assert [q.job_id for q in result.quarantined] == [restored.pk]
+    restored.refresh_from_db()
+    assert restored.state == JobState.DEAD and restored.last_status == "quarantined"
+    assert "the claim cannot take this row (IntegrityError" in restored.last_error

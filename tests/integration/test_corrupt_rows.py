@@ -55,6 +55,26 @@ def quarantined(job: Job) -> str:
     return row["last_error"]
 
 
+# --- 1. a due job whose occurrence is NULL -----------------------------------------------------
+
+
+def test_a_claim_quarantines_a_row_it_cannot_claim_and_claims_the_others():
+    # Given a row without its occurrence, from before the constraint (or a DBA dropped it),
+    # the first in the due order, among healthy due jobs
+    bad, *healthy = due_jobs("no-occurrence", "healthy-1", "healthy-2")
+    sql("ALTER TABLE schedapp_job DROP CONSTRAINT IF EXISTS schedapp_job_occurrence_known")
+    sql("UPDATE schedapp_job SET scheduled_for = NULL WHERE id = %s", [bad.pk])
+    # When a beat claims (the statement inserted a run with a NULL occurrence and failed)
+    result = claim_due_jobs("beat-1", 10)
+    # Then the healthy jobs are claimed, and the bad one is dead with the database's reason
+    assert sorted(r.job_id for r in result.runs) == sorted(j.pk for j in healthy)
+    assert [q.job_id for q in result.quarantined] == [bad.pk]
+    assert "scheduled_for" in quarantined(bad)
+    assert not JobRun.objects.filter(job=bad, status=RunStatus.DISPATCHED).exists()
+    # ... and the next claim is an ordinary one
+    assert claim_due_jobs("beat-1", 10).runs == []
+
+
 # --- 2. a backoff of a million years ------------------------------------------------------------
 
 
