@@ -9,12 +9,13 @@ may have expired.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.lookups import Exact
 
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
@@ -52,6 +53,121 @@ def _default_misfire_grace() -> timedelta:
 
 def _default_max_catchup() -> int:
     return get_settings().DEFAULT_MISFIRE_MAX_CATCHUP
+
+
+# The values a job's columns may hold beyond what the API checks: what PostgreSQL would take
+# but Python cannot read back, or schedapp cannot go on from (DESIGN 25, migration 0014).
+# A time is finite and within Python's years 1-9999, a day inside them (a local time in any
+# zone still fits); a duration is not negative and fits Python's timedelta (at most 999,999,999
+# days; PostgreSQL counts a month as 30 days, psycopg a year as 365: hence the margin); the
+# counters the claim adds to (token, retry_count, missed_runs) have room to be added to.
+# A duration's upper bound is PostgreSQL's alone (migration 0014 adds it as
+# schedapp_job_durations_readable, outside Django's constraints): SQLite stores a duration as
+# 64-bit microseconds, at most 106,751,991 days, and cannot even be given this one.
+TIME_MIN = datetime(1, 1, 2, tzinfo=UTC)
+TIME_MAX = datetime(9999, 12, 30, tzinfo=UTC)
+DURATION_MAX = timedelta(days=900_000_000)
+COUNTER_MAX = 2**62
+TIME_COLUMNS = (
+    "run_at",
+    "interval_anchor",
+    "not_before",
+    "expires_at",
+    "next_run_at",
+    "scheduled_for",
+    "lease_expires_at",
+    "last_run_at",
+    "created_at",
+    "updated_at",
+)
+DURATION_COLUMNS = ("interval", "retry_backoff", "retry_backoff_max", "misfire_grace")
+
+
+class JSONType(models.Func):
+    """The type of a JSON column's value ("array", "object", ...), for check constraints:
+    PostgreSQL's ``jsonb_typeof``, SQLite's ``json_type``."""
+
+    function = "jsonb_typeof"
+    output_field = models.CharField()
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return super().as_sql(compiler, connection, function="json_type", **extra)
+
+
+# Each JSON column's one valid shape: what a message carries as args and kwargs, and options.
+JSON_SHAPES = {"args": "array", "kwargs": "object", "message_options": "object"}
+
+
+def _value_constraints() -> list[models.CheckConstraint]:
+    """One check per column whose type admits values schedapp can never use."""
+    checks = [
+        models.CheckConstraint(
+            name="schedapp_job_occurrence_known",
+            condition=Q(next_run_at__isnull=True) | Q(scheduled_for__isnull=False),
+            violation_error_message="A job with a next_run_at needs the occurrence it is for "
+            "(scheduled_for).",
+        ),
+        models.CheckConstraint(
+            name="schedapp_job_running_has_lease",
+            condition=~Q(state="running") | Q(lease_expires_at__isnull=False),
+            violation_error_message="A running job needs its lease (lease_expires_at): without "
+            "it, it would never be reaped.",
+        ),
+        models.CheckConstraint(
+            name="schedapp_job_token_in_range", condition=Q(token__gte=0, token__lt=COUNTER_MAX)
+        ),
+        models.CheckConstraint(
+            name="schedapp_job_retry_count_in_range", condition=Q(retry_count__lt=2**31 - 1)
+        ),
+        models.CheckConstraint(
+            name="schedapp_job_missed_runs_in_range", condition=Q(missed_runs__lt=COUNTER_MAX)
+        ),
+    ]
+    for column, bound in (("latitude", 90), ("longitude", 180)):  # NaN is out of any range
+        checks.append(
+            models.CheckConstraint(
+                name=f"schedapp_job_{column}_in_range",
+                condition=Q(**{f"{column}__isnull": True})
+                | Q(**{f"{column}__gte": -bound, f"{column}__lte": bound}),
+                violation_error_message=f"{column} must be -{bound} to {bound} degrees.",
+            )
+        )
+    for column, choices in (("state", JobState), ("misfire_policy", MisfirePolicy)):
+        checks.append(
+            models.CheckConstraint(
+                name=f"schedapp_job_{column}_valid",
+                condition=Q(**{f"{column}__in": choices.values}),
+                violation_error_message=f"{column} must be one of {', '.join(choices.values)}.",
+            )
+        )
+    for column, shape in JSON_SHAPES.items():
+        checks.append(
+            models.CheckConstraint(
+                name=f"schedapp_job_{column}_{shape}",
+                condition=Exact(JSONType(column), shape),
+                violation_error_message=f"{column} must be a JSON {shape}.",
+            )
+        )
+    for column in TIME_COLUMNS:
+        checks.append(
+            models.CheckConstraint(
+                name=f"schedapp_job_{column}_in_range",
+                condition=Q(**{f"{column}__isnull": True})
+                | Q(**{f"{column}__gte": TIME_MIN, f"{column}__lte": TIME_MAX}),
+                violation_error_message=f"{column} must be a time between years 1 and 9999.",
+            )
+        )
+    for column in DURATION_COLUMNS:  # (their upper bound: DURATION_MAX)
+        lowest = {f"{column}__gt" if column == "interval" else f"{column}__gte": timedelta(0)}
+        checks.append(
+            models.CheckConstraint(
+                name=f"schedapp_job_{column}_in_range",
+                condition=Q(**{f"{column}__isnull": True}) | Q(**lowest),
+                violation_error_message=f"{column} must be "
+                + ("more than 0." if column == "interval" else "a duration, not negative."),
+            )
+        )
+    return checks
 
 
 class JobState(models.TextChoices):
@@ -240,6 +356,7 @@ class Job(models.Model):
                 condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
                 violation_error_message=f"priority must be {MIN_PRIORITY} to {MAX_PRIORITY}.",
             ),
+            *_value_constraints(),
         ]
         permissions = [
             ("run_job", "Can run a job now"),

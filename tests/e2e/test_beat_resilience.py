@@ -8,10 +8,10 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from project.models import Execution
-from schedapp import api
+from schedapp import api, policies
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from tests.fleet import wait_until
@@ -181,3 +181,73 @@ def test_a_beat_or_worker_refuses_to_start_on_a_setting_it_cannot_work_with(
     assert proc.popen.returncode != 0
     assert says in proc.log()
     assert not JobRun.objects.exists()  # nothing claimed, nothing run
+
+
+def test_rows_no_beat_could_go_on_from_are_quarantined_and_the_healthy_job_keeps_running(fleet):
+    # Given a healthy job every second, and, changed behind the API's back: a failing job whose
+    # backoff is a million years (its completion's write overflowed, then the reaper's, inside
+    # every claim), a job whose args are valid jsonb nested 3,000 deep (building its message
+    # raised RecursionError, taken for a broker failure: every batch given back), and a job
+    # row restored from an older backup, its token behind a run it already has (the claim's
+    # run row broke the run table's unique key, in every beat's claim)
+    healthy = api.schedule(TASK, interval=1, name="healthy", kwargs={"label": "healthy"})
+    forever = api.schedule(
+        "project.tasks.fail", run_at=db_now(), name="forever", kwargs={"label": "forever"}
+    )
+    sql(
+        "UPDATE schedapp_job SET retry_backoff = '1000000 years', "
+        "retry_backoff_max = '1000000 years', max_retries = 3 WHERE id = %s",
+        [forever.pk],
+    )
+    deep = api.schedule(TASK, interval=1, name="deep", kwargs={"label": "deep"})
+    deep_args = "[" * 3000 + "]" * 3000
+    sql("UPDATE schedapp_job SET args = %s::jsonb WHERE id = %s", [deep_args, deep.pk])
+    restored = api.schedule(TASK, interval=1, name="restored", kwargs={"label": "restored"})
+    JobRun.objects.create(
+        job=restored,
+        token=1,
+        scheduled_for=db_now(),
+        due_at=db_now(),
+        dispatched_at=db_now(),
+        task_id=f"schedapp:{restored.pk}:1",
+        status=RunStatus.SUCCEEDED,
+    )
+    # When two beats and a worker run
+    beats = [fleet.beat(), fleet.beat()]
+    fleet.worker(concurrency=2)
+    for job in (deep, restored):
+        wait_until(
+            lambda job=job: Job.objects.filter(pk=job.pk, state=JobState.DEAD).exists(),
+            timeout=60,
+            message=f"{job.name} was quarantined",
+        )
+    wait_until(
+        lambda: Job.objects.filter(pk=forever.pk, retry_count=1).exists(),
+        timeout=60,
+        message="the failing job's failure was recorded",
+    )
+    # Then the healthy job keeps being dispatched and run, by live beats
+    before = Execution.objects.filter(label="healthy").count()
+    wait_until(
+        lambda: Execution.objects.filter(label="healthy").count() >= before + 3,
+        timeout=60,
+        message="the healthy job ran on",
+    )
+    assert all(b.alive() for b in beats)
+    assert Job.objects.get(pk=healthy.pk).state != JobState.DEAD
+    # ... the failing job waits the longest retry delay schedapp has, no more
+    waits = Job.objects.filter(pk=forever.pk).values_list("state", "next_run_at").get()
+    assert waits[0] == JobState.SCHEDULED
+    assert timedelta(days=364) < waits[1] - db_now() <= policies.MAX_DELAY
+    # ... and the two others are dead with the reason, never executed
+    reasons = dict(
+        Job.objects.filter(pk__in=[deep.pk, restored.pk]).values_list("name", "last_error")
+    )
+    assert "nested too deep" in reasons["deep"]
+    assert "the claim cannot take this row" in reasons["restored"]
+    assert "schedapp_run_job_token" in reasons["restored"]
+    assert not Execution.objects.filter(job_id__in=[deep.pk, restored.pk]).exists()
+    assert JobRun.objects.filter(job=healthy, status=RunStatus.LOST).count() == 0
+    # (a next_run_at without its occurrence, which failed every claim, is now refused outright)
+    with pytest.raises(IntegrityError):
+        sql("UPDATE schedapp_job SET scheduled_for = NULL WHERE id = %s", [healthy.pk])

@@ -256,7 +256,7 @@ def test_deleting_a_job_summarises_its_history_instead_of_listing_it(admin_clien
 def test_deleting_a_running_job_or_a_huge_history_is_refused(admin_client, jobs, monkeypatch):
     from schedapp.admin import jobs as schedapp_admin
 
-    Job.objects.filter(pk=jobs["a"].pk).update(state=JobState.RUNNING)
+    Job.objects.filter(pk=jobs["a"].pk).update(state=JobState.RUNNING, lease_expires_at=db_now())
     page = admin_client.get(reverse("admin:schedapp_job_delete", args=[jobs["a"].pk]))
     assert "a is running: cancel it first" in page.content.decode()
     admin_client.post(reverse("admin:schedapp_job_delete", args=[jobs["a"].pk]), {"post": "yes"})

@@ -5,9 +5,11 @@ jobs are claimed and dispatched as if it were not there (DESIGN 19)."""
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 
 import pytest
+from django.apps import apps as django_apps
 from django.db import DatabaseError, connection, transaction
 
 from schedapp import api, beat, policies
@@ -56,6 +58,13 @@ def quarantined(job: Job) -> str:
 
 
 # --- 1. a due job whose occurrence is NULL -----------------------------------------------------
+
+
+def test_a_due_job_without_its_occurrence_is_refused_by_the_database():
+    # Given a due job among others
+    (job,) = due_jobs("no-occurrence")
+    # When its occurrence is set NULL behind the API's back, the database refuses it
+    assert refused("UPDATE schedapp_job SET scheduled_for = NULL WHERE id = %s", [job.pk])
 
 
 def test_a_claim_quarantines_a_row_it_cannot_claim_and_claims_the_others():
@@ -144,3 +153,72 @@ def test_arguments_nested_too_deep_to_build_a_message_quarantine_the_job_not_the
         assert JobRun.objects.get(job=job).status == RunStatus.DISPATCHED
     assert "nested" in quarantined(bad)
     assert scheduler.stats["publish_failures"] == 0
+
+
+# --- what the database refuses, and the rows already there --------------------------------------
+
+
+def test_the_migration_quarantines_rows_that_break_its_constraints_then_validates_them():
+    # Given rows written before migration 0014 (its constraints are dropped here), each
+    # breaking one of them, and a healthy row
+    migration = importlib.import_module("schedapp.migrations.0014_h2")
+    names = [op.constraint.name for op in migration.ADDED]
+    for name in names:
+        sql(f"ALTER TABLE schedapp_job DROP CONSTRAINT {name}")
+    corruptions = {
+        "no-occurrence": ("scheduled_for = NULL", "schedapp_job_occurrence_known"),
+        "ends-never": ("expires_at = '-infinity'", "schedapp_job_expires_at_in_range"),
+        "backoff": ("retry_backoff = '-1 second'", "schedapp_job_retry_backoff_in_range"),
+        "token": ("token = -5", "schedapp_job_token_in_range"),
+        "state": ("state = 'bogus'", "schedapp_job_state_valid"),
+        "leaseless": ("state = 'running', lease_expires_at = NULL", "running_has_lease"),
+        "policy": ("misfire_policy = 'twice'", "schedapp_job_misfire_policy_valid"),
+        "off-globe": ("latitude = 'NaN'", "schedapp_job_latitude_in_range"),
+        "args": ("""args = '{"a": 1}'""", "schedapp_job_args_array"),
+    }
+    *bad, fine = due_jobs(*corruptions, "fine")
+    for job in bad:
+        sql(f"UPDATE schedapp_job SET {corruptions[job.name][0]} WHERE id = %s", [job.pk])
+    # When the migration runs
+    with connection.schema_editor() as editor:
+        migration.quarantine_violations(django_apps, editor)
+        migration.add_constraints(django_apps, editor)
+    # Then every constraint is there and validated ...
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, convalidated FROM pg_constraint WHERE conname = ANY(%s)", [names]
+        )
+        assert dict(cursor.fetchall()) == dict.fromkeys(names, True)
+    # ... each bad row is quarantined, with the constraint it broke and the value it held
+    for job in bad:
+        reason = quarantined(job)
+        assert corruptions[job.name][1] in reason, reason
+    assert "-infinity" in quarantined(bad[1]) and "-5" in quarantined(bad[3])
+    assert Job.objects.get(pk=bad[8].pk).args == []
+    assert Job.objects.get(pk=bad[7].pk).latitude == 90
+    assert Job.objects.get(pk=bad[6].pk).misfire_policy == "skip"
+    # ... and the healthy one is left as it was
+    assert Job.objects.get(pk=fine.pk).state == JobState.SCHEDULED
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "next_run_at = 'infinity'",
+        "interval_anchor = '0044-03-15 BC'",
+        "interval = '0'",
+        "retry_backoff_max = '100000000 years'",
+        "token = 9223372036854775807",
+        "retry_count = 2147483647",
+        "state = 'bogus'",
+        "state = 'running', lease_expires_at = NULL",
+        "misfire_policy = 'run_twice'",
+        "latitude = 'NaN'",
+        "longitude = 180.5",
+        """kwargs = '[1]'""",
+        """message_options = '"x"'""",
+    ],
+)
+def test_the_database_refuses_what_can_never_be_valid(change):
+    (job,) = due_jobs("job")
+    assert refused(f"UPDATE schedapp_job SET {change} WHERE id = %s", [job.pk])
