@@ -23,7 +23,7 @@ import datetime
 import django.db.models.lookups
 from django.db import migrations, models, transaction
 from django.db.models import Value
-from django.db.models.functions import Cast, Concat, Greatest, Least, Left, Now
+from django.db.models.functions import Cast, Coalesce, Concat, Greatest, Least, Left, Now
 
 import schedapp.models
 
@@ -124,7 +124,7 @@ def quarantine_violations(apps, schema_editor):
                 continue
             reason = Concat(
                 Value(f"quarantined: {column} held "),
-                Left(Cast(column, models.TextField()), 200),
+                Coalesce(Left(Cast(column, models.TextField()), 200), Value("NULL")),
                 Value(
                     f", which breaks {constraint.name} (migration 0014): "
                     "no beat or worker could go on from it"

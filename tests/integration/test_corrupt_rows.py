@@ -193,7 +193,8 @@ def test_the_migration_quarantines_rows_that_break_its_constraints_then_validate
     for job in bad:
         reason = quarantined(job)
         assert corruptions[job.name][1] in reason, reason
-    assert "-infinity" in quarantined(bad[1]) and "-5" in quarantined(bad[3])
+    assert "held NULL" in quarantined(bad[0]) and "held -infinity" in quarantined(bad[1])
+    assert "held -5" in quarantined(bad[3])
     assert Job.objects.get(pk=bad[8].pk).args == []
     assert Job.objects.get(pk=bad[7].pk).latitude == 90
     assert Job.objects.get(pk=bad[6].pk).misfire_policy == "skip"
