@@ -84,6 +84,43 @@ def test_a_claim_quarantines_a_row_it_cannot_claim_and_claims_the_others():
     assert claim_due_jobs("beat-1", 10).runs == []
 
 
+def unreadable(job: Job) -> None:
+    """Give a job a time psycopg cannot read (infinity), as a row from before migration 0014
+    could hold (its constraint is dropped here, in the test's transaction)."""
+    sql("ALTER TABLE schedapp_job DROP CONSTRAINT IF EXISTS schedapp_job_updated_at_in_range")
+    sql("UPDATE schedapp_job SET updated_at = 'infinity' WHERE id = %s", [job.pk])
+
+
+def test_the_reaper_quarantines_a_row_it_cannot_read_and_the_claim_goes_on():
+    # Given a job whose run started and whose lease expired, its row unreadable, and a
+    # healthy job due
+    bad, healthy = due_jobs("unreadable", "healthy")
+    earlier = db_now() - timedelta(seconds=5)
+    Job.objects.filter(pk=bad.pk).update(scheduled_for=earlier, next_run_at=earlier)
+    (run,) = claim_due_jobs("beat-1", 1).runs
+    admit_run(bad.pk, run.token, "w1", "a1")
+    Job.objects.filter(pk=bad.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    unreadable(bad)
+    # When a beat claims (the reaper, inside the claim, could not load the row)
+    result = claim_due_jobs("beat-1", 10)
+    # Then the healthy job is claimed, and the unreadable one is quarantined with the error
+    assert [r.job_id for r in result.runs] == [healthy.pk]
+    assert [q.job_id for q in result.reap.quarantined] == [bad.pk]
+    assert "the reaper cannot take this row (DataError" in quarantined(bad)
+    assert JobRun.objects.get(job=bad).status == RunStatus.FAILED
+
+
+def test_a_completion_whose_job_row_cannot_be_read_records_the_run_and_quarantines_the_job():
+    (job,) = due_jobs("unreadable")
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    admit_run(job.pk, run.token, "w1", "a1")
+    unreadable(job)
+    result = complete_run(job.pk, run.token, "succeeded")
+    assert result.completion is Completion.APPLIED and result.dead
+    assert "its run's outcome cannot be written (DataError" in quarantined(job)
+    assert JobRun.objects.get(job=job).status == RunStatus.SUCCEEDED
+
+
 # --- 2. a backoff of a million years ------------------------------------------------------------
 
 
