@@ -204,15 +204,15 @@ def message_headers(
     return headers
 
 
-def payload_problem(run: ClaimedRun) -> str | None:
+def payload_problem(run: ClaimedRun, limit: int) -> str | None:
     """Why a claimed run's arguments cannot make a message (None: they can), as the API would
     have refused them. Rows written behind the API's back may hold any JSON: args that are
     not an array, kwargs that are not an object, or nesting too deep for Python's parser
     (``json.loads`` raises RecursionError: taken for a broker error, it gave the whole batch
     back, every tick). Cheap for the common text: the first character, and a parse only
     when there are more brackets than the API's depth allows (a deep value the API would
-    refuse but a worker can read is still sent: the limit may have been lowered since)."""
-    limit = get_settings().MAX_PAYLOAD_DEPTH
+    refuse but a worker can read is still sent: the limit may have been lowered since).
+    ``limit`` is ``SCHEDAPP_MAX_PAYLOAD_DEPTH``, read once a batch by the caller."""
     for name, text, opener, shape in (
         ("args", run.args_json, "[", "array"),
         ("kwargs", run.kwargs_json, "{", "object"),
@@ -294,13 +294,14 @@ class Dispatcher:
         job cannot hold back the batch."""
         ok = []
         verdicts: dict[str, str | None] = {}  # the allowlist's, once per task name a batch
+        depth = get_settings().MAX_PAYLOAD_DEPTH
         self._shadow_names = {}
         for run in runs:
             if run.task not in verdicts:
                 verdicts[run.task] = task_not_allowed(run.task)
             problem = verdicts[run.task]
             if problem is None:
-                problem = payload_problem(run)
+                problem = payload_problem(run, depth)
             if problem is None:
                 try:
                     route = self.route(run.task, run.queue, run.message_options)
