@@ -56,12 +56,12 @@ def _default_max_catchup() -> int:
 
 
 # The values a job's columns may hold beyond what the API checks: what PostgreSQL would take
-# but Python cannot read back, or schedapp cannot go on from (DESIGN 25, migration 0014).
+# but Python cannot read back, or schedapp cannot go on from (DESIGN 25, migration 0016).
 # A time is finite and within Python's years 1-9999, a day inside them (a local time in any
 # zone still fits); a duration is not negative and fits Python's timedelta (at most 999,999,999
 # days; PostgreSQL counts a month as 30 days, psycopg a year as 365: hence the margin); the
 # counters the claim adds to (token, retry_count, missed_runs) have room to be added to.
-# A duration's upper bound is PostgreSQL's alone (migration 0014 adds it as
+# A duration's upper bound is PostgreSQL's alone (migration 0016 adds it as
 # schedapp_job_durations_readable, outside Django's constraints): SQLite stores a duration as
 # 64-bit microseconds, at most 106,751,991 days, and cannot even be given this one.
 TIME_MIN = datetime(1, 1, 2, tzinfo=UTC)

@@ -85,7 +85,7 @@ def test_a_claim_quarantines_a_row_it_cannot_claim_and_claims_the_others():
 
 
 def unreadable(job: Job) -> None:
-    """Give a job a time psycopg cannot read (infinity), as a row from before migration 0014
+    """Give a job a time psycopg cannot read (infinity), as a row from before migration 0016
     could hold (its constraint is dropped here, in the test's transaction)."""
     sql("ALTER TABLE schedapp_job DROP CONSTRAINT IF EXISTS schedapp_job_updated_at_in_range")
     sql("UPDATE schedapp_job SET updated_at = 'infinity' WHERE id = %s", [job.pk])
@@ -196,9 +196,9 @@ def test_arguments_nested_too_deep_to_build_a_message_quarantine_the_job_not_the
 
 
 def test_the_migration_quarantines_rows_that_break_its_constraints_then_validates_them():
-    # Given rows written before migration 0014 (its constraints are dropped here), each
+    # Given rows written before migration 0016 (its constraints are dropped here), each
     # breaking one of them, and a healthy row
-    migration = importlib.import_module("schedapp.migrations.0014_h2")
+    migration = importlib.import_module("schedapp.migrations.0016_job_constraints")
     names = [op.constraint.name for op in migration.ADDED]
     for name in names:
         sql(f"ALTER TABLE schedapp_job DROP CONSTRAINT {name}")

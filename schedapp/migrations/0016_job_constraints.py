@@ -126,7 +126,7 @@ def quarantine_violations(apps, schema_editor):
                 Value(f"quarantined: {column} held "),
                 Coalesce(Left(Cast(column, models.TextField()), 200), Value("NULL")),
                 Value(
-                    f", which breaks {constraint.name} (migration 0014): "
+                    f", which breaks {constraint.name} (migration 0016): "
                     "no beat or worker could go on from it"
                 ),
                 output_field=models.TextField(),
@@ -144,7 +144,7 @@ def quarantine_violations(apps, schema_editor):
             JobRun.filter(job_id__in=ids, status__in=["dispatched", "running"]).update(
                 status="failed",
                 finished_at=Now(),
-                error=f"quarantined: its job broke {constraint.name} (migration 0014)",
+                error=f"quarantined: its job broke {constraint.name} (migration 0016)",
             )
 
 
@@ -559,7 +559,7 @@ ADDED = [
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("schedapp", "0013_run_recent_policy")]
+    dependencies = [("schedapp", "0015_declaration_sets")]
 
     operations = [
         migrations.RunPython(quarantine_violations, migrations.RunPython.noop),
