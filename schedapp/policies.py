@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from .schedules import (
@@ -52,6 +52,13 @@ MISFIRE_POLICIES = (RUN_ONCE, SKIP, RUN_ALL, RUN_RECENT)
 RUN_RECENT_LATE_AFTER = timedelta(seconds=1)
 
 Rng = Callable[[], float]
+
+# What a job does when an occurrence's retries are spent (its ``when_retries_exhausted``):
+# go ``dead`` (a dead letter for a person, ``api.requeue``), or record the failure and go on
+# with the next occurrence, as Celery beat does (it sends the next one whatever the last did).
+DEAD = "dead"
+NEXT_OCCURRENCE = "next_occurrence"
+WHEN_RETRIES_EXHAUSTED = (DEAD, NEXT_OCCURRENCE)
 
 
 def misfire_after(policy: str, grace: timedelta) -> timedelta:
@@ -162,6 +169,7 @@ class JobFacts:
     # ``scheduled_for``/``next_run_at`` already hold the new schedule's first occurrence.
     next_run_at: datetime | None = None
     ran_for: datetime | None = None
+    when_retries_exhausted: str = DEAD
 
     @property
     def rescheduled(self) -> bool:
@@ -178,6 +186,9 @@ class AfterRun:
     delay: timedelta | None  # when set, next_run_at = now() + delay, computed by the database
     retry_count: int
     dead: bool = False
+    # An occurrence whose retries were all spent and failed (the job's failed_occurrences
+    # counts them), whether the job then went dead or on to its next occurrence.
+    failed_occurrence: bool = False
 
 
 # A run's outcome moves a job only from "running"; an operator's pause or cancel made while the
@@ -229,15 +240,25 @@ def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:
 def plan_after_failure(
     job: JobFacts, delay: timedelta | None = None, rng: Rng = random.random
 ) -> AfterRun:
-    """Retry the same occurrence after a capped exponential backoff, or dead-letter the job.
+    """Retry the same occurrence after a capped exponential backoff, or, its retries spent,
+    follow the job's ``when_retries_exhausted``.
 
     ``delay`` overrides the backoff (a task's own ``self.retry(countdown=...)``). A recurring
-    job's retry budget is per occurrence; when it is spent the whole job goes ``dead`` so that
-    a person looks at it (``api.requeue`` brings it back), rather than failing quietly forever.
+    job's retry budget is per occurrence. When it is spent, under ``dead`` (the default) the
+    whole job goes ``dead`` so that a person looks at it (``api.requeue`` brings it back),
+    rather than failing quietly forever; under ``next_occurrence`` the failure is recorded and
+    the job waits for its next occurrence, as under Celery beat. A job with no next occurrence
+    (a one-off, or past its ``expires_at``) has nothing to go on with: it goes ``dead``.
     """
     if job.retry_count >= job.max_retries:
+        if job.when_retries_exhausted == NEXT_OCCURRENCE and not isinstance(job.schedule, Once):
+            plan = plan_after_success(job, rng=rng)
+            if plan.next_run_at is not None:
+                return replace(plan, failed_occurrence=True)
         state = "cancelled" if job.state == "cancelled" else "dead"
-        return AfterRun(state, job.scheduled_for, None, None, job.retry_count, dead=True)
+        return AfterRun(
+            state, job.scheduled_for, None, None, job.retry_count, dead=True, failed_occurrence=True
+        )
     if job.rescheduled:
         # The failed occurrence belongs to the old schedule: the attempt counts, and the job
         # goes on with its new schedule rather than retrying what no longer exists.

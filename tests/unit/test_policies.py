@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from schedapp.policies import (
     MISFIRE_POLICIES,
+    NEXT_OCCURRENCE,
     RUN_ALL,
     RUN_ONCE,
     RUN_RECENT,
@@ -27,7 +28,7 @@ from schedapp.policies import (
     plan_after_success,
     plan_misfire,
 )
-from schedapp.schedules import Interval, Once, fire_times, next_fire_time, parse_cron
+from schedapp.schedules import Interval, Once, fire_times, next_fire_time, parse_cron, with_window
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -588,12 +589,12 @@ def test_given_retries_spent_when_it_fails_then_job_is_dead_lettered(
 ):
     job = facts(schedule=schedule, state=state, retry_count=3, max_retries=3, jitter=30)
     plan = plan_after_failure(job, delay=5 * SECOND, rng=rng_must_not_be_called)
-    assert plan == AfterRun(expected_state, TEN, None, None, 3, dead=True)
+    assert plan == AfterRun(expected_state, TEN, None, None, 3, dead=True, failed_occurrence=True)
 
 
 def test_given_no_retries_allowed_when_it_fails_then_it_is_dead_at_once():
     plan = plan_after_failure(facts(max_retries=0), rng=rng_must_not_be_called)
-    assert plan == AfterRun("dead", TEN, None, None, 0, dead=True)
+    assert plan == AfterRun("dead", TEN, None, None, 0, dead=True, failed_occurrence=True)
 
 
 def test_given_one_off_with_retries_left_when_it_fails_then_it_is_retried():
@@ -635,7 +636,9 @@ def test_property_plan_after_failure_retries_with_backoff_until_the_budget_is_sp
     assert plan.next_run_at is None
     if retry_count >= max_retries:
         expected_state = "cancelled" if state == "cancelled" else "dead"
-        assert plan == AfterRun(expected_state, TEN, None, None, retry_count, dead=True)
+        assert plan == AfterRun(
+            expected_state, TEN, None, None, retry_count, dead=True, failed_occurrence=True
+        )
     else:
         backoff = compute_backoff(retry_count, base, base + extra)
         assert plan.delay == backoff + compute_jitter(jitter, fixed_rng(draw))
@@ -643,3 +646,100 @@ def test_property_plan_after_failure_retries_with_backoff_until_the_budget_is_sp
         assert plan.retry_count == retry_count + 1
         assert plan.state == (state if state in ("paused", "cancelled") else "scheduled")
         assert not plan.dead
+
+
+# --- when_retries_exhausted="next_occurrence": Celery beat's "the next one comes anyway" -------
+
+
+@pytest.mark.parametrize(
+    ("state", "expected_state"),
+    [("running", "scheduled"), ("paused", "paused"), ("cancelled", "cancelled")],
+)
+@pytest.mark.parametrize(("retry_count", "max_retries"), [(0, 0), (3, 3), (5, 3)])
+def test_given_carry_on_policy_when_retries_spent_then_the_job_waits_for_its_next_occurrence(
+    retry_count, max_retries, state, expected_state
+):
+    # "charge cards every minute", imported from Celery beat: a failed occurrence is followed
+    # by the next one, it is not retried (max_retries=0) and the job never goes dead.
+    job = facts(
+        schedule=EVERY_MINUTE,
+        state=state,
+        retry_count=retry_count,
+        max_retries=max_retries,
+        jitter=10,
+        when_retries_exhausted=NEXT_OCCURRENCE,
+    )
+    plan = plan_after_failure(job, delay=5 * SECOND, rng=fixed_rng(0.5))
+    assert plan == AfterRun(
+        expected_state,
+        utc("10:01:00"),
+        utc("10:01:05"),
+        None,
+        0,  # the next occurrence has its whole retry budget
+        dead=False,
+        failed_occurrence=True,
+    )
+
+
+def test_given_carry_on_policy_with_retries_left_when_it_fails_then_it_retries_first():
+    job = facts(retry_count=1, max_retries=3, when_retries_exhausted=NEXT_OCCURRENCE)
+    plan = plan_after_failure(job, rng=rng_must_not_be_called)
+    assert plan == AfterRun("scheduled", TEN, None, 20 * SECOND, 2)
+
+
+def test_given_carry_on_policy_and_a_rescheduled_job_when_retries_spent_then_new_schedule_goes_on():
+    new_first = utc("12:00:00")
+    job = facts(
+        scheduled_for=new_first,
+        next_run_at=new_first,
+        ran_for=TEN,
+        max_retries=0,
+        when_retries_exhausted=NEXT_OCCURRENCE,
+    )
+    plan = plan_after_failure(job, rng=rng_must_not_be_called)
+    assert plan == AfterRun("scheduled", new_first, new_first, None, 0, failed_occurrence=True)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [ONE_OFF, with_window(Interval(HOUR), None, utc("10:30:00"))],
+    ids=["one-off", "recurring-past-its-expires"],
+)
+def test_given_carry_on_policy_and_no_next_occurrence_when_retries_spent_then_the_job_is_dead(
+    schedule,
+):
+    # Nothing to go on with: the failure is left for a person (the dead letters), not ended
+    # as "succeeded" nor dropped without a trace.
+    job = facts(schedule=schedule, max_retries=0, when_retries_exhausted=NEXT_OCCURRENCE)
+    plan = plan_after_failure(job, rng=rng_must_not_be_called)
+    assert plan == AfterRun("dead", TEN, None, None, 0, dead=True, failed_occurrence=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    retry_count=st.integers(0, 20),
+    max_retries=st.integers(0, 20),
+    jitter=st.integers(0, 600),
+    draw=st.floats(0, 1, exclude_max=True),
+    schedule=st.sampled_from([Interval(HOUR), EVERY_MINUTE, parse_cron("0 9 * * 1-5", "UTC")]),
+)
+def test_property_carry_on_policy_never_kills_a_recurring_job(
+    retry_count, max_retries, jitter, draw, schedule
+):
+    job = facts(
+        schedule=schedule,
+        retry_count=retry_count,
+        max_retries=max_retries,
+        jitter=jitter,
+        when_retries_exhausted=NEXT_OCCURRENCE,
+    )
+    plan = plan_after_failure(job, rng=fixed_rng(draw))
+    assert not plan.dead
+    assert plan.state == "scheduled"
+    if retry_count < max_retries:  # a retry of the same occurrence, as under "dead"
+        assert plan == plan_after_failure(
+            replace(job, when_retries_exhausted="dead"), rng=fixed_rng(draw)
+        )
+    else:  # the next occurrence, exactly as after a success, the failure recorded
+        assert plan == replace(plan_after_success(job, fixed_rng(draw)), failed_occurrence=True)
+        assert plan.scheduled_for == next_fire_time(schedule, TEN)
