@@ -93,8 +93,10 @@ def schedule(
 
     The options are ``JobOptions``'s: the schedule, ``name``, ``priority``, ``queue``,
     ``max_retries``, ``jitter``, ``lease_seconds``, ``retry_backoff``, ``retry_backoff_max``,
-    ``misfire_policy``, ``misfire_grace``, ``misfire_max_catchup`` and ``description`` (free
-    text for people); Celery's semantics:
+    ``when_retries_exhausted`` (``"dead"``, the default, or ``"next_occurrence"``: an
+    occurrence whose retries are spent is recorded as failed and the job waits for its next
+    one, as under Celery beat), ``misfire_policy``, ``misfire_grace``,
+    ``misfire_max_catchup`` and ``description`` (free text for people); Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,

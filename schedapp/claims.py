@@ -1006,6 +1006,16 @@ def _complete_locked(
             error.splitlines()[0] if error else "",
             extra={"action": "dead", "job": job_id},
         )
+    elif plan.failed_occurrence:
+        log.warning(
+            "job %s: occurrence %s failed after %d attempt(s), going on with the next one "
+            "(when_retries_exhausted=next_occurrence): %s",
+            job_id,
+            run["scheduled_for"].isoformat(),
+            job.retry_count + 1,
+            error.splitlines()[0] if error else "",
+            extra={"action": "occurrence_failed", "job": job_id},
+        )
     return CompletionResult(Completion.APPLIED, dead=plan.dead)
 
 
@@ -1044,6 +1054,7 @@ def _facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
         retry_backoff=job.retry_backoff,
         retry_backoff_max=job.retry_backoff_max,
         jitter=job.jitter,
+        when_retries_exhausted=job.when_retries_exhausted,
     )
 
 
@@ -1072,6 +1083,8 @@ def _write_after_run(
         changes["last_error"] = _storable(error, ERROR_CHARS)
     if bump_token:
         changes["token"] = F("token") + 1
+    if plan.failed_occurrence:
+        changes["failed_occurrences"] = F("failed_occurrences") + 1
     updated = Job.objects.filter(id=job_id, token=token).update(**changes)
     assert updated == 1, "the row is locked by this transaction"
     if plan.state == JobState.SCHEDULED:

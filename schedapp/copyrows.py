@@ -41,6 +41,7 @@ COPY_COLUMNS = (
     "retry_backoff_max",
     "misfire_grace",
     "misfire_policy",
+    "when_retries_exhausted",
     "source",
     "next_run_at",
     "scheduled_for",
@@ -212,6 +213,7 @@ class TextRows(CopyRows):
             f"{v['lease_seconds']}\t{v['misfire_max_catchup']}\t"
             f"{_interval_text(v['retry_backoff'])}\t{_interval_text(v['retry_backoff_max'])}\t"
             f"{_interval_text(v['misfire_grace'])}\t{v['misfire_policy']}\t"
+            f"{v['when_retries_exhausted']}\t"
         )
 
 
@@ -357,6 +359,7 @@ class BinaryRows(CopyRows):
                 _b_interval(v["retry_backoff_max"]),
                 _b_interval(v["misfire_grace"]),
                 _b_text(v["misfire_policy"]),
+                _b_text(v["when_retries_exhausted"]),
             )
         )
 

@@ -37,6 +37,15 @@ Mapping, with Celery's semantics:
   leaves of a one-off it sent) is left out, and reported; so is a row named as a
   ``CELERY_BEAT_SCHEDULE`` entry (django-celery-beat's copy of it: the entry is synced, or
   imported with ``--from-settings``, not its copy).
+* Failures, as Celery beat has them: beat sends the next occurrence whatever the last one did
+  and never retries one (a task's own ``autoretry_for``/``self.retry`` are the task's, and
+  schedapp runs them as database-side retries of the occurrence). So every imported job (and
+  every job declared through ``beat_schedule``) gets ``max_retries=0`` and
+  ``when_retries_exhausted="next_occurrence"`` (``CELERY_FAILURES``): a failed occurrence is
+  recorded and the job waits for its next one, it is neither run again nor set aside as
+  dead. ``schedapp_import --retries N --on-exhausted dead`` asks for schedapp's own policy
+  instead (``with_failure_policy``). A one-off (``ClockedSchedule``, ``one_off``) has no next
+  occurrence: failed, it goes dead (a dead letter; it never fires again, as under Celery).
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -61,7 +70,7 @@ from .db import db_now
 from .display import describe_schedule, job_schedule_text, local_time, preview_text
 from .exceptions import ScheduleError
 from .models import Job, JobSource
-from .policies import RUN_RECENT
+from .policies import NEXT_OCCURRENCE, RUN_RECENT, WHEN_RETRIES_EXHAUSTED
 from .schedules import (
     Interval,
     Schedule,
@@ -87,6 +96,8 @@ from .validation import (
 
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"
+# Celery beat's handling of a failed run: no retry of the occurrence, the next one comes anyway.
+CELERY_FAILURES: dict[str, Any] = {"max_retries": 0, "when_retries_exhausted": NEXT_OCCURRENCE}
 
 
 @dataclass
@@ -379,6 +390,7 @@ def map_beat_entry(
             )
             return item
     item.spec.update(schedule)
+    item.spec.update(CELERY_FAILURES)
     item.spec["args"] = list(fields["args"])
     item.spec["kwargs"] = dict(fields["kwargs"])
     options = dict(fields["options"])
@@ -534,6 +546,7 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
     item.spec["queue"] = row.queue or ""
     if getattr(row, "description", ""):  # for people: what the task is for
         item.spec["description"] = row.description
+    item.spec.update(CELERY_FAILURES)
     message: dict[str, Any] = {}
     for key in ("exchange", "routing_key", "priority"):  # priority: the message's
         if getattr(row, key, None) not in (None, ""):
@@ -621,6 +634,31 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
         return
     item.spec["run_at"] = run_at
     item.notes.append(f"one_off: runs once at {item.spec['run_at']:%Y-%m-%d %H:%M:%S %Z}")
+
+
+def with_failure_policy(
+    candidates: Iterable[Candidate],
+    *,
+    retries: int | None = None,
+    when_exhausted: str | None = None,
+) -> list[Candidate]:
+    """The candidates with ``max_retries`` and/or ``when_retries_exhausted`` set to these
+    (None: Celery's, ``CELERY_FAILURES``), for an operator who wants schedapp's retries and
+    dead letters rather than Celery beat's "the next one comes anyway"."""
+    if when_exhausted is not None and when_exhausted not in WHEN_RETRIES_EXHAUSTED:
+        raise ValueError(
+            f"when_retries_exhausted {when_exhausted!r} is not one of "
+            f"{', '.join(WHEN_RETRIES_EXHAUSTED)}"
+        )
+    items = list(candidates)
+    for item in items:
+        if item.problem:
+            continue
+        if retries is not None:
+            item.spec["max_retries"] = retries
+        if when_exhausted is not None:
+            item.spec["when_retries_exhausted"] = when_exhausted
+    return items
 
 
 # --- writing -----------------------------------------------------------------------------------

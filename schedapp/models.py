@@ -19,7 +19,7 @@ from django.db.models.lookups import Exact
 
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
-from .policies import MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES
+from .policies import MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
 from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
 
 
@@ -196,6 +196,14 @@ class MisfirePolicy(models.TextChoices):
 assert tuple(MisfirePolicy.values) == MISFIRE_POLICIES
 
 
+class WhenRetriesExhausted(models.TextChoices):
+    DEAD = "dead", "Dead-letter the job (a person requeues it)"
+    NEXT_OCCURRENCE = "next_occurrence", "Record the failure, go on with the next occurrence"
+
+
+assert tuple(WhenRetriesExhausted.values) == WHEN_RETRIES_EXHAUSTED
+
+
 class Job(models.Model):
     # Unique through a constraint, not unique=True: on PostgreSQL that would add a second,
     # varchar_pattern_ops index that nothing uses, and every claim rewrites every index.
@@ -269,6 +277,15 @@ class Job(models.Model):
     max_retries = models.PositiveIntegerField(default=_default_max_retries)
     retry_backoff = models.DurationField(default=_default_backoff)
     retry_backoff_max = models.DurationField(default=_default_backoff_max)
+    when_retries_exhausted = models.CharField(
+        max_length=16,
+        choices=WhenRetriesExhausted.choices,
+        default=WhenRetriesExhausted.DEAD,
+        db_default=WhenRetriesExhausted.DEAD,
+        help_text="When an occurrence fails and its retries are spent: the job goes dead, or "
+        "(Celery beat's way) records the failure and waits for its next occurrence; a job "
+        "with no next occurrence goes dead either way.",
+    )
     jitter = models.PositiveIntegerField(
         default=0, help_text="Seconds: each fire is spread uniformly in [t, t + jitter]."
     )
@@ -285,6 +302,12 @@ class Job(models.Model):
     scheduled_for = models.DateTimeField(null=True, blank=True)
     retry_count = models.PositiveIntegerField(default=0)
     missed_runs = models.PositiveBigIntegerField(default=0)
+    failed_occurrences = models.PositiveBigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Occurrences that failed with their retries spent (the job then went dead, "
+        "or on to its next occurrence).",
+    )
 
     # The lease; only schedapp.claims writes these.
     claimed_by = models.CharField(max_length=200, blank=True, default="")

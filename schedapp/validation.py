@@ -31,7 +31,7 @@ from .conf import get_settings
 from .exceptions import ScheduleError
 from .message import RUN_HEADERS
 from .models import MAX_PRIORITY, MIN_PRIORITY, JobSource, field_default, schedule_of
-from .policies import MAX_DELAY, MISFIRE_POLICIES
+from .policies import MAX_DELAY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
 from .schedules import (
     Cron,
     Interval,
@@ -113,6 +113,7 @@ class JobOptions(TypedDict, total=False):
     lease_seconds: int | None
     retry_backoff: timedelta | float | None
     retry_backoff_max: timedelta | float | None
+    when_retries_exhausted: str | None
     misfire_policy: str | None
     misfire_grace: timedelta | float | None
     misfire_max_catchup: int | None
@@ -129,6 +130,7 @@ JOB_FIELDS: tuple[str, ...] = ("task", *JobOptions.__annotations__)
 POLICY_FIELDS = (
     "retry_backoff",
     "retry_backoff_max",
+    "when_retries_exhausted",
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",
@@ -146,6 +148,7 @@ OPTION_FIELDS = (
     "retry_backoff_max",
     "misfire_grace",
     "misfire_policy",
+    "when_retries_exhausted",
 )
 _KNOWN_FIELDS = frozenset(JOB_FIELDS)
 _option_values = operator.itemgetter(*OPTION_FIELDS)
@@ -843,6 +846,17 @@ def _options_verdict(given: tuple[Any, ...]) -> Options:
         )
     else:
         out["misfire_policy"] = policy
+
+    exhausted = values["when_retries_exhausted"]
+    if exhausted not in WHEN_RETRIES_EXHAUSTED:
+        errors.append(
+            (
+                "when_retries_exhausted",
+                f"{exhausted!r} is not one of {', '.join(WHEN_RETRIES_EXHAUSTED)}.",
+            )
+        )
+    else:
+        out["when_retries_exhausted"] = exhausted
     return Options(out, tuple(errors))
 
 

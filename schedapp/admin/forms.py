@@ -59,6 +59,7 @@ FORM_FIELDS = [
     "max_retries",
     "retry_backoff",
     "retry_backoff_max",
+    "when_retries_exhausted",
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",

@@ -50,6 +50,7 @@ def form_data(**overrides: object) -> dict[str, object]:
         "retry_backoff": "00:00:10",
         "retry_backoff_max": "01:00:00",
         "misfire_policy": "run_once",
+        "when_retries_exhausted": "dead",
         "misfire_grace": "00:01:00",
         "misfire_max_catchup": "100",
     }

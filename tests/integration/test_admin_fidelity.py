@@ -68,6 +68,7 @@ def test_the_change_form_edits_celerys_fields_and_message_options(admin_client):
         "retry_backoff": "10",
         "retry_backoff_max": "3600",
         "misfire_policy": "run_once",
+        "when_retries_exhausted": "dead",
         "misfire_grace": "60",
         "misfire_max_catchup": "100",
     }  # cron_day_or unticked: Celery's AND of the day fields

@@ -76,6 +76,7 @@ fields = {
     "retry_backoff": text,
     "retry_backoff_max": text,
     "misfire_policy": st.one_of(text, st.sampled_from(["skip", "run_all"])),
+    "when_retries_exhausted": st.one_of(text, st.sampled_from(["dead", "next_occurrence"])),
     "misfire_grace": text,
     "misfire_max_catchup": text,
 }

@@ -35,6 +35,9 @@ def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options(
         "args": ["report"],
         "kwargs": {},
         "message_options": {"queue": "reports", "expires": 30},
+        # Celery beat's failures: no retry, the next occurrence comes anyway
+        "max_retries": 0,
+        "when_retries_exhausted": "next_occurrence",
     }
     assert item.notes == []
 

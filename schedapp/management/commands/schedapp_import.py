@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from schedapp import importer
+from schedapp.policies import WHEN_RETRIES_EXHAUSTED
 
 
 class Command(BaseCommand):
@@ -46,6 +47,20 @@ class Command(BaseCommand):
             "(next run one interval after the last one beat sent) instead of restarting now.",
         )
         parser.add_argument(
+            "--retries",
+            type=int,
+            metavar="N",
+            help="Retries of a failed occurrence (default 0: Celery beat retries nothing, it "
+            "sends the next occurrence).",
+        )
+        parser.add_argument(
+            "--on-exhausted",
+            choices=WHEN_RETRIES_EXHAUSTED,
+            help="When an occurrence's retries are spent: next_occurrence (the default, Celery "
+            "beat's: the failure is recorded and the next occurrence runs) or dead (the job is "
+            "set aside for a person, schedapp's default for its own jobs).",
+        )
+        parser.add_argument(
             "--strict",
             action="store_true",
             help="Exit non-zero if any entry is not mapped, invalid, or has a setting that "
@@ -72,6 +87,11 @@ class Command(BaseCommand):
         if not candidates:
             self.stdout.write("nothing to import")
             return
+        if options["retries"] is not None and options["retries"] < 0:
+            raise CommandError("--retries must be 0 or more")
+        candidates = importer.with_failure_policy(
+            candidates, retries=options["retries"], when_exhausted=options["on_exhausted"]
+        )
         report = importer.import_candidates(
             candidates, update=options["update"], dry_run=options["dry_run"]
         )
