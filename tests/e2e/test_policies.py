@@ -197,3 +197,44 @@ def test_once_turns_a_duplicate_delivery_of_an_occurrence_into_one_effect(fleet)
     assert second_run.scheduled_for == first_run.scheduled_for
     assert second_run.token != first_run.token
     assert Execution.objects.filter(job_id=job.pk).count() == 1
+
+
+def test_a_recurring_job_without_retries_that_always_fails_goes_on_occurrence_after_occurrence(
+    fleet,
+):
+    # Given "charge cards every second" as an import from Celery beat makes it: no retry, and
+    # a failed occurrence followed by the next one (issue 29 item 1); its task always raises
+    fleet.beat()
+    fleet.worker(concurrency=2)
+    job = api.schedule(
+        "project.tasks.fail",
+        kwargs={"label": "charge"},
+        cron="* * * * * *",
+        timezone="UTC",
+        max_retries=0,
+        when_retries_exhausted="next_occurrence",
+        name="charge-cards",
+    )
+    # When it has failed several occurrences (one run each, never a retry)
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).failed_occurrences >= 4,
+        timeout=60,
+        message="four occurrences failed",
+    )
+    # Then it was never dead, each run was a first attempt for its own occurrence, and it is
+    # still scheduled (or running its next occurrence)
+    job.refresh_from_db()
+    assert job.state in (JobState.SCHEDULED, JobState.RUNNING), job.state
+    assert job.retry_count == 0
+    assert "RuntimeError: charge failed on purpose" in job.last_error
+    failed = list(
+        JobRun.objects.filter(job=job, status=RunStatus.FAILED).values_list(
+            "attempt", "scheduled_for"
+        )
+    )
+    assert len(failed) >= 4
+    assert {attempt for attempt, _ in failed} == {1}  # no retry
+    occurrences = [when for _, when in failed]
+    assert len(set(occurrences)) == len(occurrences)  # one run per occurrence
+    assert not JobRun.objects.filter(job=job, attempt__gt=1).exists()
+    assert not Job.objects.filter(pk=job.pk, state=JobState.DEAD).exists()
