@@ -246,7 +246,9 @@ class LeaseScheduler(Scheduler):
         claimed_at = time.monotonic()
         reap = result.reap
         metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
-        metrics.reaped(reap.expired, started=reap.started, dead=reap.dead)
+        metrics.reaped(
+            reap.expired, started=reap.started, dead=reap.dead, carried_on=reap.carried_on
+        )
         metrics.quarantined(len(result.quarantined) + len(reap.quarantined), "beat")
         self.stats["claimed"] += result.claimed
         self.stats["reaped"] += reap.expired

@@ -96,6 +96,7 @@ class ReapResult:
     expired: int = 0  # leases reaped
     started: int = 0  # ... whose run had started (a failed attempt)
     dead: int = 0  # ... which exhausted the job's retries
+    carried_on: int = 0  # ... which exhausted them and went on with the next occurrence
     dropped: int = 0  # ... never started, their message expired: occurrence dropped
     quarantined: list[Quarantined] = field(default_factory=list)
 
@@ -567,6 +568,7 @@ def _reap(
             bump_token=True,
         )
         result.dead += plan.dead
+        result.carried_on += plan.failed_occurrence and not plan.dead
     dropped = f"; {len(unsent)} never started, their message expired: dropped" if unsent else ""
     log.warning(
         "reaped %d expired lease(s) (%d had started%s)",
@@ -729,6 +731,8 @@ class CompletionResult:
     completion: Completion
     dead: bool = False  # this failure exhausted the job's retries
     quarantined: Quarantined | None = None
+    # this failure exhausted them and the job went on with its next occurrence
+    carried_on: bool = False
 
     @property
     def applied(self) -> bool:
@@ -1016,7 +1020,9 @@ def _complete_locked(
             error.splitlines()[0] if error else "",
             extra={"action": "occurrence_failed", "job": job_id},
         )
-    return CompletionResult(Completion.APPLIED, dead=plan.dead)
+    return CompletionResult(
+        Completion.APPLIED, dead=plan.dead, carried_on=plan.failed_occurrence and not plan.dead
+    )
 
 
 ERROR_CHARS, TRACEBACK_CHARS = 10000, 50000  # what a run (and a job) keeps of them

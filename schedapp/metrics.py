@@ -102,6 +102,12 @@ STALE_COMPLETIONS = _metric(
     "Completions that arrived after their lease was lost (not applied).",
 )
 DEAD_LETTERS = _metric("Counter", "schedapp_dead_letters", "Jobs that exhausted their retries.")
+FAILED_OCCURRENCES = _metric(
+    "Counter",
+    "schedapp_failed_occurrences",
+    "Occurrences given up with their retries spent, the job going on with its next one "
+    "(when_retries_exhausted=next_occurrence).",
+)
 HEARTBEATS = _metric(
     "Counter", "schedapp_heartbeats", "Heartbeats recorded, by node kind.", ("kind",)
 )
@@ -152,15 +158,18 @@ def claimed(count: int, *, misfires_skipped: int = 0) -> None:
         MISFIRES_SKIPPED.inc(misfires_skipped)
 
 
-def reaped(expired: int, *, started: int = 0, dead: int = 0) -> None:
+def reaped(expired: int, *, started: int = 0, dead: int = 0, carried_on: int = 0) -> None:
     """Leases reaped: ``started`` of them had a run executing (a failed attempt), ``dead``
-    exhausted their job's retries."""
+    exhausted their job's retries, ``carried_on`` exhausted them and went on with their job's
+    next occurrence."""
     if expired:
         LEASE_EXPIRIES.inc(expired)
     if started:
         RUNS_FINISHED.labels(status="lost").inc(started)
     if dead:
         DEAD_LETTERS.inc(dead)
+    if carried_on:
+        FAILED_OCCURRENCES.inc(carried_on)
 
 
 def quarantined(count: int, where: str) -> None:
@@ -193,13 +202,18 @@ def door_skipped(reason: str) -> None:
     DOOR_SKIPS.labels(reason=reason).inc()
 
 
-def run_finished(status: str, *, stale: bool = False, dead: bool = False) -> None:
-    """A completion: ``status`` is the run's (succeeded, failed, lost, cancelled)."""
+def run_finished(
+    status: str, *, stale: bool = False, dead: bool = False, carried_on: bool = False
+) -> None:
+    """A completion: ``status`` is the run's (succeeded, failed, lost, cancelled); ``dead``:
+    its job went dead, ``carried_on``: its occurrence was given up and the job went on."""
     RUNS_FINISHED.labels(status=status).inc()
     if stale:
         STALE_COMPLETIONS.inc()
     if dead:
         DEAD_LETTERS.inc()
+    if carried_on:
+        FAILED_OCCURRENCES.inc()
 
 
 def heartbeat(kind: str, *, renewed: int = 0, lost: int = 0) -> None:

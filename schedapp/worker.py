@@ -781,7 +781,10 @@ class WorkerHooks:
             metrics.run_finished("cancelled")
         elif result.completion is not Completion.ALREADY_RECORDED:
             metrics.run_finished(
-                outcome, stale=result.completion is Completion.STALE, dead=result.dead
+                outcome,
+                stale=result.completion is Completion.STALE,
+                dead=result.dead,
+                carried_on=result.carried_on,
             )
 
 

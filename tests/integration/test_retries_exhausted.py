@@ -42,7 +42,7 @@ def test_a_failed_occurrence_with_no_retries_goes_on_to_the_next_one_and_is_coun
     first = job.scheduled_for
     for n in (1, 2, 3):
         result = fail_due_occurrence(job, error=f"card declined {n}\ntraceback...")
-        assert result.applied and not result.dead
+        assert result.applied and not result.dead and result.carried_on
         job.refresh_from_db()
         assert job.state == JobState.SCHEDULED
         assert job.scheduled_for == first + timedelta(minutes=n)  # the next occurrence
@@ -61,7 +61,7 @@ def test_by_default_a_job_with_no_retries_is_dead_at_its_first_failure():
     assert job.when_retries_exhausted == "dead"
     result = fail_due_occurrence(job)
     job.refresh_from_db()
-    assert result.dead and job.state == JobState.DEAD
+    assert result.dead and job.state == JobState.DEAD and not result.carried_on
     assert job.failed_occurrences == 1
 
 
@@ -105,7 +105,7 @@ def test_a_lost_lease_with_its_retries_spent_goes_on_to_the_next_occurrence():
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
     reaped = claims.reap_expired_leases(10)
     job.refresh_from_db()
-    assert (reaped.started, reaped.dead) == (1, 0)
+    assert (reaped.started, reaped.dead, reaped.carried_on) == (1, 0, 1)
     assert (job.state, job.scheduled_for) == (JobState.SCHEDULED, first + timedelta(minutes=10))
     assert (job.failed_occurrences, job.last_error) == (1, "lease expired while running")
 
@@ -223,3 +223,23 @@ def test_django_celery_beat_tasks_import_with_no_retry_and_carry_on_unless_told_
     )
     job.refresh_from_db()
     assert (job.max_retries, job.when_retries_exhausted) == (2, "dead")
+
+
+def test_a_carried_on_failure_is_counted_in_its_own_metric_not_in_the_dead_letters():
+    from prometheus_client import REGISTRY
+
+    from schedapp import metrics
+    from schedapp.worker import WorkerHooks
+
+    def value(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    before = (value("schedapp_failed_occurrences_total"), value("schedapp_dead_letters_total"))
+    job = api.schedule(
+        TASK, name="counted", interval=60, max_retries=0, when_retries_exhausted=CARRY_ON
+    )
+    result = fail_due_occurrence(job)
+    WorkerHooks._observe(result, claims.FAILED)  # what a worker does with its outcome
+    metrics.reaped(1, started=1, carried_on=2)
+    after = (value("schedapp_failed_occurrences_total"), value("schedapp_dead_letters_total"))
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 0)
