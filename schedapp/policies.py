@@ -249,8 +249,15 @@ def plan_after_failure(
     rather than failing quietly forever; under ``next_occurrence`` the failure is recorded and
     the job waits for its next occurrence, as under Celery beat. A job with no next occurrence
     (a one-off, or past its ``expires_at``) has nothing to go on with: it goes ``dead``.
+
+    Under ``next_occurrence`` a retry the task asked for itself (``delay`` given:
+    ``self.retry``, ``autoretry_for``) is granted whatever the job's ``max_retries``, as
+    Celery's worker runs its retry message: Celery's ``Task.retry`` has already checked the
+    task's own ``max_retries`` (the message carries the occurrence's retries so far) and
+    raises the failure itself past them. The job's budget bounds the retries schedapp adds.
     """
-    if job.retry_count >= job.max_retries:
+    task_retry = delay is not None and job.when_retries_exhausted == NEXT_OCCURRENCE
+    if job.retry_count >= job.max_retries and not task_retry:
         if job.when_retries_exhausted == NEXT_OCCURRENCE and not isinstance(job.schedule, Once):
             plan = plan_after_success(job, rng=rng)
             if plan.next_run_at is not None:

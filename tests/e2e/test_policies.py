@@ -238,3 +238,39 @@ def test_a_recurring_job_without_retries_that_always_fails_goes_on_occurrence_af
     assert len(set(occurrences)) == len(occurrences)  # one run per occurrence
     assert not JobRun.objects.filter(job=job, attempt__gt=1).exists()
     assert not Job.objects.filter(pk=job.pk, state=JobState.DEAD).exists()
+
+
+def test_an_imported_job_whose_task_autoretries_runs_the_tasks_retries_then_goes_on(fleet):
+    # Given an imported job (no retry of its own, carry on) whose task is
+    # @task(autoretry_for=(RuntimeError,), retry_backoff=1): under Celery beat each
+    # occurrence runs 4 times (the task's 3 retries), then the next occurrence comes
+    fleet.beat()
+    fleet.worker(concurrency=2)
+    job = api.schedule(
+        "project.tasks.autoretry",
+        kwargs={"label": "auto"},
+        interval=3600,
+        max_retries=0,
+        when_retries_exhausted="next_occurrence",
+        name="auto-imported",
+    )
+    first = job.scheduled_for
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now())
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).failed_occurrences == 1,
+        timeout=60,
+        message="the occurrence given up after the task's retries",
+    )
+    job.refresh_from_db()
+    # Then the task's retries ran (self.request.retries 0..3), and the job waits for its next
+    # occurrence instead of going dead
+    labels = list(
+        Execution.objects.filter(job_id=job.pk).order_by("id").values_list("label", flat=True)
+    )
+    assert labels == ["auto:0", "auto:1", "auto:2", "auto:3"]
+    runs = list(JobRun.objects.filter(job=job).order_by("id"))
+    assert [r.attempt for r in runs] == [1, 2, 3, 4]
+    assert {r.scheduled_for for r in runs} == {first}
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 0)
+    assert job.scheduled_for == first + timedelta(hours=1)
+    assert job.last_error == "RuntimeError: auto fails on purpose"

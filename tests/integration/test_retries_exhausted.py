@@ -56,6 +56,31 @@ def test_a_failed_occurrence_with_no_retries_goes_on_to_the_next_one_and_is_coun
     )
 
 
+def test_a_retry_the_task_asks_for_is_run_then_its_final_failure_goes_on():
+    # autoretry_for / self.retry on an imported job (max_retries=0): as under Celery's worker
+    job = api.schedule(
+        TASK, name="autoretry", interval=3600, max_retries=0, when_retries_exhausted=CARRY_ON
+    )
+    first = job.scheduled_for
+    for n in (1, 2):
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
+        (run,) = claim_due_jobs("beat-1", 10).runs
+        admit_run(job.pk, run.token, "w1", f"a{run.token}")
+        result = complete_run(
+            job.pk, run.token, claims.FAILED, error="retry requested", retry_delay=timedelta(0)
+        )
+        assert result.applied and not result.carried_on
+        job.refresh_from_db()
+        assert (job.scheduled_for, job.retry_count, job.failed_occurrences) == (first, n, 0)
+    # past the task's own max_retries Celery raises the failure itself: a plain failure
+    assert fail_due_occurrence(job).carried_on
+    job.refresh_from_db()
+    assert (job.scheduled_for, job.retry_count) == (first + timedelta(hours=1), 0)
+    assert list(
+        JobRun.objects.filter(job=job).order_by("id").values_list("attempt", flat=True)
+    ) == [1, 2, 3]
+
+
 def test_by_default_a_job_with_no_retries_is_dead_at_its_first_failure():
     job = api.schedule(TASK, name="default", cron="* * * * *", max_retries=0)
     assert job.when_retries_exhausted == "dead"

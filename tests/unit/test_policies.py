@@ -669,7 +669,7 @@ def test_given_carry_on_policy_when_retries_spent_then_the_job_waits_for_its_nex
         jitter=10,
         when_retries_exhausted=NEXT_OCCURRENCE,
     )
-    plan = plan_after_failure(job, delay=5 * SECOND, rng=fixed_rng(0.5))
+    plan = plan_after_failure(job, rng=fixed_rng(0.5))
     assert plan == AfterRun(
         expected_state,
         utc("10:01:00"),
@@ -679,6 +679,37 @@ def test_given_carry_on_policy_when_retries_spent_then_the_job_waits_for_its_nex
         dead=False,
         failed_occurrence=True,
     )
+
+
+@pytest.mark.parametrize("retry_count", [0, 3, 7])
+def test_given_carry_on_policy_when_the_task_asks_for_a_retry_then_it_is_retried_as_celery_would(
+    retry_count,
+):
+    # An imported job (max_retries=0) whose task uses autoretry_for / self.retry: Celery's
+    # Task.retry checked the task's own max_retries before asking, and Celery's worker would
+    # run the retry message; the job's budget is for schedapp's own retries of a failure.
+    job = facts(
+        schedule=EVERY_MINUTE,
+        retry_count=retry_count,
+        max_retries=0,
+        jitter=4,
+        when_retries_exhausted=NEXT_OCCURRENCE,
+    )
+    plan = plan_after_failure(job, delay=5 * SECOND, rng=fixed_rng(0.5))
+    assert plan == AfterRun("scheduled", TEN, None, 7 * SECOND, retry_count + 1)
+    # a plain failure (Celery raised it past the task's own max_retries) goes on
+    plan = plan_after_failure(job, rng=fixed_rng(0.5))
+    assert (plan.scheduled_for, plan.retry_count, plan.failed_occurrence) == (
+        utc("10:01:00"),
+        0,
+        True,
+    )
+
+
+def test_given_dead_policy_when_the_task_asks_for_a_retry_past_the_budget_then_the_job_is_dead():
+    job = facts(retry_count=3, max_retries=3)
+    plan = plan_after_failure(job, delay=5 * SECOND, rng=rng_must_not_be_called)
+    assert plan.dead and plan.state == "dead"
 
 
 def test_given_carry_on_policy_with_retries_left_when_it_fails_then_it_retries_first():
