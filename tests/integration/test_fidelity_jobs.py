@@ -179,6 +179,8 @@ def test_an_import_with_beat_state_keeps_each_intervals_phase(tmp_path, monkeypa
     # Then the job runs when Celery would have: one interval after the last run, not after now
     job = Job.objects.get(name="ping")
     assert job.next_run_at == last + timedelta(minutes=10)
+    # ... and a failed run is not retried, the next one comes anyway (issue 29 item 1)
+    assert (job.max_retries, job.when_retries_exhausted) == (0, "next_occurrence")
 
 
 def test_a_row_written_without_message_options_gets_an_empty_mapping():
