@@ -12,7 +12,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('schedapp', '0013_run_recent_policy'),
+        ('schedapp', '0016_job_constraints'),
     ]
 
     operations = [
