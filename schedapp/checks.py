@@ -29,7 +29,9 @@ def register() -> None:
     checks.register(check_dependencies, "schedapp")
     checks.register(check_declared_jobs, "schedapp")
     checks.register(check_beat_schedule, "schedapp")
-    checks.register(check_declared_names, "schedapp")
+    # Tagged 'database': Django 6.1 hands every other check all the database aliases when
+    # none is named (Celery's fixup, in each beat and worker's start), and leaves these out.
+    checks.register(check_declared_names, "schedapp", checks.Tags.database)
     checks.register(check_database, "schedapp", deploy=True)
     checks.register(check_allowlist, "schedapp", deploy=True)
     checks.register(check_metrics_exposure, "schedapp", deploy=True)
@@ -488,8 +490,9 @@ def check_declared_names(
     It reads the job table, so it runs, as Django's database checks do, only when asked to
     check the default database (``manage.py check --database default``; ``migrate`` asks
     too): Celery's Django fixup runs every check in each beat and worker as it loads the
-    tasks modules, which must not wait on the database. A beat names each conflict in a
-    warning at its start."""
+    tasks modules, which must not wait on the database (Django 6.1 gives that run every
+    alias, so the check is also tagged 'database', which it then leaves out). A beat names
+    each conflict in a warning at its start."""
     if not databases or "default" not in databases:
         return []
     names = list(_declarations())

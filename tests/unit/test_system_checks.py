@@ -528,3 +528,20 @@ def test_deploy_warns_that_the_metrics_port_takes_no_token():
         assert "schedapp.W014" not in check_ids()
         found = message("schedapp.W014", deploy=True)
     assert "9100" in found.msg and "SCHEDAPP_METRICS_TOKEN does not protect it" in found.msg
+def test_the_checks_celerys_django_fixup_runs_ask_nothing_of_the_database():
+    """Celery's Django fixup runs every system check (``run_checks()``, no database named) in
+    each beat and worker as it loads the tasks modules. Django 6.1 then hands the checks every
+    database alias, unless they are tagged 'database', which it leaves out: the check of
+    declared names, which reads the job table, queried from every process's start (pytest
+    blocks database access here, so a query raises)."""
+    from django.core.checks import run_checks
+
+    # Given a job declared in code, whose name the check would look up
+    jobs = {"add": {"task": "project.tasks.add", "cron": "*/5 * * * *"}}
+
+    # When every check runs as Celery's fixup runs them, no database named
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        found = run_checks()
+
+    # Then none read the database (a query raises above), and nothing is reported
+    assert [m.id for m in found if m.id.startswith("schedapp.")] == []
