@@ -135,7 +135,7 @@ class JobForm(forms.ModelForm):
         for name in ("task", "timezone"):
             if name in self.fields:
                 _datalist(self.fields[name], f"schedapp-{name}s")
-        for name in ("args", "kwargs"):
+        for name in ("args", "kwargs", "description", "message_options"):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
         instance = self.instance

@@ -81,7 +81,11 @@ _EDITABLE = (
         },
     ),
 )
+# The status header above the form says the state, next and last run, retries and the last
+# error's first line: the State section has them in full (and the whole error), folded; the
+# latest runs stay open.
 _STATUS = (
+    ("Runs", {"fields": ("runs",)}),
     (
         "State",
         {
@@ -95,8 +99,8 @@ _STATUS = (
                 "failed_occurrences",
                 "last_run",
                 "last_error_text",
-                "runs",
-            )
+            ),
+            "classes": ("collapse",),
         },
     ),
     (

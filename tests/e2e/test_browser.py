@@ -346,9 +346,12 @@ def test_the_admin_a_person_lives_in_at_1400_pixels_on_a_berlin_server(
     expect(page.locator("#id_cron")).to_be_visible()
     expect(page.locator("#id_interval")).to_be_hidden()
     expect(page.locator("#id_run_at_0")).to_be_hidden()
+    # ... the State section, which the header says, folded; the latest runs open
+    expect(page.locator(".field-last_error_text")).to_be_hidden()
+    expect(page.locator(".field-runs")).to_be_visible()
     page.screenshot(path=str(SHOTS_DAILY / "job-dead-1400.png"), full_page=True)
     height = page.evaluate("() => document.documentElement.scrollHeight")
-    assert height < 4000, height
+    assert height < 3200, height  # 3,867 on Django 6.1 with the State section open
     _no_sideways_scroll(page)
 
     # item 9 and 7: a new job: pick the task, choose the kind, no note of the server's zone

@@ -358,3 +358,45 @@ def test_a_task_not_registered_in_the_web_process_is_saved_with_a_warning(admin_
     )
     assert denied.status_code == 200 and not Job.objects.filter(name="denied").exists()
     assert "not allowed" in text(denied.content.decode())
+
+
+def fieldset_of(html: str, css_class: str) -> tuple[str, str]:
+    """The classes and the content of the admin's fieldset holding the field row `css_class`
+    (the module fieldset: 6.1 nests a fieldset per multi-input field)."""
+    at = html.find(f"form-row {css_class}")
+    assert at >= 0, css_class
+    starts = list(re.finditer(r'<fieldset class="module aligned ?([^"]*)"', html[:at]))
+    assert starts, css_class
+    return starts[-1].group(1), html[starts[-1].start() : html.index("</fieldset>", at)]
+
+
+def test_what_the_status_header_says_is_folded_below_and_the_runs_stay_in_sight(admin_client):
+    """The State section at the bottom repeated the header (state, next and last run, retries,
+    the last error) and made a dead job's page ~3,900 px tall at 1,400 px."""
+    # Given a dead job with runs
+    job = api.schedule("project.tasks.record", cron="0 3 * * *", name="folded")
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.DEAD,
+        retry_count=3,
+        last_status="failed",
+        last_run_at=db_now(),
+        last_error="RuntimeError: the ledger is locked\nTraceback ...",
+    )
+
+    # When the operator opens it
+    html = job_page(admin_client, job)
+
+    # Then the state in full (and the whole error) is in a folded section
+    classes, state = fieldset_of(html, "field-last_error_text")
+    assert "collapse" in classes.split(), classes
+    assert "Traceback" in state
+    for row in ("field-state_badge", "field-next_run", "field-last_run", "field-retry_count"):
+        assert fieldset_of(html, row) == (classes, state), row
+    # ... while the runs table is open, in a section of its own
+    classes, runs = fieldset_of(html, "field-runs")
+    assert "collapse" not in classes.split(), classes
+    assert "field-last_error_text" not in runs
+    # ... and the descriptions and message options take two lines, as args and kwargs do
+    for name in ("description", "message_options"):
+        area = re.search(rf'<textarea[^>]*id="id_{name}"[^>]*>', html)
+        assert area is not None and 'rows="2"' in area.group(0), (name, area)
