@@ -361,13 +361,15 @@ def test_a_task_not_registered_in_the_web_process_is_saved_with_a_warning(admin_
 
 
 def fieldset_of(html: str, css_class: str) -> tuple[str, str]:
-    """The classes and the content of the admin's fieldset holding the field row `css_class`
-    (the module fieldset: 6.1 nests a fieldset per multi-input field)."""
+    """The classes and the HTML of the admin's section (its module fieldset; 6.1 nests a
+    fieldset in it per date-time) that holds the field row ``css_class``."""
     at = html.find(f"form-row {css_class}")
     assert at >= 0, css_class
-    starts = list(re.finditer(r'<fieldset class="module aligned ?([^"]*)"', html[:at]))
-    assert starts, css_class
-    return starts[-1].group(1), html[starts[-1].start() : html.index("</fieldset>", at)]
+    modules = list(re.finditer(r'<fieldset class="module aligned ?([^"]*)"', html))
+    mine = [m for m in modules if m.start() < at][-1]
+    later = [m.start() for m in modules if m.start() > at]
+    end = later[0] if later else html.index("</form>", at)
+    return mine.group(1), html[mine.start() : end]
 
 
 def test_what_the_status_header_says_is_folded_below_and_the_runs_stay_in_sight(admin_client):
@@ -400,3 +402,43 @@ def test_what_the_status_header_says_is_folded_below_and_the_runs_stay_in_sight(
     for name in ("description", "message_options"):
         area = re.search(rf'<textarea[^>]*id="id_{name}"[^>]*>', html)
         assert area is not None and 'rows="2"' in area.group(0), (name, area)
+
+
+def test_the_optional_window_is_folded_until_a_job_has_one(admin_client):
+    """Not before and ends at are optional and rarely set; on Django 6.1, whose admin puts
+    labels above the fields, their date and time inputs took ~430 px of every job page."""
+    # Given a job without a window, and one with an end
+    plain = api.schedule("project.tasks.record", cron="0 3 * * *", name="no-window")
+    ending = api.schedule(
+        "project.tasks.record",
+        cron="0 3 * * *",
+        name="with-end",
+        expires_at=db_now() + timedelta(days=30),
+    )
+
+    # When the operator opens each, and the add form
+    # Then the window's inputs are in a folded section of their own where nothing is set
+    for html in (
+        job_page(admin_client, plain),
+        admin_client.get(reverse("admin:schedapp_job_add")).content.decode(),
+    ):
+        classes, window = fieldset_of(html, "field-not_before")
+        assert "collapse" in classes.split(), classes
+        assert fieldset_of(html, "field-expires_at")[1] == window
+        assert "field-cron" not in window and "field-timezone" not in window
+    # ... and open where the job has one
+    classes, window = fieldset_of(job_page(admin_client, ending), "field-expires_at")
+    assert "collapse" not in classes.split(), classes
+    assert "field-cron" not in window
+
+    # ... and open when a refused form comes back with a window typed in (its error elsewhere)
+    from tests.integration.test_admin import form_data
+
+    refused = admin_client.post(
+        reverse("admin:schedapp_job_add"),
+        form_data(task="", not_before_0="2030-01-01", not_before_1="08:00:00"),
+    )
+    assert refused.status_code == 200
+    classes, window = fieldset_of(refused.content.decode(), "field-not_before")
+    assert "collapse" not in classes.split(), classes
+    assert 'value="2030-01-01"' in window
