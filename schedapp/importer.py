@@ -808,6 +808,7 @@ def preview_lines(item: Candidate, now: datetime) -> list[str]:
         lines.append(f"queue: {values['queue']}")
     if values["description"]:
         lines.append(f"description: {values['description']!r}")
+    lines.append(f"on failure: {failure_text(values)}")
     if "misfire_policy" in item.spec:
         lines.append(f"misfire: {values['misfire_policy']}, grace {values['misfire_grace']}")
     if item.paused:
@@ -849,6 +850,16 @@ def _schedule_text(values: Mapping[str, Any]) -> str:
         not_before=values.get("not_before"),
         expires_at=values.get("expires_at"),
     )
+
+
+def failure_text(values: Mapping[str, Any]) -> str:
+    """What a failed occurrence of the job leads to, in words (a dry run says it before a
+    team switches: Celery beat never retries an occurrence, schedapp's default does)."""
+    retries = values["max_retries"]
+    tries = "no retry" if not retries else f"up to {retries} retr{'y' if retries == 1 else 'ies'}"
+    if values["when_retries_exhausted"] == NEXT_OCCURRENCE:
+        return f"{tries}; the next occurrence runs (as under Celery beat)"
+    return f"{tries}, then the job is dead (a dead letter)"
 
 
 def _options_text(options: Mapping[str, Any] | None) -> str:

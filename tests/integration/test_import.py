@@ -491,6 +491,18 @@ def test_dry_run_shows_each_entry_and_consumes_no_job_ids():
     assert "task: project.tasks.record args ['report']" in block
 
 
+def test_dry_run_says_what_a_failure_does_as_the_import_would_set_it():
+    """The importers default to Celery beat's failures (no retry, the next occurrence runs);
+    a dry run, read before migrating, says so for each entry, and what --retries asks for."""
+    with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
+        out, _ = run("--dry-run")
+        block = out.split("would create: weekday-report\n")[1].split("would create:")[0]
+        assert "on failure: no retry; the next occurrence runs (as under Celery beat)" in block
+        out, _ = run("--dry-run", "--retries", "2", "--on-exhausted", "dead")
+        block = out.split("would create: weekday-report\n")[1].split("would create:")[0]
+        assert "on failure: up to 2 retries, then the job is dead (a dead letter)" in block
+
+
 def test_dry_run_of_an_update_shows_the_diff():
     with override_settings(CELERY_BEAT_SCHEDULE=BEAT_SCHEDULE):
         run()
