@@ -312,7 +312,8 @@ def test_a_worker_that_only_refused_a_stale_copy_raises_no_lost_lease_alarm(flee
     # When a copy of its message reaches the worker (a redelivery), which refuses it
     assert not Dispatcher(app).publish([run]).failed
     wait_until(
-        lambda: f"job {job.pk} token {run.token} delivered but not executed" in worker.log(),
+        lambda: f"job {job.pk} (project.tasks.record) token {run.token} delivered but not "
+        "executed" in worker.log(),
         timeout=30,
         message="the door refused the copy",
     )
