@@ -418,7 +418,7 @@ def db_clock_offset() -> float:
 def collect(beats_stopped_at: datetime) -> dict[str, Any]:
     """The histories the oracle needs, read from the database, on this host's clock."""
     from project.models import Execution
-    from schedapp.claims import job_schedule
+    from schedapp.lease import job_schedule
     from schedapp.models import Job, JobRun
     from schedapp.schedules import fire_times
 

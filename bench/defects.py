@@ -48,7 +48,7 @@ def _unrenewed_reserved() -> None:
     from celery import signals
     from celery.worker import state as worker_state
 
-    from schedapp.claims import admit_run
+    from schedapp.lease import admit_run
     from schedapp.message import parse_task_id
     from schedapp.store.base import DoorVerdict
     from schedapp.worker import WorkerHooks

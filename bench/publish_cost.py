@@ -25,7 +25,7 @@ BATCH = 500
 
 
 def _runs() -> list[Any]:
-    from schedapp.claims import ClaimedRun
+    from schedapp.lease import ClaimedRun
 
     t = datetime(2030, 1, 1, tzinfo=UTC)
     return [

@@ -70,7 +70,7 @@ def time_claims(repeat: int) -> dict[str, Any]:
     same 500 rows."""
     from django.db import connection, transaction
 
-    from schedapp.claims import claim_due_jobs, seconds_until_due
+    from schedapp.lease import claim_due_jobs, seconds_until_due
 
     times, next_due, claimed = [], [], 0
     for _ in range(repeat):

@@ -16,13 +16,12 @@ from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models.functions import Now
 
-from . import bulk, policies
+from . import bulk, lease, policies
 from .bulk import CHUNK_SIZE
 from .db import db_now, notify_due
 from .exceptions import JobStateError, ScheduleError
-from .models import ACTIVE_RUN_STATUSES, Declaration, Job, JobRun, JobSource, JobState, RunStatus
+from .models import Declaration, Job, JobSource, JobState
 from .schedules import first_fire_time
 from .validation import (
     JOB_FIELDS,
@@ -206,9 +205,11 @@ def update(job: JobRef, *, unregistered_ok: bool = False, **changes: Unpack[JobC
             # A run in flight finishes under the old schedule; its completion sees that the
             # job's occurrence is no longer the one it ran, and keeps this one.
             _first_run(current, db_now())
+        # The job's own fields only: its lease, token and dispatch counter are the lease's.
+        written = [*cleaned, "interval_anchor", "scheduled_for", "next_run_at", "updated_at"]
         try:
             with transaction.atomic():
-                current.save()
+                current.save(update_fields=list(dict.fromkeys(written)))
         except IntegrityError as exc:
             raise _integrity_error(exc, current.name) from exc
         if current.state == JobState.SCHEDULED:
@@ -254,39 +255,8 @@ def resume(job: JobRef) -> Job:
         if current.state != JobState.PAUSED:
             raise JobStateError(f"job {current.pk} is {current.state}, not paused.")
         _still_allowed(current)
-        now = db_now()
-        # A live lease: a run in flight when the job was paused goes on under it. An expired
-        # one over a run that had started (its worker died meanwhile) is the reaper's, which
-        # closes the run as lost and counts the attempt, as for any dead worker.
-        lease = current.lease_expires_at
-        in_flight = lease is not None and (
-            lease > now
-            or JobRun.objects.filter(
-                job=current, token=current.token, status=RunStatus.RUNNING
-            ).exists()
-        )
-        current.state = JobState.RUNNING if in_flight else JobState.SCHEDULED
         _a_persons_pause(current)
-        if current.state == JobState.SCHEDULED:
-            current.claimed_by, current.lease_expires_at = "", None
-            current.unstarted_dispatches = 0  # a person's action: an ordinary wait again
-            if current.next_run_at is None:
-                _first_run(current, now)
-        current.save(
-            update_fields=[
-                "state",
-                "claimed_by",
-                "lease_expires_at",
-                "unstarted_dispatches",
-                "next_run_at",
-                "scheduled_for",
-                "updated_at",
-            ]
-        )
-        if current.state == JobState.SCHEDULED:
-            notify_due(current.next_run_at)
-        elif lease is not None and lease <= now:
-            notify_due(now)  # wake a beat to reap it
+        lease.resume_locked(current, db_now(), _first_run)
     return current
 
 
@@ -301,21 +271,7 @@ def run_now(job: JobRef) -> Job:
                 "scheduled, succeeded or dead jobs."
             )
         _still_allowed(current)
-        now = db_now()
-        current.state = JobState.SCHEDULED
-        current.scheduled_for = current.next_run_at = now
-        current.retry_count = current.unstarted_dispatches = 0
-        current.save(
-            update_fields=[
-                "state",
-                "scheduled_for",
-                "next_run_at",
-                "retry_count",
-                "unstarted_dispatches",
-                "updated_at",
-            ]
-        )
-        notify_due(now)
+        lease.run_now_locked(current, db_now())
     return current
 
 
@@ -329,23 +285,7 @@ def requeue(job: JobRef) -> Job:
                 f"job {current.pk} is {current.state}; only dead jobs can be requeued."
             )
         _still_allowed(current)
-        now = db_now()
-        current.state = JobState.SCHEDULED
-        current.retry_count = current.unstarted_dispatches = 0
-        current.next_run_at = now
-        if current.scheduled_for is None:
-            current.scheduled_for = now
-        current.save(
-            update_fields=[
-                "state",
-                "retry_count",
-                "unstarted_dispatches",
-                "next_run_at",
-                "scheduled_for",
-                "updated_at",
-            ]
-        )
-        notify_due(now)
+        lease.requeue_locked(current, db_now())
     return current
 
 
@@ -365,35 +305,8 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
             return current
         if current.state == JobState.SUCCEEDED:
             raise JobStateError(f"job {current.pk} already ran to completion.")
-        active = list(
-            JobRun.objects.filter(job=current, status__in=ACTIVE_RUN_STATUSES).values_list(
-                "task_id", "status"
-            )
-        )
-        JobRun.objects.filter(job=current, status=RunStatus.DISPATCHED).update(
-            status=RunStatus.CANCELLED, finished_at=Now(), error="cancelled before it started"
-        )
-        JobRun.objects.filter(job=current, status=RunStatus.RUNNING).update(
-            status=RunStatus.CANCELLED,
-            finished_at=Now(),
-            error="cancelled while running: its task was revoked and "
-            + ("terminated (SIGTERM)" if terminate else "may run on to its end"),
-        )
-        current.state = JobState.CANCELLED
-        current.token += 1
-        current.claimed_by, current.lease_expires_at, current.next_run_at = "", None, None
-        current.save(
-            update_fields=[
-                "state",
-                "token",
-                "claimed_by",
-                "lease_expires_at",
-                "next_run_at",
-                "updated_at",
-            ]
-        )
-    if active:
-        task_ids = [task_id for task_id, _status in active]
+        task_ids = lease.cancel_locked(current, terminate=terminate)
+    if task_ids:
         celery_app().control.revoke(task_ids, terminate=terminate, signal="SIGTERM")
         log.info(
             "cancelled job %s: revoked %s",

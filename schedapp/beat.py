@@ -1,7 +1,7 @@
 """The beat loop: ``celery -A project beat -S schedapp.beat:LeaseScheduler``.
 
 Run as many copies as you like, on as many hosts: they share the due jobs through the database
-(``claims.claim_due_jobs``), never load all jobs, and sleep until the next due instant found in
+(``lease.claim_due_jobs``), never load all jobs, and sleep until the next due instant found in
 the index, waking early when PostgreSQL notifies them of new work.
 """
 
@@ -20,7 +20,6 @@ from celery import Celery, signals
 from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
 from . import conf, metrics
-from .claims import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .db import (
     CONNECTION_ERRORS,
     bound_connection_waits,
@@ -31,6 +30,7 @@ from .db import (
 )
 from .declared import sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
+from .lease import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .models import Node
 from .nodes import record_node
 from .store import Listener, get_store

@@ -38,8 +38,8 @@ from kombu import Exchange, Producer, Queue
 from kombu.common import maybe_declare
 from kombu.compression import compress
 
-from .claims import ClaimedRun
 from .conf import get_settings
+from .lease import ClaimedRun
 from .message import (
     HEADER_ATTEMPT,
     HEADER_JOB,

@@ -151,7 +151,7 @@ BEAT_LAST_TICK = _metric(
 
 
 def claimed(count: int, *, misfires_skipped: int = 0) -> None:
-    """After ``claims.claim_due_jobs``: claims taken, misfires skipped."""
+    """After ``lease.claim_due_jobs``: claims taken, misfires skipped."""
     if count:
         CLAIMS.inc(count)
     if misfires_skipped:

@@ -309,7 +309,7 @@ class Job(models.Model):
         "or on to its next occurrence).",
     )
 
-    # The lease; only schedapp.claims writes these.
+    # The lease; only schedapp.lease writes these.
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")

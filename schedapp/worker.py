@@ -65,7 +65,18 @@ from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 
 from . import metrics
-from .claims import (
+from .conf import get_settings
+from .context import replacement_headers, run_admission, run_headers, run_lease
+from .db import (
+    CONNECTION_ERRORS,
+    bound_connection_waits,
+    bounded_wait,
+    db_now,
+    reset_connection,
+    with_retries,
+)
+from .exceptions import ReplaceNotSupported
+from .lease import (
     FAILED,
     SKIPPED,
     SUCCEEDED,
@@ -81,17 +92,6 @@ from .claims import (
     record_expired,
     renew_leases,
 )
-from .conf import get_settings
-from .context import replacement_headers, run_admission, run_headers, run_lease
-from .db import (
-    CONNECTION_ERRORS,
-    bound_connection_waits,
-    bounded_wait,
-    db_now,
-    reset_connection,
-    with_retries,
-)
-from .exceptions import ReplaceNotSupported
 from .message import HEADER_ADMISSION, HEADER_LEASE, parse_task_id
 from .models import Node
 from .nodes import record_node

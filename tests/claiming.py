@@ -12,8 +12,8 @@ from typing import Any
 from django.db import connections
 
 from schedapp import api
-from schedapp.claims import ClaimedRun, claim_due_jobs
 from schedapp.db import db_now
+from schedapp.lease import ClaimedRun, claim_due_jobs
 from schedapp.models import Job
 
 

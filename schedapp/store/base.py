@@ -86,7 +86,7 @@ class Listener(Protocol):
 
 class Store(Protocol):
     """The lease and clock operations whose SQL differs between databases. Every write here
-    is fenced and idempotent exactly as ``schedapp.claims`` documents."""
+    is fenced and idempotent exactly as ``schedapp.lease`` documents."""
 
     name: str
     copies_rows: bool  # schedule_many may stream rows with COPY
@@ -111,7 +111,7 @@ class Store(Protocol):
         """(now, earliest next_run_at of a scheduled job, earliest lease expiry)."""
 
     def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-        """The door (``claims.admit_run``)."""
+        """The door (``lease.admit_run``)."""
 
     def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
         """One heartbeat for every held lease: ``(job, token, outcome)``, the outcome one of

@@ -289,7 +289,7 @@ def test_a_worker_that_only_refused_a_stale_copy_raises_no_lost_lease_alarm(flee
     copy stayed held for the 2 s grace after Celery was done with it, its renewal came due
     (a third of the lease) and found the run lost, and the worker raised both."""
     from project.celery import app
-    from schedapp import claims
+    from schedapp import lease
     from schedapp.dispatch import Dispatcher
     from schedapp.store import DoorVerdict
 
@@ -303,11 +303,11 @@ def test_a_worker_that_only_refused_a_stale_copy_raises_no_lost_lease_alarm(flee
         max_retries=3,
         name="stale-copy",
     )
-    (run,) = claims.claim_due_jobs("beat-by-hand", 10).runs
+    (run,) = lease.claim_due_jobs("beat-by-hand", 10).runs
     # started on worker A, which died: its lease expired and was reaped (the run is lost)
-    assert claims.admit_run(run.job_id, run.token, "worker-a", "a") is DoorVerdict.ADMITTED
+    assert lease.admit_run(run.job_id, run.token, "worker-a", "a") is DoorVerdict.ADMITTED
     time.sleep(run.lease_seconds + 1)
-    assert claims.reap_expired_leases(10).expired == 1
+    assert lease.reap_expired_leases(10).expired == 1
     assert JobRun.objects.get(job=job, token=run.token).status == RunStatus.LOST
     # When a copy of its message reaches the worker (a redelivery), which refuses it
     assert not Dispatcher(app).publish([run]).failed

@@ -11,9 +11,9 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from schedapp import api, claims
-from schedapp.claims import DoorVerdict, admit_run, claim_due_jobs, complete_run
+from schedapp import api, lease
 from schedapp.db import db_now
+from schedapp.lease import DoorVerdict, admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobState
 from tests.integration.test_admin import form_data
 
@@ -102,7 +102,7 @@ def test_editing_a_running_one_off_does_not_run_it_again(admin_client):
 
     # When the operator changes only its priority while it runs, and the run then succeeds
     save(admin_client, job, priority="5")
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
 
     # Then the job is done, its run_at exactly as it was: it will not run again
     job.refresh_from_db()

@@ -11,7 +11,7 @@ from celery import shared_task
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
-from schedapp import api, claims
+from schedapp import api, lease
 from schedapp.db import db_now
 from schedapp.exceptions import JobStateError
 from schedapp.models import Job, JobRun, JobState, RunStatus
@@ -203,22 +203,22 @@ def test_pause_resume_cancel_requeue_and_run_now():
 
 def test_cancel_of_a_dispatched_job_fences_its_message():
     job = api.schedule(TASK, run_at=db_now(), name="soon")
-    (run,) = claims.claim_due_jobs("b", 10).runs
+    (run,) = lease.claim_due_jobs("b", 10).runs
     api.cancel(job)
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.CANCELLED
-    assert claims.admit_run(job.pk, run.token, "w", "a1") is not claims.DoorVerdict.ADMITTED
+    assert lease.admit_run(job.pk, run.token, "w", "a1") is not lease.DoorVerdict.ADMITTED
     # a completion arriving anyway (the message ran elsewhere) changes nothing
-    assert claims.complete_run(job.pk, run.token, claims.SUCCEEDED).completion is (
-        claims.Completion.ALREADY_RECORDED
+    assert lease.complete_run(job.pk, run.token, lease.SUCCEEDED).completion is (
+        lease.Completion.ALREADY_RECORDED
     )
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
 
 
 def test_requeue_brings_a_dead_job_back_with_its_retry_count_reset():
     job = api.schedule(TASK, run_at=db_now(), name="fails", max_retries=0)
-    (run,) = claims.claim_due_jobs("b", 10).runs
-    claims.admit_run(job.pk, run.token, "w", "a1")
-    claims.complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    (run,) = lease.claim_due_jobs("b", 10).runs
+    lease.admit_run(job.pk, run.token, "w", "a1")
+    lease.complete_run(job.pk, run.token, lease.FAILED, error="boom")
     job.refresh_from_db()
     assert (job.state, job.last_error) == (JobState.DEAD, "boom")
     requeued = api.requeue(job)

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from schedapp import api, beat, claims, dispatch, policies
+from schedapp import api, beat, dispatch, lease, policies
 from schedapp.db import db_now
 from schedapp.models import Job
 from schedapp.store import get_store
@@ -82,7 +82,7 @@ def test_a_claim_slowed_past_its_leases_stamps_them_again_before_it_commits(monk
 
     monkeypatch.setattr(policies, "plan_misfire", slow_plan)
     # When one claim takes them (1.8 s: longer than the leases it grants)
-    result = claims.claim_due_jobs("beat-1", 10)
+    result = lease.claim_due_jobs("beat-1", 10)
     # Then every lease is still valid once the claim has committed
     assert len(result.runs) == 3 and result.restamped
     now = db_now()

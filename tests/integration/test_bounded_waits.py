@@ -53,9 +53,9 @@ def test_a_door_whose_connection_goes_silent_gives_it_up_and_admits_its_run_on_a
 def test_a_lease_renewal_whose_connection_goes_silent_is_given_up_and_the_next_one_renews(pg_proxy):
     # Given a worker holding a started run with a 3 s lease
     _, run = claim_one(name="job", lease_seconds=3)
-    from schedapp import claims
+    from schedapp import lease
 
-    assert claims.admit_run(run.job_id, run.token, "w1", "a1").value == "admitted"
+    assert lease.admit_run(run.job_id, run.token, "w1", "a1").value == "admitted"
     hooks = WorkerHooks()
     request = SimpleNamespace(id=run.task_id, request_dict={HEADER_LEASE: 3})
     hooks.on_task_received(request=request)

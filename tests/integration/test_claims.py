@@ -9,8 +9,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from schedapp import api, claims
-from schedapp.claims import (
+from schedapp import api, lease
+from schedapp.db import db_now
+from schedapp.lease import (
     Completion,
     DoorVerdict,
     admit_run,
@@ -18,7 +19,6 @@ from schedapp.claims import (
     complete_run,
     renew_leases,
 )
-from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.sql import query
 from schedapp.store import PostgreSQLStore, get_store
@@ -150,7 +150,7 @@ def test_stale_completion_changes_nothing_on_the_job():
     (new,) = claim_due_jobs("beat-2", 10).runs
     before = Job.objects.get(pk=job.pk)
     # When the first holder reports success late
-    result = complete_run(job.pk, old.token, claims.SUCCEEDED)
+    result = complete_run(job.pk, old.token, lease.SUCCEEDED)
     # Then its run records it, flagged stale, and the job is untouched
     assert result.completion is Completion.STALE
     after = Job.objects.get(pk=job.pk)
@@ -165,7 +165,7 @@ def test_stale_completion_changes_nothing_on_the_job():
     assert old_run.stale and old_run.status == RunStatus.SUCCEEDED
     # ... and the current holder's completion still applies
     start_run(job.pk, new.token)
-    assert complete_run(job.pk, new.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, new.token, lease.SUCCEEDED).applied
     after = Job.objects.get(pk=job.pk)
     assert after.state == JobState.SCHEDULED
     assert after.scheduled_for == new.scheduled_for + timedelta(seconds=60)
@@ -224,13 +224,13 @@ def test_a_lost_run_that_had_started_counts_as_a_failed_attempt():
     (run,) = claim_due_jobs("beat-1", 10).runs
     start_run(job.pk, run.token, "w1")
     expire_lease(job.pk)
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     job.refresh_from_db()
     assert (job.state, job.retry_count, job.last_status) == (JobState.SCHEDULED, 1, "lost")
     (run2,) = claim_due_jobs("beat-1", 10).runs
     start_run(job.pk, run2.token, "w1")
     expire_lease(job.pk)
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     job.refresh_from_db()
     assert job.state == JobState.DEAD
 
@@ -261,14 +261,14 @@ def test_higher_priority_is_claimed_first_then_earliest():
 def test_a_future_job_is_not_claimed_and_the_beat_knows_when_to_wake():
     api.schedule("project.tasks.record", run_at=db_now() + timedelta(seconds=30), name="later")
     assert claim_due_jobs("b", 10).runs == []
-    _now, delay = claims.seconds_until_due()
+    _now, delay = lease.seconds_until_due()
     assert 28 < delay <= 30
 
 
 def test_publish_failure_releases_claims_and_fences_the_old_token():
     (job,) = due_jobs(1)
     (run,) = claim_due_jobs("beat-1", 10).runs
-    assert claims.release_claims([(job.pk, run.token)], "broker down") == 1
+    assert lease.release_claims([(job.pk, run.token)], "broker down") == 1
     job.refresh_from_db()
     assert job.state == JobState.SCHEDULED and job.token > run.token
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
@@ -285,7 +285,7 @@ def test_giving_back_a_batch_keeps_the_claim_of_a_run_a_worker_already_admitted(
     first, second = claim_due_jobs("beat-1", 10).runs
     assert start_run(first.job_id, first.token) is DoorVerdict.ADMITTED
     # When the beat gives the whole batch back
-    released = claims.release_claims([(r.job_id, r.token) for r in (first, second)], "stopped")
+    released = lease.release_claims([(r.job_id, r.token) for r in (first, second)], "stopped")
     # Then only the run that never started is given back; the admitted one keeps its claim,
     # so no beat claims its job again while it runs
     assert released == 1
@@ -333,7 +333,7 @@ def test_a_message_left_unstarted_waits_twice_as_long_each_time_it_is_sent_again
     assert start_run(job.pk, current.token) is DoorVerdict.ADMITTED
     assert 9 < lease_left(job.pk) <= 10
     # ... and the job's next dispatch waits one lease again
-    assert complete_run(job.pk, current.token, claims.FAILED, error="boom").applied
+    assert complete_run(job.pk, current.token, lease.FAILED, error="boom").applied
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
     (retry,) = claim_due_jobs("beat-1", 10).runs
     assert retry.token > current.token
@@ -379,7 +379,7 @@ def test_run_recent_folds_missed_occurrences_within_its_grace_into_the_latest():
     job.refresh_from_db()
     assert job.missed_runs == 1
     start_run(job.pk, run.token)
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
     assert claim_due_jobs("beat-1", 10).runs == []  # not the next one at once
     job.refresh_from_db()
     assert job.next_run_at == run.scheduled_for + every

@@ -13,8 +13,8 @@ from django.apps import apps as django_apps
 from django.db import DatabaseError, connection, transaction
 
 from schedapp import api, beat, policies
-from schedapp.claims import Completion, admit_run, claim_due_jobs, complete_run
 from schedapp.db import db_now
+from schedapp.lease import Completion, admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.validation import celery_app
 

@@ -21,8 +21,8 @@ import pytest
 from django.db import DatabaseError, connection, models, transaction
 
 from schedapp import api, beat
-from schedapp.claims import admit_run, complete_run
 from schedapp.db import db_now
+from schedapp.lease import admit_run, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.store import PostgreSQLStore
 from schedapp.validation import celery_app

@@ -16,8 +16,8 @@ from django.conf import settings
 from kombu import Exchange, Producer, Queue
 
 from project.celery import app
-from schedapp.claims import ClaimedRun
 from schedapp.dispatch import BEAT_HEADERS, Dispatcher, _redis_channel, resolve_route
+from schedapp.lease import ClaimedRun
 
 pytestmark = pytest.mark.usefixtures("broker_url")
 

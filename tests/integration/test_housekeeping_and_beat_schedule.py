@@ -13,8 +13,8 @@ from django.test import override_settings
 
 from project.celery import app
 from schedapp import declared
-from schedapp.claims import claim_due_jobs
 from schedapp.db import db_now
+from schedapp.lease import claim_due_jobs
 from schedapp.models import Job, JobSource, JobState
 from schedapp.tasks import cleanup_results
 

@@ -13,7 +13,7 @@ from celery.schedules import crontab, schedule, solar
 from django.core.management import call_command
 from django.test import override_settings
 
-from schedapp import claims, importer
+from schedapp import importer, lease
 from schedapp.db import db_now
 from schedapp.models import Job, JobSource, JobState
 
@@ -190,7 +190,7 @@ def test_a_crontab_missed_beyond_the_cron_starting_deadline_is_skipped_as_celery
         run()
     missed_since("daily", two_hours_ago)
 
-    result = claims.claim_due_jobs("beat-1", 10)
+    result = lease.claim_due_jobs("beat-1", 10)
 
     job = Job.objects.get(name="daily")
     if deadline is None:
@@ -215,7 +215,7 @@ def test_a_crontab_whose_latest_missed_run_is_within_the_deadline_runs_once_for_
     start = (now - timedelta(hours=2)).replace(second=0, microsecond=0)
     missed_since("five", start - timedelta(minutes=start.minute % 5))
 
-    (claimed,) = claims.claim_due_jobs("beat-1", 10).runs
+    (claimed,) = lease.claim_due_jobs("beat-1", 10).runs
 
     latest = claimed.scheduled_for
     assert latest.minute % 5 == 0 and (latest.second, latest.microsecond) == (0, 0)

@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.test import override_settings
 
-from schedapp import api, claims
-from schedapp.claims import admit_run, claim_due_jobs, complete_run
+from schedapp import api, lease
 from schedapp.db import db_now
+from schedapp.lease import admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.prune import prune_runs
 from schedapp.schedules import Once
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TASK = "project.tasks.record"
 
 
-def claim_one(beat: str = "beat-1") -> claims.ClaimedRun:
+def claim_one(beat: str = "beat-1") -> lease.ClaimedRun:
     (run,) = claim_due_jobs(beat, 10).runs
     return run
 
@@ -45,7 +45,7 @@ def test_a_paused_job_whose_worker_died_gets_its_run_closed_and_stays_paused():
     api.pause(job)
     # the worker dies: nobody renews the lease
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    reaped = claims.reap_expired_leases(10)
+    reaped = lease.reap_expired_leases(10)
     job.refresh_from_db()
     r = JobRun.objects.get(pk=run.run_id)
     assert reaped.expired == 1 and reaped.started == 1
@@ -89,11 +89,11 @@ def test_a_running_recurring_job_changed_to_a_one_off_fires_the_one_off():
     admit_run(job.pk, run.token, "w1", "a1")
     at = db_now() + timedelta(seconds=30)
     api.update(job, run_at=at)  # while its run is in flight
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
     job.refresh_from_db()
     # the one-off is waiting for its time, not marked succeeded by the recurring run
     assert (job.state, job.scheduled_for, job.next_run_at) == (JobState.SCHEDULED, at, at)
-    assert isinstance(claims.job_schedule(job), Once)
+    assert isinstance(lease.job_schedule(job), Once)
 
 
 def test_editing_a_paused_job_with_a_run_in_flight_keeps_the_new_first_occurrence():
@@ -104,7 +104,7 @@ def test_editing_a_paused_job_with_a_run_in_flight_keeps_the_new_first_occurrenc
     edited = api.update(job, interval=3600)
     first = edited.scheduled_for
     assert first > db_now() + timedelta(minutes=59)
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
     job.refresh_from_db()
     assert (job.state, job.scheduled_for) == (JobState.PAUSED, first)
 
@@ -114,7 +114,7 @@ def test_a_failure_of_a_run_from_before_an_edit_counts_and_follows_the_new_sched
     run = claim_one()
     admit_run(job.pk, run.token, "w1", "a1")
     edited = api.update(job, interval=3600)
-    complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    complete_run(job.pk, run.token, lease.FAILED, error="boom")
     job.refresh_from_db()
     assert (job.retry_count, job.scheduled_for) == (1, edited.scheduled_for)
 
@@ -125,7 +125,7 @@ def test_run_now_on_an_interval_job_adds_one_run_and_leaves_the_schedule_alone()
     api.run_now(job)
     run = claim_one()
     admit_run(job.pk, run.token, "w1", "a1")
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run)).applied
     job.refresh_from_db()
     assert job.scheduled_for == regular
     # and the occurrence after that keeps the phase too
@@ -133,12 +133,12 @@ def test_run_now_on_an_interval_job_adds_one_run_and_leaves_the_schedule_alone()
     again = claim_one()
     assert again.scheduled_for == regular
     admit_run(job.pk, again.token, "w1", "a2")
-    complete_run(job.pk, again.token, claims.SUCCEEDED)
+    complete_run(job.pk, again.token, lease.SUCCEEDED)
     job.refresh_from_db()
     assert job.scheduled_for == regular + timedelta(seconds=600)
 
 
-def headers_of(run: claims.ClaimedRun):
+def headers_of(run: lease.ClaimedRun):
     from schedapp.dispatch import message_headers
     from schedapp.message import RunHeaders
 
@@ -170,7 +170,7 @@ def test_releasing_claims_takes_the_job_row_before_the_run_row():
     a, out_a = in_thread(completion_like)
     assert holding.wait(10)
     # ... when a beat releases that claim at the same moment
-    b, out_b = in_thread(lambda: claims.release_claims([(job.pk, run.token)], "broker down"))
+    b, out_b = in_thread(lambda: lease.release_claims([(job.pk, run.token)], "broker down"))
     time.sleep(0.5)
     go_on.set()
     a.join(15)
@@ -236,7 +236,7 @@ def test_an_occurrence_that_passes_while_a_run_is_in_flight_runs_once_it_ends(
     time.sleep(3.5)
     assert claim_due_jobs("beat-2", 10).runs == []
     headers = headers_of(run) if path == "worker" else None
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers).applied
     # Then that occurrence runs once the first ends (if its misfire policy lets it), once
     claimed = claim_due_jobs("beat-2", 10).runs
     if runs_next:

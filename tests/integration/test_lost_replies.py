@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from schedapp import api, claims
-from schedapp.claims import claim_due_jobs
+from schedapp import api, lease
 from schedapp.db import db_now
+from schedapp.lease import claim_due_jobs
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.worker import WorkerHooks
@@ -29,11 +29,11 @@ DOOR = b"SELECT schedapp_admit_run("
 FAST_SUCCESS = b"SELECT schedapp_succeed_run("
 
 
-def claimed(**options) -> claims.ClaimedRun:
+def claimed(**options) -> lease.ClaimedRun:
     return claim_one(name="job", **options)[1]
 
 
-def headers_of(run: claims.ClaimedRun) -> RunHeaders:
+def headers_of(run: lease.ClaimedRun) -> RunHeaders:
     from schedapp.dispatch import message_headers
 
     return RunHeaders.read(message_headers(run, "test"))  # type: ignore[return-value]
@@ -54,11 +54,11 @@ def test_a_door_whose_reply_was_lost_admits_its_run_on_retry(pg_proxy):
 
 def test_a_success_whose_reply_was_lost_moves_the_job_on_once(pg_proxy):
     run = claimed(interval=60)
-    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    lease.admit_run(run.job_id, run.token, "w1", "a1")
     hooks = WorkerHooks()
     pg_proxy.cut_after(FAST_SUCCESS)
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+        hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     # the next occurrence follows the one that ran: none was skipped by the retry
@@ -68,11 +68,11 @@ def test_a_success_whose_reply_was_lost_moves_the_job_on_once(pg_proxy):
 
 def test_a_success_committed_in_a_transaction_whose_reply_was_lost_is_applied_once(pg_proxy):
     run = claimed(interval=60)
-    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    lease.admit_run(run.job_id, run.token, "w1", "a1")
     hooks = WorkerHooks()
     pg_proxy.cut_after()  # the COMMIT of the general completion path
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, claims.SUCCEEDED)  # no headers: the general path
+        hooks._complete(run.task_id, lease.SUCCEEDED)  # no headers: the general path
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
@@ -80,11 +80,11 @@ def test_a_success_committed_in_a_transaction_whose_reply_was_lost_is_applied_on
 
 def test_a_failure_whose_reply_was_lost_spends_one_retry(pg_proxy):
     run = claimed(max_retries=1, retry_backoff=0)
-    claims.admit_run(run.job_id, run.token, "w1", "a1")
+    lease.admit_run(run.job_id, run.token, "w1", "a1")
     hooks = WorkerHooks()
     pg_proxy.cut_after()
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, claims.FAILED, error="RuntimeError: boom")
+        hooks._complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     # one failed attempt: retried, not dead
@@ -98,10 +98,10 @@ def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_pro
         Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
     runs = claim_due_jobs("beat-1", 10).runs
     for run in runs:
-        claims.admit_run(run.job_id, run.token, "w1", f"a{run.token}")
+        lease.admit_run(run.job_id, run.token, "w1", f"a{run.token}")
     hooks = WorkerHooks()
     pg_proxy.cut_after(b"FROM schedapp_succeed_runs(")
-    items = [((r.job_id, r.token), claims.SUCCEEDED, {"headers": headers_of(r)}) for r in runs]
+    items = [((r.job_id, r.token), lease.SUCCEEDED, {"headers": headers_of(r)}) for r in runs]
     with django_through(pg_proxy):
         hooks._record_many(items)  # what a pool process's completion writer does
     assert pg_proxy.stats()["cuts"] == 1
@@ -119,13 +119,13 @@ def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_pro
     done = []
     for i in range(successes):
         run = claim_one(name=f"every-minute-{i}", interval=60)[1]
-        claims.admit_run(run.job_id, run.token, "w1", f"a{i}")
+        lease.admit_run(run.job_id, run.token, "w1", f"a{i}")
         done.append(run)
     nxt = claimed(lease_seconds=30)
     hooks = WorkerHooks()
     hooks.pending = PendingSuccesses(hooks._record_many, linger=3600)  # only the door writes
     for run in done:
-        hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+        hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
     # When the door's statement, carrying them, commits and its reply is lost
     pg_proxy.cut_after(b"schedapp_admit_run(")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from schedapp import api, claims
+from schedapp import api, lease
 from schedapp.db import db_now
 from schedapp.dispatch import message_headers
 from schedapp.message import RunHeaders
@@ -49,7 +49,7 @@ def test_door_renewal_and_success_work_behind_pgbouncer_with_prepare_threshold_s
     # and are never prepared, so the project itself works behind the pooler)
     pgbouncer.start(pool_size=1)
     job = api.schedule("project.tasks.record", run_at=db_now(), name="prepared")
-    (run,) = claims.claim_due_jobs("beat-1", 10).runs
+    (run,) = lease.claim_due_jobs("beat-1", 10).runs
     options = connection.settings_dict["OPTIONS"]
     options["prepare_threshold"] = 0
     try:
@@ -58,10 +58,10 @@ def test_door_renewal_and_success_work_behind_pgbouncer_with_prepare_threshold_s
             # When a worker's pool process admits the run, its heartbeat thread (a connection
             # of its own, on the same server session) renews the lease, and the pool process
             # records the success
-            verdict = claims.admit_run(run.job_id, run.token, "w1@host", "admission-1")
-            renewal = in_thread(lambda: claims.renew_leases([(run.job_id, run.token)]))
+            verdict = lease.admit_run(run.job_id, run.token, "w1@host", "admission-1")
+            renewal = in_thread(lambda: lease.renew_leases([(run.job_id, run.token)]))
             headers = RunHeaders.read(message_headers(run, "test"))
-            done = claims.complete_run(run.job_id, run.token, claims.SUCCEEDED, headers=headers)
+            done = lease.complete_run(run.job_id, run.token, lease.SUCCEEDED, headers=headers)
             # Then each of them did its work
             assert verdict == DoorVerdict.ADMITTED
             assert renewal.renewed == {(run.job_id, run.token)}

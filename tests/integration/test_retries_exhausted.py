@@ -16,9 +16,9 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.urls import reverse
 
-from schedapp import api, claims, declared, importer
-from schedapp.claims import admit_run, claim_due_jobs, complete_run
+from schedapp import api, declared, importer, lease
 from schedapp.db import db_now
+from schedapp.lease import admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from tests.integration.test_admin import form_data
 
@@ -27,12 +27,12 @@ TASK = "project.tasks.record"
 CARRY_ON = "next_occurrence"
 
 
-def fail_due_occurrence(job: Job, error: str = "card declined") -> claims.CompletionResult:
+def fail_due_occurrence(job: Job, error: str = "card declined") -> lease.CompletionResult:
     """Make ``job`` due, claim it, admit its run and fail it, as a worker would."""
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(seconds=1))
     (run,) = claim_due_jobs("beat-1", 10).runs
     admit_run(job.pk, run.token, "w1", f"a{run.token}")
-    return complete_run(job.pk, run.token, claims.FAILED, error=error)
+    return complete_run(job.pk, run.token, lease.FAILED, error=error)
 
 
 def test_a_failed_occurrence_with_no_retries_goes_on_to_the_next_one_and_is_counted():
@@ -67,7 +67,7 @@ def test_a_retry_the_task_asks_for_is_run_then_its_final_failure_goes_on():
         (run,) = claim_due_jobs("beat-1", 10).runs
         admit_run(job.pk, run.token, "w1", f"a{run.token}")
         result = complete_run(
-            job.pk, run.token, claims.FAILED, error="retry requested", retry_delay=timedelta(0)
+            job.pk, run.token, lease.FAILED, error="retry requested", retry_delay=timedelta(0)
         )
         assert result.applied and not result.carried_on
         job.refresh_from_db()
@@ -128,7 +128,7 @@ def test_a_lost_lease_with_its_retries_spent_goes_on_to_the_next_occurrence():
     admit_run(job.pk, run.token, "w1", "a1")
     # the worker dies mid-run: its lease runs out
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    reaped = claims.reap_expired_leases(10)
+    reaped = lease.reap_expired_leases(10)
     job.refresh_from_db()
     assert (reaped.started, reaped.dead, reaped.carried_on) == (1, 0, 1)
     assert (job.state, job.scheduled_for) == (JobState.SCHEDULED, first + timedelta(minutes=10))
@@ -264,7 +264,7 @@ def test_a_carried_on_failure_is_counted_in_its_own_metric_not_in_the_dead_lette
         TASK, name="counted", interval=60, max_retries=0, when_retries_exhausted=CARRY_ON
     )
     result = fail_due_occurrence(job)
-    WorkerHooks._observe(result, claims.FAILED)  # what a worker does with its outcome
+    WorkerHooks._observe(result, lease.FAILED)  # what a worker does with its outcome
     metrics.reaped(1, started=1, carried_on=2)
     after = (value("schedapp_failed_occurrences_total"), value("schedapp_dead_letters_total"))
     assert (after[0] - before[0], after[1] - before[1]) == (3, 0)

@@ -189,7 +189,7 @@ def test_dispatch_log_modes(start_beat, caplog, mode, burst, expected):
 
 
 def test_a_retried_send_says_which_retry_it_is(start_beat, caplog):
-    from schedapp import claims
+    from schedapp import lease
 
     scheduler = start_beat()
     past = db_now() - timedelta(seconds=5)
@@ -201,8 +201,8 @@ def test_a_retried_send_says_which_retry_it_is(start_beat, caplog):
             scheduler.tick()
         lines += dispatch_lines(caplog)
         run = JobRun.objects.filter(job=job).latest("id")
-        claims.admit_run(job.pk, run.token, "w1", f"a{run.token}")
-        claims.complete_run(job.pk, run.token, claims.FAILED, error="boom")
+        lease.admit_run(job.pk, run.token, "w1", f"a{run.token}")
+        lease.complete_run(job.pk, run.token, lease.FAILED, error="boom")
         Job.objects.filter(pk=job.pk).update(next_run_at=past)  # due now, whatever the backoff
     assert lines == [
         f"Scheduler: Sending due task flaky ({TASK})",

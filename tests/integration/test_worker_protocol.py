@@ -11,8 +11,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from schedapp import api, claims
-from schedapp.claims import (
+from schedapp import api, lease
+from schedapp.db import db_now
+from schedapp.lease import (
     Completion,
     DoorVerdict,
     admit_run,
@@ -20,7 +21,7 @@ from schedapp.claims import (
     complete_run,
     renew_leases,
 )
-from schedapp.db import db_now
+from schedapp.lease.reap import reap_locked
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from tests.claiming import claim_one, in_thread
@@ -35,7 +36,7 @@ def claimed_recurring(**options):
     return claim_one(interval=60, **options)
 
 
-def headers_of(run: claims.ClaimedRun) -> RunHeaders:
+def headers_of(run: lease.ClaimedRun) -> RunHeaders:
     """What the worker reads back from the message of ``run``."""
     from schedapp.dispatch import message_headers
 
@@ -53,7 +54,7 @@ def test_the_door_refuses_a_message_whose_lease_expired_before_it_arrived():
     # Then it is not executed; the reaper dispatches the occurrence again, without spending
     # a retry (it never started)
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SKIPPED
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     (again,) = claim_due_jobs("beat-1", 10).runs
     assert again.token > run.token and again.attempt == 1
     assert admit_run(job.pk, again.token, "w1", "a2") is DoorVerdict.ADMITTED
@@ -131,7 +132,7 @@ def test_the_door_and_the_reaper_serialise_on_the_job_row():
             )
             reaper_locked.set()
             finish_reaping.wait(10)
-            return len(locked), claims._reap(10, rng=lambda: 0.5)
+            return len(locked), reap_locked(10, rng=lambda: 0.5)
 
     reaper, reaped = in_thread(reap)
     assert reaper_locked.wait(10)
@@ -182,10 +183,10 @@ def test_a_retried_door_is_still_admitted_when_the_job_was_paused_after_its_comm
 def test_a_retried_success_moves_a_recurring_job_on_exactly_once():
     job, run = claimed_recurring()
     admit_run(job.pk, run.token, "w1", "a1")
-    first = complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    first = complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run))
     after_first = Job.objects.get(pk=job.pk)
     # the same completion again (its commit landed, its reply was lost)
-    second = complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    second = complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run))
     after_second = Job.objects.get(pk=job.pk)
     assert first.completion is Completion.APPLIED
     assert second.completion is Completion.ALREADY_RECORDED
@@ -198,8 +199,8 @@ def test_a_retried_success_moves_a_recurring_job_on_exactly_once():
 def test_a_retried_success_without_headers_is_also_applied_once():
     job, run = claimed_recurring()
     admit_run(job.pk, run.token, "w1", "a1")
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).completion is (
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).completion is (
         Completion.ALREADY_RECORDED
     )
     assert Job.objects.get(pk=job.pk).scheduled_for == run.scheduled_for + timedelta(seconds=60)
@@ -208,8 +209,8 @@ def test_a_retried_success_without_headers_is_also_applied_once():
 def test_a_retried_failure_spends_one_retry():
     job, run = claimed(max_retries=1, retry_backoff=0)
     admit_run(job.pk, run.token, "w1", "a1")
-    assert complete_run(job.pk, run.token, claims.FAILED, error="boom").applied
-    again = complete_run(job.pk, run.token, claims.FAILED, error="boom")
+    assert complete_run(job.pk, run.token, lease.FAILED, error="boom").applied
+    again = complete_run(job.pk, run.token, lease.FAILED, error="boom")
     job.refresh_from_db()
     # one attempt failed: one retry spent, the job is retried, not dead
     assert again.completion is Completion.ALREADY_RECORDED
@@ -221,7 +222,7 @@ def test_a_success_edited_in_flight_follows_the_new_schedule():
     admit_run(job.pk, run.token, "w1", "a1")
     edited = api.update(job, interval=120)  # while the run executes
     # the one-statement success sees the schedule changed and leaves it to the general path
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run)).applied
     job.refresh_from_db()
     assert job.scheduled_for == edited.scheduled_for  # the new schedule's first occurrence
     assert job.state == JobState.SCHEDULED
@@ -230,7 +231,7 @@ def test_a_success_edited_in_flight_follows_the_new_schedule():
 def test_a_one_off_success_in_one_statement_finishes_the_job():
     job, run = claimed()
     admit_run(job.pk, run.token, "w1", "a1")
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run)).applied
     job.refresh_from_db()
     r = JobRun.objects.get(pk=run.run_id)
     assert (job.state, job.lease_expires_at, job.claimed_by) == (JobState.SUCCEEDED, None, "")
@@ -241,11 +242,11 @@ def test_a_run_whose_task_is_unknown_to_the_worker_fails_and_follows_the_retry_p
     job, run = claimed(max_retries=1, retry_backoff=0)
     error = "task project.tasks.record is not registered on worker w1@host"
     # never admitted (Celery rejects the message before any door), yet it fails its run
-    assert complete_run(job.pk, run.token, claims.FAILED, error=error, only_unstarted=True).applied
+    assert complete_run(job.pk, run.token, lease.FAILED, error=error, only_unstarted=True).applied
     job.refresh_from_db()
     assert (job.state, job.retry_count, job.last_error) == (JobState.SCHEDULED, 1, error)
     (again,) = claim_due_jobs("beat-1", 10).runs
-    complete_run(job.pk, again.token, claims.FAILED, error=error, only_unstarted=True)
+    complete_run(job.pk, again.token, lease.FAILED, error=error, only_unstarted=True)
     job.refresh_from_db()
     assert job.state == JobState.DEAD
     assert JobRun.objects.get(pk=again.run_id).error == error
@@ -269,9 +270,9 @@ def test_a_copy_that_never_started_here_does_not_fail_a_run_another_worker_is_ex
     assert (job.state, job.token, job.retry_count) == (JobState.RUNNING, run.token, 0)
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.RUNNING
     # and its own outcome is the one recorded
-    assert complete_run(job.pk, run.token, claims.SUCCEEDED).applied
+    assert complete_run(job.pk, run.token, lease.SUCCEEDED).applied
     job.refresh_from_db()
-    assert (job.state, job.last_status) == (JobState.SUCCEEDED, claims.SUCCEEDED)
+    assert (job.state, job.last_status) == (JobState.SUCCEEDED, lease.SUCCEEDED)
 
 
 def test_a_message_celery_discards_as_expired_drops_its_occurrence_as_under_celery_beat():
@@ -310,7 +311,7 @@ def test_the_reaper_drops_an_occurrence_whose_message_expired_unstarted_and_rese
     JobRun.objects.update(dispatched_at=db_now() - timedelta(seconds=10))
     Job.objects.update(lease_expires_at=db_now() - timedelta(seconds=1))
     # When a beat reaps them
-    result = claims.reap_expired_leases(10, message_expiry=lambda job: lives[job.pk])
+    result = lease.reap_expired_leases(10, message_expiry=lambda job: lives[job.pk])
     # Then the expired one's occurrence is dropped, as Celery beat's: its next one is due,
     # no attempt counted, and the old claim is fenced off
     assert (result.expired, result.dropped) == (3, 1)
@@ -329,7 +330,7 @@ def test_the_reaper_drops_an_occurrence_whose_message_expired_unstarted_and_rese
 
 
 def test_a_replacement_takes_its_run_over_once_and_a_retry_of_that_door_is_admitted_again():
-    from schedapp.claims import admit_replacement
+    from schedapp.lease import admit_replacement
 
     # Given a run admitted under "a1" whose task replaced itself (Task.replace)
     job, run = claimed(lease_seconds=30)
@@ -358,7 +359,7 @@ def test_resuming_a_job_whose_worker_died_while_it_was_paused_closes_that_run_as
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
     # When the operator resumes it and a beat reaps
     api.resume(job.pk)
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     # Then the dead run is closed as lost and counts as a failed attempt, as the reaper does
     # for any run whose worker died (it stayed "running" forever, its attempt never counted)
     assert JobRun.objects.get(pk=run.run_id).status == RunStatus.LOST
@@ -377,7 +378,7 @@ def test_a_run_cancelled_while_executing_is_closed_even_if_its_worker_then_dies(
     # When the operator cancels the job, and that worker then dies (nothing more is ever
     # written for this run: it renews nothing, records nothing) and a beat reaps
     api.cancel(job.pk)
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     # Then the run is closed as cancelled, not left "running" in the history for ever
     closed = JobRun.objects.get(pk=run.run_id)
     assert closed.status == RunStatus.CANCELLED
@@ -410,7 +411,7 @@ def test_the_outcome_of_a_run_cancelled_while_executing_changes_nothing_and_warn
     try:
         results = [
             complete_run(job.pk, run.token, outcome, headers=headers_of(run)).completion
-            for outcome in (claims.SUCCEEDED, claims.FAILED)
+            for outcome in (lease.SUCCEEDED, lease.FAILED)
         ]
     finally:
         schedapp_log.removeHandler(caplog.handler)
@@ -428,7 +429,7 @@ def test_the_outcome_of_a_run_cancelled_while_executing_changes_nothing_and_warn
 def test_renewal_of_a_run_that_just_finished_is_not_a_lost_lease():
     job, run = claimed_recurring()
     admit_run(job.pk, run.token, "w1", "a1")
-    complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run))
+    complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run))
     # the worker's main process has not seen the completion yet and renews it
     renewal = renew_leases([(job.pk, run.token)])
     assert renewal.finished == {(job.pk, run.token)}
@@ -440,7 +441,7 @@ def test_renewal_of_a_message_held_here_whose_job_moved_on_before_it_started_is_
     # lease expired, and a beat reaped it and claimed the occurrence again
     job, run = claimed(lease_seconds=5)
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     (again,) = claim_due_jobs("beat-2", 10).runs
     renewal = renew_leases([(job.pk, run.token)])
     # Then nothing ran and nothing will: not a lost lease (whose outcome would be stale)
@@ -449,7 +450,7 @@ def test_renewal_of_a_message_held_here_whose_job_moved_on_before_it_started_is_
     # while a lease lost by a run that had started still is one
     admit_run(job.pk, again.token, "w1", "a2")
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
     assert renew_leases([(job.pk, again.token)]).lost == {(job.pk, again.token)}
 
 
@@ -548,7 +549,7 @@ def test_a_recurring_success_is_one_statement(schedule, function_calls):
     admit_run(job.pk, run.token, "w1", "a1")
     calls.clear()  # the door's
     with CaptureQueriesContext(connection) as queries:  # the ORM's statements
-        assert complete_run(job.pk, run.token, claims.SUCCEEDED, headers=headers_of(run)).applied
+        assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers_of(run)).applied
     assert len(queries) + len(calls) == 1, ([q["sql"][:80] for q in queries], calls)
     job.refresh_from_db()
     assert job.state == JobState.SCHEDULED and job.scheduled_for > run.scheduled_for
@@ -586,8 +587,8 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
     _lose_lease(runs[2].job_id)  # its completion will be stale
     items = [(r.job_id, r.token, headers_of(r)) for r in runs]
     # When they are recorded together, twice (the first write's reply was lost)
-    first = claims.complete_successes(items)
-    second = claims.complete_successes(items)
+    first = lease.complete_successes(items)
+    second = lease.complete_successes(items)
     # Then the common ones went through in one statement, the stale one was told apart
     assert [r.completion for r in first] == [
         Completion.APPLIED,
@@ -603,7 +604,7 @@ def test_successes_gathered_by_a_pool_process_are_written_together_and_once():
 def _lose_lease(job_id: int) -> None:
     """The job moves on under a run in flight: its lease expired and a beat reaped it."""
     Job.objects.filter(pk=job_id).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    claims.reap_expired_leases(10)
+    lease.reap_expired_leases(10)
 
 
 # --- a pool process's successes ride with its next door ---------------------------------------
@@ -628,20 +629,20 @@ def pool_hooks(linger: float = 3600.0):
     return hooks
 
 
-def succeeded_in(hooks, name: str = "every-minute") -> claims.ClaimedRun:
+def succeeded_in(hooks, name: str = "every-minute") -> lease.ClaimedRun:
     """A recurring run admitted and succeeded in the pool process of ``hooks``: its success
     waits there for the process's next door."""
     _, run = claim_one(name=name, interval=60)
     admit_run(run.job_id, run.token, "w1", f"admission-{name}")
-    hooks._complete(run.task_id, claims.SUCCEEDED, headers=headers_of(run))
+    hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     return run
 
 
-def _run_status(run: claims.ClaimedRun) -> str:
+def _run_status(run: lease.ClaimedRun) -> str:
     return JobRun.objects.get(pk=run.run_id).status
 
 
-def _status_within(run: claims.ClaimedRun, status: str, seconds: float = 10.0) -> str:
+def _status_within(run: lease.ClaimedRun, status: str, seconds: float = 10.0) -> str:
     """The run's status once it is ``status``, or after ``seconds``: for writes made by the
     linger thread."""
     deadline = time.monotonic() + seconds
@@ -750,7 +751,7 @@ def test_a_failure_in_a_pool_process_is_written_at_once():
     _, run = claim_one(name="every-minute", interval=60, max_retries=2, retry_backoff=0)
     admit_run(run.job_id, run.token, "w1", "a1")
     hooks = pool_hooks()
-    hooks._complete(run.task_id, claims.FAILED, error="RuntimeError: boom")
+    hooks._complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
     assert _run_status(run) == RunStatus.FAILED  # failures do not wait for a door
     hooks.pending.close()
 
@@ -822,7 +823,7 @@ def schedapp_records(caplog):
 def test_a_dead_job_is_logged_by_its_name_and_id(schedapp_records):
     job, run = claimed(name="nightly-report", max_retries=0)
     admit_run(job.pk, run.token, "w1", "a1")
-    complete_run(job.pk, run.token, claims.FAILED, error="boom\nmore")
+    complete_run(job.pk, run.token, lease.FAILED, error="boom\nmore")
     (line,) = [m for m in schedapp_records() if "is dead" in m]
     assert line == f"job 'nightly-report' (id {job.pk}) is dead after 1 attempt(s): boom"
 

@@ -125,7 +125,7 @@ def test_a_completion_is_retried_through_an_outage_shorter_than_the_run_lease(mo
     from django.db import OperationalError
 
     from schedapp import db
-    from schedapp.claims import Completion, CompletionResult
+    from schedapp.lease import Completion, CompletionResult
 
     clock = Clock()
     monkeypatch.setattr(db.time, "monotonic", clock.monotonic)

@@ -1,0 +1,82 @@
+"""What every path that ends a run shares: the job row locked before the run row, the facts
+the after-run rules (``policies``) read, and the one write that moves the job on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F
+from django.db.models.functions import Now
+
+from .. import policies
+from ..db import notify_due
+from ..models import Job, JobRun, JobState, RunStatus
+from ..schedules import Schedule
+from .quarantine import ERROR_CHARS, storable
+
+
+def job_schedule(job: Job) -> Schedule:
+    return job.schedule
+
+
+def lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any] | None]:
+    """The job row, locked first as everywhere, then what an outcome reads of its run."""
+    job = Job.objects.select_for_update().filter(id=job_id).first()
+    run = JobRun.objects.filter(job_id=job_id, token=token).values("status", "scheduled_for")
+    return job, run.first()
+
+
+def job_facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
+    """What the after-run rules read; ``ran_for`` is the occurrence the run was for (the job
+    was rescheduled while the run was in flight if its ``scheduled_for`` differs)."""
+    return policies.JobFacts(
+        schedule=job_schedule(job),
+        state=job.state,
+        scheduled_for=job.scheduled_for or job.next_run_at,  # type: ignore[arg-type]
+        next_run_at=job.next_run_at,
+        ran_for=ran_for,
+        retry_count=job.retry_count,
+        max_retries=job.max_retries,
+        retry_backoff=job.retry_backoff,
+        retry_backoff_max=job.retry_backoff_max,
+        jitter=job.jitter,
+        when_retries_exhausted=job.when_retries_exhausted,
+    )
+
+
+def write_after_run(
+    job_id: int,
+    token: int,
+    plan: policies.AfterRun,
+    *,
+    status: str,
+    error: str = "",
+    bump_token: bool = False,
+) -> None:
+    next_run_at = (Now() + plan.delay) if plan.delay is not None else plan.next_run_at
+    changes = {
+        "state": plan.state,
+        "scheduled_for": plan.scheduled_for,
+        "next_run_at": next_run_at,
+        "retry_count": plan.retry_count,
+        "claimed_by": "",
+        "lease_expires_at": None,
+        "last_run_at": Now(),
+        "last_status": status,
+        "updated_at": Now(),
+    }
+    if status != RunStatus.SUCCEEDED:
+        changes["last_error"] = storable(error, ERROR_CHARS)
+    if bump_token:
+        changes["token"] = F("token") + 1
+    if plan.failed_occurrence:
+        changes["failed_occurrences"] = F("failed_occurrences") + 1
+    updated = Job.objects.filter(id=job_id, token=token).update(**changes)
+    assert updated == 1, "the row is locked by this transaction"
+    if plan.state == JobState.SCHEDULED:
+        # Beats sleep until the next due time they know of; this one may be sooner.
+        notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)
+
+
+EXPIRED = "expired before a worker started it"

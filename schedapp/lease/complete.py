@@ -1,0 +1,407 @@
+"""Completions: a run's outcome recorded and, if the run is still its job's current one,
+the job moved on (the next occurrence, a retry, dead). A stale completion is recorded on the
+run only; a retried one changes nothing.
+
+Every write locks the job row before the run row (the reaper, the claim and the API do the
+same), so the door, renewals, completions and the reaper serialise on the job row.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from .. import policies
+from ..message import RunHeaders
+from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from ..schedules import Interval, Schedule, next_fire_time, parse_cron
+from ..store import DoorVerdict, get_store
+from .after_run import EXPIRED, job_facts, lock_job_and_run, write_after_run
+from .quarantine import (
+    ERROR_CHARS,
+    ROW_ERRORS,
+    TRACEBACK_CHARS,
+    Quarantined,
+    first_line,
+    job_label,
+    quarantine_locked,
+    storable,
+    unschedulable,
+)
+
+log = logging.getLogger(__name__)
+
+
+# --- completion ------------------------------------------------------------------------------
+
+SUCCEEDED = RunStatus.SUCCEEDED.value
+FAILED = RunStatus.FAILED.value
+SKIPPED = RunStatus.SKIPPED.value
+
+
+class Completion(StrEnum):
+    APPLIED = "applied"  # the run's outcome moved its job on
+    STALE = "stale"  # recorded on the run only: the job had moved on (lease lost, cancelled)
+    ALREADY_RECORDED = "already_recorded"  # a retried completion whose first attempt landed
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    completion: Completion
+    dead: bool = False  # this failure exhausted the job's retries
+    quarantined: Quarantined | None = None
+    # this failure exhausted them and the job went on with its next occurrence
+    carried_on: bool = False
+
+    @property
+    def applied(self) -> bool:
+        return self.completion is Completion.APPLIED
+
+
+def complete_run(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str = "",
+    traceback: str = "",
+    retry_delay: timedelta | None = None,
+    headers: RunHeaders | None = None,
+    allow_unstarted: bool = False,
+    only_unstarted: bool = False,
+    rng: policies.Rng = random.random,
+) -> CompletionResult:
+    """Record a run's outcome and move its job on.
+
+    Only a run still ``running`` under the job's current token moves the job; a run whose job
+    moved on (its lease was lost, it was cancelled) is recorded on the run only, flagged
+    ``stale``; a run already finished (a retried completion) is left as it is.
+    ``allow_unstarted`` lets a run that never passed the door fail too (a task terminated as
+    it started). ``only_unstarted`` is for an outcome about a copy of the message that never
+    reached a door (its task is not registered on the worker that received it, it arrived
+    expired): it applies only while no door admitted the run, since another copy may be
+    executing elsewhere.
+    """
+    if outcome == SUCCEEDED and headers is not None:
+        if _succeed_fast(job_id, token, headers):
+            return CompletionResult(Completion.APPLIED)
+    return _complete(
+        job_id,
+        token,
+        outcome,
+        error=error,
+        traceback=traceback,
+        retry_delay=retry_delay,
+        accepted=_UNSTARTED if only_unstarted else _ANY if allow_unstarted else _STARTED,
+        rng=rng,
+    )
+
+
+_STARTED = frozenset({RunStatus.RUNNING, RunStatus.LOST})
+_UNSTARTED = frozenset({RunStatus.DISPATCHED})
+_ANY = _STARTED | _UNSTARTED
+
+
+def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
+    """The common success in one call of ``schedapp_succeed_run`` (migration 0006): the next
+    occurrence computed here from the schedule the claim saw. False: take the general path."""
+    args = _success_args(job_id, token, headers)
+    if args is None:
+        return False
+    return get_store().succeed_run(args)
+
+
+def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
+    """The arguments of ``schedapp_succeed_run``; None if the schedule cannot be computed here
+    (the general path then quarantines the job, with the reason)."""
+    ref = headers.schedule
+    nxt = None
+    if ref is not None:
+        try:
+            if ref.interval is not None:
+                schedule: Schedule = Interval(ref.interval, ref.anchor)
+            else:
+                schedule = parse_cron(ref.cron, ref.timezone, day_or=ref.day_or)
+            nxt = next_fire_time(schedule, headers.scheduled_for)
+        except Exception:
+            return None
+        if nxt is None:
+            return None
+    return [
+        job_id,
+        token,
+        headers.scheduled_for,
+        nxt,
+        ref is None,
+        # Celery's day rule marked with "&", as the function compares it (migration 0007)
+        (ref.cron if ref.day_or else "&" + ref.cron) if ref else "",
+        ref.timezone if ref else "",
+        ref.interval if ref else None,
+        ref.anchor if ref else None,
+    ]
+
+
+def complete_successes(
+    items: Sequence[tuple[int, int, RunHeaders]], rng: policies.Rng = random.random
+) -> list[CompletionResult]:
+    """Several successes at once (a pool process's, when no door came to carry them): the
+    common case of all of them in one round trip and one commit (``schedapp_succeed_runs``);
+    any other case each on the general path."""
+    columns, batch = _success_columns(items)
+    rows = get_store().succeed_runs(columns) if batch else []
+    return _success_results(items, batch, rows, rng)
+
+
+def admit_run_after_successes(
+    successes: Sequence[tuple[int, int, RunHeaders]],
+    job_id: int,
+    token: int,
+    worker: str,
+    admission: str,
+    rng: policies.Rng = random.random,
+) -> tuple[DoorVerdict, list[CompletionResult]]:
+    """The door (``admit_run``) carrying the successes its process recorded since its last
+    round trip: on PostgreSQL both in one statement and one commit, so a pool process working
+    through a backlog makes one round trip per execution. Successes the common path does not
+    take (stale, schedule changed) are then recorded one by one on the general path."""
+    columns, batch = _success_columns(successes)
+    rows, verdict = get_store().succeed_and_admit(columns, job_id, token, worker, admission)
+    return verdict, _success_results(successes, batch, rows, rng)
+
+
+def _success_columns(
+    items: Sequence[tuple[int, int, RunHeaders]],
+) -> tuple[list[list[Any]], list[tuple[int, list[Any]]]]:
+    """``schedapp_succeed_runs``'s arguments as columns, and the items they cover (index,
+    arguments): those whose next occurrence could be computed here."""
+    batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
+    covered = [(i, a) for i, a in batch if a is not None]
+    columns = [list(col) for col in zip(*(a for _, a in covered), strict=True)]
+    return columns, covered  # type: ignore[return-value]
+
+
+def _success_results(
+    items: Sequence[tuple[int, int, RunHeaders]],
+    batch: list[tuple[int, list[Any]]],
+    rows: Sequence[tuple[int, bool]],
+    rng: policies.Rng,
+) -> list[CompletionResult]:
+    applied = {batch[idx - 1][0] for idx, ok in rows if ok}
+    return [
+        CompletionResult(Completion.APPLIED)
+        if i in applied
+        else _complete(
+            job_id,
+            token,
+            SUCCEEDED,
+            error="",
+            traceback="",
+            retry_delay=None,
+            accepted=_STARTED,
+            rng=rng,
+        )
+        for i, (job_id, token, _h) in enumerate(items)
+    ]
+
+
+def _complete(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    retry_delay: timedelta | None,
+    accepted: frozenset[str],
+    rng: policies.Rng,
+) -> CompletionResult:
+    try:
+        return _complete_locked(
+            job_id,
+            token,
+            outcome,
+            error=error,
+            traceback=traceback,
+            retry_delay=retry_delay,
+            accepted=accepted,
+            rng=rng,
+        )
+    except ROW_ERRORS as exc:  # the job row cannot be read or written as it is
+        return _complete_and_quarantine(
+            job_id, token, outcome, error=error, traceback=traceback, accepted=accepted, exc=exc
+        )
+
+
+def _complete_and_quarantine(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    accepted: frozenset[str],
+    exc: BaseException,
+) -> CompletionResult:
+    """An outcome whose job row could not be read or written (a value written behind the
+    API's back): the run's outcome is recorded as usual, and the job, if the run was still
+    its current one, is quarantined with the error instead of moving on. Only the columns
+    every claim writes are read here."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).values("token", "state").first()
+        run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
+        if run is None or run["status"] not in accepted:
+            return CompletionResult(Completion.ALREADY_RECORDED)
+        fresh = (
+            job is not None
+            and job["token"] == token
+            and job["state"] in (JobState.RUNNING, JobState.PAUSED)
+            and run["status"] != RunStatus.LOST
+        )
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=outcome,
+            finished_at=Now(),
+            error=storable(error, ERROR_CHARS),
+            traceback=storable(traceback, TRACEBACK_CHARS),
+            stale=not fresh,
+        )
+        if not fresh:
+            return CompletionResult(Completion.STALE)
+        reason = f"its run's outcome cannot be written ({type(exc).__name__}: {first_line(exc)})"
+        quarantined = quarantine_locked(job_id, reason)
+    return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
+
+
+def _complete_locked(
+    job_id: int,
+    token: int,
+    outcome: str,
+    *,
+    error: str,
+    traceback: str,
+    retry_delay: timedelta | None,
+    accepted: frozenset[str],
+    rng: policies.Rng,
+) -> CompletionResult:
+    with transaction.atomic():
+        job, run = lock_job_and_run(job_id, token)
+        if run is None or run["status"] not in accepted:
+            return CompletionResult(Completion.ALREADY_RECORDED)
+        fresh = (
+            job is not None
+            and job.token == token
+            and job.state in (JobState.RUNNING, JobState.PAUSED)
+            and run["status"] != RunStatus.LOST
+        )
+        error, traceback = storable(error, ERROR_CHARS), storable(traceback, TRACEBACK_CHARS)
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=outcome,
+            finished_at=Now(),
+            error=error,
+            traceback=traceback,
+            stale=not fresh,
+        )
+        if not fresh:
+            log.warning(
+                "stale completion of %s token %s: not applied",
+                job_label(job_id, job.name if job is not None else None),
+                token,
+                extra={"action": "stale_completion", "job": job_id, "token": token},
+            )
+            return CompletionResult(Completion.STALE)
+        assert job is not None
+        try:
+            facts = job_facts(job, ran_for=run["scheduled_for"])
+            if outcome == SUCCEEDED:
+                plan = policies.plan_after_success(facts, rng=rng)
+            elif outcome == SKIPPED:
+                plan = policies.plan_after_expiry(facts, rng=rng)
+            else:
+                plan = policies.plan_after_failure(facts, delay=retry_delay, rng=rng)
+        except Exception as exc:  # written behind the API's back, or another croniter/tzdata
+            quarantined = quarantine_locked(job_id, unschedulable(exc))
+            return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
+        write_after_run(job_id, token, plan, status=outcome, error=error)
+    if plan.dead:
+        log.error(
+            "%s is dead after %d attempt(s): %s",
+            job_label(job_id, job.name),
+            job.retry_count + 1,
+            error.splitlines()[0] if error else "",
+            extra={"action": "dead", "job": job_id},
+        )
+    elif plan.failed_occurrence:
+        log.warning(
+            "job %s: occurrence %s failed after %d attempt(s), going on with the next one "
+            "(when_retries_exhausted=next_occurrence): %s",
+            job_id,
+            run["scheduled_for"].isoformat(),
+            job.retry_count + 1,
+            error.splitlines()[0] if error else "",
+            extra={"action": "occurrence_failed", "job": job_id},
+        )
+    return CompletionResult(
+        Completion.APPLIED, dead=plan.dead, carried_on=plan.failed_occurrence and not plan.dead
+    )
+
+
+def record_expired(job_id: int, token: int) -> CompletionResult | None:
+    """Celery discarded a schedapp message past its ``expires``, as it does any task's: the
+    run is ``skipped`` and its occurrence dropped (``policies.plan_after_expiry``). A run a
+    door already admitted (another copy is executing) is left alone. Returns the completion
+    when the job moved on, None when only the run was closed or nothing changed."""
+    with transaction.atomic():
+        job, run = lock_job_and_run(job_id, token)
+        if run is None or run["status"] != RunStatus.DISPATCHED:
+            return None
+        JobRun.objects.filter(job_id=job_id, token=token).update(
+            status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED
+        )
+        live = (JobState.RUNNING, JobState.PAUSED)
+        if job is None or job.token != token or job.state not in live:
+            return None
+        try:
+            plan = policies.plan_after_expiry(job_facts(job, ran_for=run["scheduled_for"]))
+        except Exception as exc:  # written behind the API's back, or another croniter/tzdata
+            quarantined = quarantine_locked(job_id, unschedulable(exc))
+            return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
+        write_after_run(job_id, token, plan, status=RunStatus.SKIPPED, error=EXPIRED)
+    return CompletionResult(Completion.APPLIED)
+
+
+def record_cancelled(job_id: int, token: int, *, terminated: bool) -> CompletionResult | None:
+    """A schedapp task was revoked. After ``api.cancel`` (which bumped the token) only the run
+    is closed; a revoke from elsewhere (``celery control revoke``) counts as a failed attempt,
+    so the job is retried or dead-lettered instead of waiting for its lease to expire.
+    A copy revoked before it started here (not ``terminated``) says nothing of a run another
+    worker admitted: that run is left to finish.
+    Returns the completion when the revoke moved the job, None when it only closed the run."""
+    how = "revoked and terminated" if terminated else "revoked"
+    current = Job.objects.filter(id=job_id, token=token, state=JobState.RUNNING).exists()
+    if current:
+        result = complete_run(
+            job_id,
+            token,
+            FAILED,
+            error=f"task {how} outside schedapp",
+            allow_unstarted=terminated,
+            only_unstarted=not terminated,
+        )
+        if result.applied:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
+                JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
+        return result
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
+        JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
+            status=RunStatus.CANCELLED, finished_at=Now(), error=f"cancelled ({how})"
+        )
+    return None
