@@ -1,7 +1,10 @@
-"""schedapp's hand-written SQL: named queries in ``queries.sql``, read once.
+"""schedapp's hand-written SQL: named queries in ``queries.sql``, read once, and the PL/pgSQL
+functions some of them call, as they are today, in ``functions.sql``.
 
-Everything schedapp says to the database in SQL rather than through the ORM is there, in one
-file a reviewer can read top to bottom; code asks for a statement by name.
+Everything schedapp says to the database in SQL rather than through the ORM is there, in two
+files a reviewer can read top to bottom; code asks for a statement by name. Migrations create
+the functions from frozen copies of their own, never from ``functions.sql``: a test holds the
+database the migrations build to that file (``tests/integration/test_sql_functions.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,25 @@ from ..policies import (
 )
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+# Every function as it is today, under its versioned name (functions.sql's header has the rule).
+FUNCTIONS_FILE = Path(__file__).parent / "functions.sql"
+
+# Functions the previous release calls, kept for its processes during a rolling deploy; the
+# next release drops them (a migration of its own) and takes them off this list. Signatures as
+# PostgreSQL prints them (pg_get_function_identity_arguments).
+RETIRED_FUNCTIONS = frozenset(
+    {
+        "schedapp_admit_run(p_job bigint, p_token bigint, p_worker text, p_admission text)",
+        "schedapp_renew_leases(p_jobs bigint[], p_tokens bigint[])",
+        "schedapp_succeed_run(p_job bigint, p_token bigint, p_scheduled_for timestamp with time"
+        " zone, p_next timestamp with time zone, p_once boolean, p_cron text, p_timezone text,"
+        " p_interval interval, p_anchor timestamp with time zone)",
+        "schedapp_succeed_runs(p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamp"
+        " with time zone[], p_next timestamp with time zone[], p_once boolean[], p_cron text[],"
+        " p_timezone text[], p_interval interval[], p_anchor timestamp with time zone[])",
+    }
+)
 
 
 @cache

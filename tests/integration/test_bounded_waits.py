@@ -26,8 +26,8 @@ from tests.pgproxy import django_through
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOOR = b"SELECT schedapp_admit_run("
-RENEWAL = b"schedapp_renew_leases("
+DOOR = b"SELECT schedapp_admit_run_v3("
+RENEWAL = b"schedapp_renew_leases_v4("
 CLAIM = b"due AS MATERIALIZED"
 
 

@@ -1,0 +1,241 @@
+"""The PL/pgSQL functions under versioned names (PostgreSQL only), from here on called by
+queries.sql: ``schedapp_admit_run_v3``, ``schedapp_renew_leases_v4``, ``schedapp_succeed_run_v2``,
+``schedapp_succeed_runs_v1``. They behave as the bare-named functions migrations 0006-0012
+left; only comments differ, and ``schedapp_succeed_runs_v1`` calls ``schedapp_succeed_run_v2``.
+
+A new name for a function's every change of arguments or meaning lets the processes of the
+previous release, which call the old name during a rolling deploy, keep working: the bare-named
+functions stay (``schedapp.sql.RETIRED_FUNCTIONS``) and the next release drops them.
+
+The text below is frozen: a copy of ``schedapp/sql/functions.sql`` as this migration wrote it,
+never read from that file (which changes later; this migration must not).
+"""
+
+from django.db import migrations
+
+ADMIT_RUN_V3 = r"""
+CREATE OR REPLACE FUNCTION schedapp_admit_run_v3(
+    p_job bigint, p_token bigint, p_worker text, p_admission text
+) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    r record;
+    verdict text;
+BEGIN
+    -- The job row first, whatever its token: waiting here for a reaper, a cancel or a claim
+    -- means deciding on what they committed.
+    SELECT token, state, lease_expires_at > now() AS lease_valid,
+           -- an ordinary lease with at least five sixths left is not rewritten: the run's first
+           -- renewal (a third of a lease after the worker received it) still comes with half a
+           -- lease to spare, and the job row, the costliest write of a run, is left alone; a
+           -- longer lease (a dispatch wait, doubled per unstarted dispatch) is cut back to one
+           -- lease and the count of unstarted dispatches reset
+           (unstarted_dispatches > 0
+            OR lease_expires_at < now() + make_interval(secs => lease_seconds * 5.0 / 6)
+            OR lease_expires_at > now() + make_interval(secs => lease_seconds))
+               AS lease_short INTO j
+    FROM schedapp_job WHERE id = p_job FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'unknown';
+    END IF;
+    SELECT status, admission INTO r FROM schedapp_jobrun
+    WHERE job_id = p_job AND token = p_token;
+    IF NOT FOUND THEN
+        RETURN 'unknown';
+    END IF;
+    IF j.token <> p_token THEN
+        verdict := 'stale_token';
+    ELSIF r.status = 'running' AND r.admission = p_admission THEN
+        -- this same door call again: its commit landed, its reply did not. Recognised before
+        -- the job's state: a pause in between lets a run in flight finish.
+        verdict := 'admitted';
+    ELSIF j.state = 'paused' THEN
+        verdict := 'job_paused';
+    ELSIF j.state <> 'running' THEN
+        verdict := 'job_state';
+    ELSIF r.status <> 'dispatched' THEN
+        verdict := 'duplicate';
+    ELSIF NOT j.lease_valid THEN
+        verdict := 'lease_expired';
+    ELSE
+        verdict := 'admitted';
+    END IF;
+
+    IF verdict = 'admitted' THEN
+        UPDATE schedapp_jobrun
+        SET status = 'running', started_at = coalesce(started_at, now()), worker = p_worker,
+            admission = p_admission
+        WHERE job_id = p_job AND token = p_token;
+        IF j.lease_short THEN
+            UPDATE schedapp_job
+            SET lease_expires_at = now() + make_interval(secs => lease_seconds),
+                unstarted_dispatches = 0
+            WHERE id = p_job;
+        END IF;
+    ELSIF r.status = 'dispatched' THEN
+        -- It will never start here. An expired lease is left to the reaper, which dispatches
+        -- the occurrence again; a paused job gives its lease back, so resume is immediate.
+        UPDATE schedapp_jobrun
+        SET status = 'skipped', finished_at = now(), worker = p_worker,
+            error = 'delivered but not executed: ' || CASE verdict
+                WHEN 'stale_token' THEN 'its claim is no longer the job''s current one'
+                WHEN 'job_paused' THEN 'the job is paused'
+                WHEN 'job_state' THEN 'the job is no longer running'
+                WHEN 'lease_expired' THEN 'its lease expired before it arrived'
+                ELSE verdict END
+        WHERE job_id = p_job AND token = p_token;
+        IF verdict = 'job_paused' THEN
+            UPDATE schedapp_job SET claimed_by = '', lease_expires_at = NULL WHERE id = p_job;
+        END IF;
+    END IF;
+    RETURN verdict;
+END
+$$;
+"""
+
+RENEW_LEASES_V4 = r"""
+CREATE OR REPLACE FUNCTION schedapp_renew_leases_v4(p_jobs bigint[], p_tokens bigint[])
+RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
+DECLARE
+    locked bigint[];
+    renewed bigint[];
+BEGIN
+    SELECT coalesce(array_agg(l.id), '{}') INTO locked FROM (
+        SELECT j.id FROM schedapp_job j WHERE j.id = ANY (p_jobs)
+        ORDER BY j.id FOR UPDATE SKIP LOCKED
+    ) l;
+    WITH done AS (
+        UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
+        FROM unnest(p_jobs, p_tokens) AS h (id, token)
+        WHERE j.id = h.id AND j.id = ANY (locked) AND j.token = h.token
+          AND j.lease_expires_at IS NOT NULL AND j.state IN ('running', 'paused')
+        RETURNING j.id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO renewed FROM done;
+    UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
+    FROM unnest(p_jobs, p_tokens) AS h (id, token)
+    WHERE r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
+      AND r.status = 'running';
+    -- A new snapshot: a completion that committed a moment ago is seen, so a run that simply
+    -- finished is reported as finished, not as a lost lease.
+    RETURN QUERY
+    SELECT h.id, h.token,
+           CASE WHEN h.id = ANY (renewed) THEN 'renewed'
+                WHEN NOT h.id = ANY (locked)
+                     AND EXISTS (SELECT FROM schedapp_job b WHERE b.id = h.id) THEN 'busy'
+                WHEN r.status = 'cancelled' THEN 'cancelled'
+                WHEN r.status IN ('succeeded', 'failed') AND NOT r.stale THEN 'finished'
+                WHEN r.status IS NOT NULL AND r.started_at IS NULL THEN 'unstarted'
+                ELSE 'lost' END
+    FROM unnest(p_jobs, p_tokens) AS h (id, token)
+    LEFT JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token;
+END
+$$;
+"""
+
+SUCCEED_RUN_V2 = r"""
+CREATE OR REPLACE FUNCTION schedapp_succeed_run_v2(
+    p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
+    p_once boolean, p_cron text, p_timezone text, p_interval interval,
+    p_anchor timestamptz
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    next_run timestamptz;
+BEGIN
+    SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", interval_anchor,
+           jitter, cron_day_or, solar_event, not_before, expires_at INTO j
+    FROM schedapp_job WHERE id = p_job FOR UPDATE;
+    -- Anything but the common case (the run still running under the current token, the
+    -- schedule the claim saw; not solar, no start or expiry window) goes to the general path.
+    IF NOT FOUND OR j.token <> p_token OR j.state NOT IN ('running', 'paused')
+       OR j.scheduled_for IS DISTINCT FROM p_scheduled_for
+       OR j.solar_event <> '' OR j.not_before IS NOT NULL OR j.expires_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    IF p_once THEN
+        IF j.run_at IS NULL THEN
+            RETURN false;
+        END IF;
+    ELSIF p_interval IS NOT NULL THEN
+        IF j."interval" IS DISTINCT FROM p_interval
+           OR j.interval_anchor IS DISTINCT FROM p_anchor THEN
+            RETURN false;
+        END IF;
+    ELSIF (CASE WHEN j.cron_day_or THEN j.cron ELSE '&' || j.cron END) <> p_cron
+          OR j.timezone <> p_timezone THEN
+        RETURN false;
+    END IF;
+    UPDATE schedapp_jobrun SET status = 'succeeded', finished_at = now()
+    WHERE job_id = p_job AND token = p_token AND status = 'running';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    next_run := p_next + j.jitter * random() * interval '1 second';
+    UPDATE schedapp_job
+    SET state = CASE WHEN p_next IS NULL THEN 'succeeded'
+                     WHEN j.state = 'paused' THEN 'paused' ELSE 'scheduled' END,
+        scheduled_for = coalesce(p_next, j.scheduled_for), next_run_at = next_run,
+        retry_count = 0, claimed_by = '', lease_expires_at = NULL, last_run_at = now(),
+        last_status = 'succeeded', updated_at = now()
+    WHERE id = p_job;
+    IF next_run IS NOT NULL THEN
+        -- Beats sleep until the next due time they know of; this one may be sooner.
+        PERFORM pg_notify('schedapp', extract(epoch FROM next_run)::text);
+    END IF;
+    RETURN true;
+END
+$$;
+"""
+
+SUCCEED_RUNS_V1 = r"""
+CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v1(
+    p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamptz[], p_next timestamptz[],
+    p_once boolean[], p_cron text[], p_timezone text[], p_interval interval[],
+    p_anchor timestamptz[]
+) RETURNS TABLE (idx int, applied boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    i int;
+BEGIN
+    -- Several successes (of one pool process, gathered while the previous commit was under
+    -- way) in one transaction: one round trip and one commit for all of them. Job rows are
+    -- locked in id order, as renewals lock them, so two such transactions cannot deadlock.
+    FOR i IN SELECT s.i FROM generate_subscripts(p_jobs, 1) AS s (i) ORDER BY p_jobs[s.i] LOOP
+        idx := i;
+        applied := schedapp_succeed_run_v2(
+            p_jobs[i], p_tokens[i], p_scheduled_for[i], p_next[i], p_once[i], p_cron[i],
+            p_timezone[i], p_interval[i], p_anchor[i]
+        );
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+"""
+
+FUNCTIONS = (ADMIT_RUN_V3, RENEW_LEASES_V4, SUCCEED_RUN_V2, SUCCEED_RUNS_V1)
+DROP = (
+    "DROP FUNCTION IF EXISTS schedapp_admit_run_v3(bigint, bigint, text, text)",
+    "DROP FUNCTION IF EXISTS schedapp_renew_leases_v4(bigint[], bigint[])",
+    "DROP FUNCTION IF EXISTS schedapp_succeed_runs_v1(bigint[], bigint[], timestamptz[], "
+    "timestamptz[], boolean[], text[], text[], interval[], timestamptz[])",
+    "DROP FUNCTION IF EXISTS schedapp_succeed_run_v2(bigint, bigint, timestamptz, timestamptz, "
+    "boolean, text, text, interval, timestamptz)",
+)
+
+
+def create(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in FUNCTIONS:
+            schema_editor.execute(sql)
+
+
+def drop(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in DROP:
+            schema_editor.execute(sql)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("schedapp", "0017_retries_exhausted")]
+
+    operations = [migrations.RunPython(create, drop, elidable=False)]
