@@ -1,6 +1,6 @@
 """The PostgreSQL store: each operation one statement of ``sql/queries.sql`` (the worker's hot
-ones through PL/pgSQL functions, migrations 0006-0009, on a plain psycopg cursor), LISTEN/NOTIFY to
-wake beats, and COPY for bulk scheduling."""
+ones through the PL/pgSQL functions of ``sql/functions.sql``, on a plain psycopg cursor),
+LISTEN/NOTIFY to wake beats, and COPY for bulk scheduling."""
 
 from __future__ import annotations
 
