@@ -6,15 +6,16 @@ the number of jobs. Each spec goes through the same ``JobValidator`` as ``api.sc
 which remembers what specs share (tasks, zones, crons, intervals, options); the first fire
 time is computed from one reading of the database clock, once per distinct schedule.
 
-Writes happen in one transaction. On PostgreSQL a chunk's specs are read first (a spec
-generator may query the database, which it cannot do mid-COPY), then validated and encoded
-while ``COPY ... FROM STDIN`` streams the rows straight into ``schedapp_job``, so PostgreSQL
+Writes happen in one transaction, through the store (``Store.insert_jobs``: the database's
+own statements live there). On PostgreSQL a chunk's specs are read first (a spec generator may
+query the database, which it cannot do mid-COPY), then validated and encoded while the
+store's ``COPY ... FROM STDIN`` streams the rows straight into ``schedapp_job``, so PostgreSQL
 stores rows while this process builds the next ones, inside a savepoint:
 the unique index on ``name`` finds duplicate names, within the input and against existing
 jobs, at no extra cost. Only when it refuses a chunk is that chunk rolled back and looked at
 (one query for its names); a clash with a job of the same call is traced back to its spec by
-the rows' ``xmin`` (each chunk's savepoint has its own transaction id) and id order. Other
-databases get ``bulk_create`` per chunk, after a query for the chunk's names.
+the rows' ``xmin`` (each chunk's savepoint has its own transaction id) and id order. The
+portable store gets ``bulk_create`` per chunk, after a query for the chunk's names.
 """
 
 from __future__ import annotations
@@ -30,16 +31,14 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import transaction
 
 from . import policies
-from .copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
-from .models import Job, JobSource
+from .models import JobSource
 from .schedules import Once, Schedule, first_fire_time
-from .sql import query
-from .store import get_store
+from .store import CopyingStore, InsertedJobs, JobRows, NameTaken, Store, get_store
 from .validation import (
     Checked,
     JobValidator,
@@ -55,13 +54,7 @@ COPY_FORMAT = "binary"  # or "text": both are measured by bench/ingest.py
 # Specs reported as bad before the call stops reading: one bad spec already rejects the lot,
 # and a million errors would not fit the memory bound either.
 MAX_BAD_SPECS = 1_000
-_NAME_CONSTRAINT = "schedapp_job_name_unique"
-_LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still streaming
-_NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 _RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
-
-# Django 6.1 renamed savepoint() to savepoint_create(); the old name warns.
-_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
 
 Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
 
@@ -72,14 +65,14 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
         raise ValueError("chunk_size must be at least 1.")
     with transaction.atomic():
         now = db_now()
+        store = get_store()
+        encoder = store.job_rows(now, COPY_FORMAT)
+        ingest = _Ingest(now, encoder)
         writer: _Writer
-        if get_store().copies_rows:
-            rows = ENCODERS[COPY_FORMAT](now)
-            ingest = _Ingest(now, rows)
-            writer = _CopyWriter(ingest, rows)
+        if store.copies_rows:
+            writer = _CopyWriter(ingest, encoder, store)  # type: ignore[arg-type]
         else:
-            ingest = _Ingest(now, _Instances())
-            writer = _OrmWriter(ingest)
+            writer = _OrmWriter(ingest, encoder, store)
         pending = iter(specs)
         start = 0
         while not ingest.stopped:
@@ -111,7 +104,7 @@ def _draining(specs: collections.deque[Any]) -> Iterator[Any]:
 class _Ingest:
     """Turns specs into rows: defaults, validation, first fire time; collects the errors."""
 
-    def __init__(self, now: datetime, encoder: CopyRows | _Instances) -> None:
+    def __init__(self, now: datetime, encoder: JobRows) -> None:
         self.now = now
         self.encoder = encoder
         self.validator = JobValidator()
@@ -221,19 +214,6 @@ class _Ingest:
         return self.errors
 
 
-# --- what a row is made of: COPY rows (copyrows.py), or Job instances for bulk_create ----------
-
-
-class _Instances:
-    """Unsaved ``Job`` instances, for ``bulk_create``."""
-
-    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Job:
-        job = Job(**checked.to_store(), source=source, scheduled_for=first, next_run_at=due)
-        if job.interval is not None and job.interval_anchor is None:
-            job.interval_anchor = first  # as schedule() does: the phase is the first occurrence
-        return job
-
-
 # --- writers: rows -> table, chunk by chunk; duplicate names traced to their specs ------------
 
 
@@ -245,10 +225,7 @@ class _Chunk:
     first: int  # index of the chunk's first spec
     skipped: tuple[int, ...]  # indexes in the chunk's range that were not written (bad specs)
     count: int  # jobs written
-    last_id: int
-    xid: str  # PostgreSQL: the transaction id of the chunk's savepoint ("" elsewhere)
-    first_id: int = 0  # other databases: the first id
-    ids: tuple[int, ...] = ()  # other databases, only if the ids are not contiguous
+    inserted: InsertedJobs  # where the store put them (ids, PostgreSQL's transaction id)
 
     def index_at(self, position: int) -> int:
         """The spec index of the chunk's ``position``-th written job."""
@@ -260,8 +237,10 @@ class _Chunk:
 
 
 class _Writer:
-    def __init__(self, ingest: _Ingest) -> None:
+    def __init__(self, ingest: _Ingest, encoder: JobRows, store: Store) -> None:
         self.ingest = ingest
+        self.encoder = encoder  # what the store's insert_jobs takes the rows of
+        self.store = store
         self.chunks: list[_Chunk] = []  # one small record per chunk written
 
     def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
@@ -273,7 +252,7 @@ class _Writer:
 
     def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
         """The jobs holding any of ``names``: name -> (id, what ``_owner`` needs)."""
-        raise NotImplementedError
+        return self.store.jobs_named(names)
 
     def report_names_of_refused(self, refused: list[tuple[int, str]]) -> None:
         """Specs refused for other problems (``(index, name)``, after their chunk is written)
@@ -323,22 +302,14 @@ class _Writer:
             )
         return survivors, errors
 
-    def _chunk(
-        self,
-        first: int,
-        rows: list[Row],
-        last_id: int,
-        xid: str,
-        first_id: int = 0,
-        ids: tuple[int, ...] = (),
-    ) -> None:
+    def _chunk(self, first: int, rows: list[Row], inserted: InsertedJobs) -> None:
         """Remember where a written chunk's jobs are (its specs are all read by now)."""
         end = first + self.ingest.consumed
         skipped: tuple[int, ...] = ()
         if len(rows) < end - first:
             written = {row[0] for row in rows}
             skipped = tuple(i for i in range(first, end) if i not in written)
-        self.chunks.append(_Chunk(first, skipped, len(rows), last_id, xid, first_id, ids))
+        self.chunks.append(_Chunk(first, skipped, len(rows), inserted))
         self.ingest.written += len(rows)
 
     def _report(self, errors: Mapping[int, str]) -> None:
@@ -347,17 +318,14 @@ class _Writer:
 
 
 class _CopyWriter(_Writer):
-    """PostgreSQL: ``COPY`` each chunk into the table, in a savepoint."""
+    """A store that copies rows (PostgreSQL): each chunk sent at once, names looked at only
+    when the unique index refused it."""
 
-    def __init__(self, ingest: _Ingest, rows: CopyRows) -> None:
-        super().__init__(ingest)
-        quote = connection.ops.quote_name
-        table = Job._meta.db_table
-        columns = ", ".join(quote(c) for c in COPY_COLUMNS)
-        self.rows = rows
-        self.sql = f"COPY {quote(table)} ({columns}) FROM STDIN (FORMAT {rows.format})"
+    store: CopyingStore
+
+    def __init__(self, ingest: _Ingest, encoder: JobRows, store: CopyingStore) -> None:
+        super().__init__(ingest, encoder, store)
         self.by_xid: dict[str, _Chunk] = {}
-        # The last id this session drew is a chunk's last job: COPY draws ids in row order.
 
     def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
         head = next(rows, None)
@@ -366,49 +334,28 @@ class _CopyWriter(_Writer):
         rows = itertools.chain((head,), rows)
         kept: list[Row] = []
         try:
-            self._copy(rows, kept)
-        except _NameClash:
+            inserted = self._copy(rows, kept)
+        except NameTaken:
             kept.extend(rows)  # what the COPY had not taken yet
             self._write_checked(first, kept)
             return
-        if kept:
-            self._record(first, kept)
+        self._record(first, kept, inserted)
 
-    def _copy(self, rows: Iterable[Row], kept: list[Row]) -> None:
-        """COPY ``rows`` (appending each to ``kept``) in a savepoint; _NameClash if the unique
-        index refused one, with the savepoint rolled back."""
-        import psycopg  # this path is PostgreSQL's, which needs schedapp[postgres]
+    def _copy(self, rows: Iterable[Row], kept: list[Row]) -> InsertedJobs:
+        """Insert ``rows`` (appending each to ``kept`` as the store takes it); NameTaken if
+        the unique index refused one, with nothing of them written."""
 
-        savepoint = _savepoint()
-        try:
-            with connection.cursor() as cursor, cursor.cursor.copy(self.sql) as copy:
-                join = self.rows.join
-                lines: list[Any] = [self.rows.header]
-                for row in rows:
-                    kept.append(row)
-                    lines.append(row[2])
-                    if len(lines) >= _LINES_PER_WRITE:
-                        copy.write(join(lines))
-                        lines.clear()
-                lines.append(self.rows.trailer)
-                copy.write(join(lines))
-        except psycopg.errors.UniqueViolation as exc:
-            transaction.savepoint_rollback(savepoint)
-            if exc.diag.constraint_name == _NAME_CONSTRAINT:
-                raise _NameClash from exc
-            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
-        except psycopg.errors.IntegrityError as exc:
-            transaction.savepoint_rollback(savepoint)
-            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
-        transaction.savepoint_commit(savepoint)
+        def lines() -> Iterator[Any]:
+            for row in rows:
+                kept.append(row)
+                yield row[2]
 
-    def _record(self, first: int, rows: list[Row]) -> None:
+        return self.store.insert_jobs(self.encoder, lines())
+
+    def _record(self, first: int, rows: list[Row], inserted: InsertedJobs) -> None:
         """Note the chunk's last id and its savepoint's transaction id (its rows' ``xmin``)."""
-        with connection.cursor() as cursor:
-            cursor.execute(query("bulk_last_row"))
-            last_id, xid = cursor.fetchone()
-        self._chunk(first, rows, last_id, xid)
-        self.by_xid[xid] = self.chunks[-1]
+        self._chunk(first, rows, inserted)
+        self.by_xid[inserted.xid] = self.chunks[-1]
 
     def _write_checked(self, first: int, rows: list[Row]) -> None:
         """A chunk the unique index refused: find its clashes, write the rest (so that later
@@ -417,34 +364,29 @@ class _CopyWriter(_Writer):
             found = self._holders([row[1] for row in rows])
             survivors, errors = self._sort_out(rows, found)
             kept: list[Row] = []
+            inserted = None
             try:
                 if survivors:
-                    self._copy(survivors, kept)
-            except _NameClash:  # another writer committed one of these names meanwhile
+                    inserted = self._copy(survivors, kept)
+            except NameTaken:  # another writer committed one of these names meanwhile
                 continue
             self._report(errors)
-            if kept:
-                self._record(first, kept)
+            if inserted is not None:
+                self._record(first, kept, inserted)
             return
         raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
-
-    def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
-        with connection.cursor() as cursor:
-            cursor.execute(query("bulk_names_taken"), [names])
-            return {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
 
     def _owner(self, job_id: int, xid: str) -> int | None:
         chunk = self.by_xid.get(xid)
         if chunk is None:
             return None  # written by another, committed transaction: an existing job
-        with connection.cursor() as cursor:
-            cursor.execute(query("bulk_rows_of_chunk"), [job_id, chunk.last_id, xid])
-            (from_here_on,) = cursor.fetchone()
+        from_here_on = self.store.inserted_from(job_id, chunk.inserted)
         return chunk.index_at(chunk.count - from_here_on)
 
 
 class _OrmWriter(_Writer):
-    """Other databases (SQLite in the demo): ``bulk_create`` per chunk, names looked up first."""
+    """The portable store (SQLite in the demo): ``bulk_create`` per chunk, names looked up
+    first."""
 
     def write_chunk(self, first: int, rows: Iterator[Row]) -> None:
         chunk = list(rows)
@@ -454,36 +396,25 @@ class _OrmWriter(_Writer):
         for _attempt in range(_RETRIES):
             found = self._holders(names)
             survivors, errors = self._sort_out(chunk, found)
+            inserted = None
             try:
-                with transaction.atomic():
-                    created = Job.objects.bulk_create([row[2] for row in survivors])
-            except IntegrityError:
+                if survivors:
+                    inserted = self.store.insert_jobs(self.encoder, [row[2] for row in survivors])
+            except NameTaken:
                 continue
             self._report(errors)
-            if created:
-                ids = sorted(job.pk for job in created)
-                contiguous = ids[-1] - ids[0] + 1 == len(ids)  # always on SQLite: one writer
-                self._chunk(first, survivors, ids[-1], "", ids[0], () if contiguous else tuple(ids))
+            if inserted is not None:
+                self._chunk(first, survivors, inserted)
             return
         raise ValidationError({"__all__": ["job names kept clashing with concurrent writers."]})
 
-    def _holders(self, names: list[str]) -> dict[str, tuple[int, str]]:
-        found: dict[str, tuple[int, str]] = {}
-        for start in range(0, len(names), _NAMES_PER_QUERY):
-            clashes = Job.objects.filter(name__in=names[start : start + _NAMES_PER_QUERY])
-            found.update((name, (job_id, "")) for name, job_id in clashes.values_list("name", "id"))
-        return found
-
     def _owner(self, job_id: int, xid: str) -> int | None:
         for chunk in self.chunks:
-            if chunk.first_id <= job_id <= chunk.last_id:
-                if not chunk.ids:
-                    return chunk.index_at(job_id - chunk.first_id)
-                position = bisect.bisect_left(chunk.ids, job_id)
-                if position < len(chunk.ids) and chunk.ids[position] == job_id:
+            inserted = chunk.inserted
+            if inserted.first_id <= job_id <= inserted.last_id:
+                if not inserted.ids:
+                    return chunk.index_at(job_id - inserted.first_id)
+                position = bisect.bisect_left(inserted.ids, job_id)
+                if position < len(inserted.ids) and inserted.ids[position] == job_id:
                     return chunk.index_at(position)
         return None
-
-
-class _NameClash(Exception):
-    """The unique index on job names refused a chunk."""

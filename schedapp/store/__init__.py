@@ -1,7 +1,8 @@
 """One storage seam, two implementations; ``get_store()`` is the one place that picks.
 
 See ``base.Store`` for the interface: the claim, the next due instant, the door, renewals,
-one-call successes, notifications and LISTEN, and the overview's reads.
+one-call successes, notifications and LISTEN, the overview's reads, and the bulk insert of
+new jobs. A store is bound to one database alias (``using``); ``get_store()`` is the default's.
 """
 
 from __future__ import annotations
@@ -10,13 +11,27 @@ from functools import lru_cache
 
 from django.db import connection
 
-from .base import DoorVerdict, Listener, Store, insert_runs, pairs
+from .base import (
+    CopyingStore,
+    DoorVerdict,
+    InsertedJobs,
+    JobRows,
+    Listener,
+    NameTaken,
+    Store,
+    insert_runs,
+    pairs,
+)
 from .portable import PortableStore
 from .postgresql import PostgreSQLStore
 
 __all__ = [
+    "CopyingStore",
     "DoorVerdict",
+    "InsertedJobs",
+    "JobRows",
     "Listener",
+    "NameTaken",
     "PortableStore",
     "PostgreSQLStore",
     "Store",

@@ -9,16 +9,21 @@ picks one, in one place; the rest of schedapp never asks which database it is on
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import reduce
 from operator import or_
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Q
 
 from ..message import task_id_for
 from ..models import JobRun
+
+if TYPE_CHECKING:
+    from ..validation import Checked
 
 
 class DoorVerdict(StrEnum):
@@ -84,12 +89,38 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
+class NameTaken(Exception):
+    """The unique index on job names refused a batch of new jobs: none of it was written."""
+
+
+@dataclass(frozen=True)
+class InsertedJobs:
+    """Where a batch of new jobs went: enough to map a job back to its place in the batch
+    without holding the batch's ids or names."""
+
+    last_id: int
+    xid: str = ""  # PostgreSQL: the transaction id of the batch's savepoint (its rows' xmin)
+    first_id: int = 0  # the portable store: the first id
+    ids: tuple[int, ...] = ()  # the portable store, only if the ids are not contiguous
+
+
+class JobRows(Protocol):
+    """How a validated new job is encoded for ``Store.insert_jobs``: a COPY line on
+    PostgreSQL, an unsaved ``Job`` elsewhere."""
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Any:
+        """The row of a valid job, first due at ``due`` for its occurrence ``first``."""
+
+
 class Store(Protocol):
     """The lease and clock operations whose SQL differs between databases. Every write here
     is fenced and idempotent exactly as ``schedapp.lease`` documents."""
 
     name: str
-    copies_rows: bool  # schedule_many may stream rows with COPY
+    using: str  # the database alias every statement and transaction goes through
+    # insert_jobs streams rows (COPY) and tells a name clash only at the end: a bulk write
+    # sends first and looks at names only when refused (elsewhere names are looked up first)
+    copies_rows: bool
 
     def now(self) -> datetime:
         """The database's clock (the transaction's time where it has one)."""
@@ -155,6 +186,27 @@ class Store(Protocol):
     def label(self) -> str:
         """Where the beats meet, for log lines."""
 
+    def job_rows(self, now: datetime, copy_format: str) -> JobRows:
+        """The encoder of new jobs for ``insert_jobs`` (``copy_format``: COPY's "binary" or
+        "text", where the store copies rows), created at ``now``."""
+
+    def insert_jobs(self, encoder: JobRows, rows: Iterable[Any]) -> InsertedJobs:
+        """Write at least one new job (rows from ``encoder``), all or none, in a savepoint of
+        the current transaction. NameTaken if the unique index on names refused one;
+        ``ValidationError`` if the database refused them for another reason."""
+
+    def jobs_named(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        """The jobs holding any of ``names``: name -> (id, the xid of the batch that wrote it,
+        or "" where the store has none)."""
+
+
+class CopyingStore(Store, Protocol):
+    """A store whose ``insert_jobs`` copies rows (``copies_rows``): a batch is found again by
+    the transaction id of its savepoint."""
+
+    def inserted_from(self, job_id: int, inserted: InsertedJobs) -> int:
+        """How many jobs of the batch ``inserted`` have an id of ``job_id`` or more."""
+
 
 def pairs(
     claims: Iterable[tuple[int, int]], job_field: str = "id", token_field: str = "token"
@@ -163,11 +215,13 @@ def pairs(
     return reduce(or_, (Q(**{job_field: j, token_field: t}) for j, t in claims), Q(pk__in=[]))
 
 
-def insert_runs(beat: str, rows: list[dict], now: datetime) -> None:
+def insert_runs(
+    beat: str, rows: list[dict], now: datetime, using: str = DEFAULT_DB_ALIAS
+) -> None:
     """A run row for each claimed row (its id into ``row["run_id"]``), through the ORM."""
     if not rows:
         return
-    runs = JobRun.objects.bulk_create(
+    runs = JobRun.objects.using(using).bulk_create(
         [
             JobRun(
                 job_id=r["id"],

@@ -1,24 +1,26 @@
 """The portable store: the ORM, for SQLite (the demo) and any database without the PostgreSQL
 path. SQLite's IMMEDIATE transactions take the database lock when they begin, so beats'
-claims are serialised where PostgreSQL lets them pass each other with SKIP LOCKED."""
+claims are serialised where PostgreSQL lets them pass each other with SKIP LOCKED. Bound to
+one database alias: every query and transaction goes through it."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import F, Min, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..models import Job, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait, misfire_after
-from ..validation import CELERY_FIELDS
-from .base import DoorVerdict, Listener, insert_runs, pairs
+from ..validation import CELERY_FIELDS, Checked
+from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
 
 _FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+_NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 
 _CLAIM_FIELDS = (
     "id",
@@ -47,20 +49,23 @@ _CLAIM_FIELDS = (
 )
 
 
-def _due(now: datetime) -> Any:
+def _due(now: datetime, using: str) -> Any:
     return (
-        Job.objects.select_for_update(skip_locked=True)
+        Job.objects.using(using)
+        .select_for_update(skip_locked=True)
         .filter(state=JobState.SCHEDULED, next_run_at__lte=now)
         .order_by("-priority", "next_run_at")
     )
 
 
-def _claim(beat: str, limit: int, now: datetime, ids: list[int] | None = None) -> list[dict]:
+def _claim(
+    using: str, beat: str, limit: int, now: datetime, ids: list[int] | None = None
+) -> list[dict]:
     """The claim statement of the PostgreSQL store, through the ORM."""
-    due = _due(now) if ids is None else _due(now).filter(id__in=ids)
+    due = _due(now, using) if ids is None else _due(now, using).filter(id__in=ids)
     rows = list(due.values(*_CLAIM_FIELDS)[:limit])
     for row in rows:
-        Job.objects.filter(id=row["id"], token=row["token"]).update(
+        Job.objects.using(using).filter(id=row["id"], token=row["token"]).update(
             state=JobState.RUNNING,
             token=F("token") + 1,
             claimed_by=beat,
@@ -86,6 +91,9 @@ class PortableStore:
     name = "portable"
     copies_rows = False
 
+    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.using = using  # the database alias every query and transaction goes through
+
     def now(self) -> datetime:
         return datetime.now(UTC)  # one machine, so its clock is the only clock there is
 
@@ -93,33 +101,35 @@ class PortableStore:
         self, beat: str, limit: int, ids: list[int] | None = None
     ) -> tuple[list[dict], datetime | None]:
         now = self.now()
-        rows = _claim(beat, limit, now, ids)
-        insert_runs(beat, [r for r in rows if not r["late"]], now)
+        rows = _claim(self.using, beat, limit, now, ids)
+        insert_runs(beat, [r for r in rows if not r["late"]], now, self.using)
         return rows, now
 
     def due_ids(self, limit: int) -> list[int]:
-        return list(_due(self.now()).values_list("id", flat=True)[:limit])
+        return list(_due(self.now(), self.using).values_list("id", flat=True)[:limit])
 
     def restamp_leases(self, job_ids: list[int]) -> None:
         now = datetime.now(UTC)
-        leases = Job.objects.filter(id__in=job_ids).values_list(
+        jobs = Job.objects.using(self.using)
+        leases = jobs.filter(id__in=job_ids).values_list(
             "id", "lease_seconds", "unstarted_dispatches"
         )
         for job_id, lease, unstarted in leases:
-            Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+            jobs.filter(id=job_id, state=JobState.RUNNING).update(
                 lease_expires_at=now + dispatch_wait(lease, unstarted)
             )
 
     def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
         now = self.now()
+        jobs = Job.objects.using(self.using)
         next_due = (
-            Job.objects.filter(state=JobState.SCHEDULED)
+            jobs.filter(state=JobState.SCHEDULED)
             .order_by("next_run_at")
             .values_list("next_run_at", flat=True)
             .first()
         )
         next_expiry = (
-            Job.objects.filter(state=JobState.RUNNING)
+            jobs.filter(state=JobState.RUNNING)
             .order_by("lease_expires_at")
             .values_list("lease_expires_at", flat=True)
             .first()
@@ -127,10 +137,10 @@ class PortableStore:
         return now, next_due, next_expiry
 
     def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-        return _admit(self.now(), job_id, token, worker, admission)
+        return _admit(self.using, self.now(), job_id, token, worker, admission)
 
     def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
-        return _renew(self.now(), held)
+        return _renew(self.using, self.now(), held)
 
     def succeed_run(self, args: list[Any]) -> bool:
         return False
@@ -156,7 +166,7 @@ class PortableStore:
         pass  # IMMEDIATE transactions already hold the database's one write lock
 
     def backlog(self, cap: int) -> tuple[int, datetime | None]:
-        scheduled = Job.objects.filter(state=JobState.SCHEDULED)
+        scheduled = Job.objects.using(self.using).filter(state=JobState.SCHEDULED)
         due = scheduled.filter(next_run_at__lte=Now()).order_by().values("id")[:cap].count()
         oldest = scheduled.aggregate(m=Min("next_run_at"))["m"]
         return due, oldest
@@ -168,19 +178,59 @@ class PortableStore:
         return {}
 
     def label(self) -> str:
-        return f"{connection.vendor} {connection.settings_dict.get('NAME')}"
+        db = connections[self.using]
+        return f"{db.vendor} {db.settings_dict.get('NAME')}"
+
+    def job_rows(self, now: datetime, copy_format: str) -> JobInstances:
+        return JobInstances()
+
+    def insert_jobs(self, encoder: JobInstances, rows: Iterable[Job]) -> InsertedJobs:
+        """``bulk_create`` in a savepoint. Any refusal counts as a name taken: the database
+        does not say which constraint refused, and names are the one a caller can clash on
+        (it looked them up first)."""
+        try:
+            with transaction.atomic(using=self.using):
+                created = Job.objects.using(self.using).bulk_create(list(rows))
+        except IntegrityError as exc:
+            raise NameTaken from exc
+        ids = sorted(job.pk for job in created)
+        contiguous = ids[-1] - ids[0] + 1 == len(ids)  # always on SQLite: one writer
+        return InsertedJobs(
+            last_id=ids[-1], first_id=ids[0], ids=() if contiguous else tuple(ids)
+        )
+
+    def jobs_named(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        found: dict[str, tuple[int, str]] = {}
+        jobs = Job.objects.using(self.using)
+        for start in range(0, len(names), _NAMES_PER_QUERY):
+            clashes = jobs.filter(name__in=names[start : start + _NAMES_PER_QUERY])
+            found.update((name, (job_id, "")) for name, job_id in clashes.values_list("name", "id"))
+        return found
 
 
-def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+class JobInstances:
+    """New jobs as unsaved ``Job`` instances, for ``bulk_create``."""
+
+    def encode(self, checked: Checked, source: str, first: datetime, due: datetime) -> Job:
+        job = Job(**checked.to_store(), source=source, scheduled_for=first, next_run_at=due)
+        if job.interval is not None and job.interval_anchor is None:
+            job.interval_anchor = first  # as schedule() does: the phase is the first occurrence
+        return job
+
+
+def _admit(
+    using: str, now: datetime, job_id: int, token: int, worker: str, admission: str
+) -> DoorVerdict:
     """``schedapp_admit_run`` through the ORM (SQLite's IMMEDIATE transactions serialise it)."""
-    with transaction.atomic():
+    with transaction.atomic(using=using):
         job = (
-            Job.objects.select_for_update()
+            Job.objects.using(using)
+            .select_for_update()
             .filter(id=job_id)
             .values("token", "state", "lease_expires_at", "lease_seconds", "unstarted_dispatches")
             .first()
         )
-        runs = JobRun.objects.filter(job_id=job_id, token=token)
+        runs = JobRun.objects.using(using).filter(job_id=job_id, token=token)
         run = runs.values("status", "admission").first()
         if job is None or run is None:
             return DoorVerdict.UNKNOWN
@@ -210,7 +260,7 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
             left = job["lease_expires_at"] - now
             # as schedapp_admit_run decides: an ordinary lease from here on
             if job["unstarted_dispatches"] or not lease * 5 / 6 <= left <= lease:
-                Job.objects.filter(id=job_id).update(
+                Job.objects.using(using).filter(id=job_id).update(
                     lease_expires_at=now + lease, unstarted_dispatches=0
                 )
         elif run["status"] == RunStatus.DISPATCHED:
@@ -221,14 +271,19 @@ def _admit(now: datetime, job_id: int, token: int, worker: str, admission: str) 
                 error=f"delivered but not executed: {verdict.explanation}",
             )
             if verdict is DoorVerdict.JOB_PAUSED:
-                Job.objects.filter(id=job_id).update(claimed_by="", lease_expires_at=None)
+                Job.objects.using(using).filter(id=job_id).update(
+                    claimed_by="", lease_expires_at=None
+                )
         return verdict
 
 
-def _renew(now: datetime, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
-    with transaction.atomic():
+def _renew(
+    using: str, now: datetime, held: Sequence[tuple[int, int]]
+) -> list[tuple[int, int, str]]:
+    with transaction.atomic(using=using):
         current = list(
-            Job.objects.select_for_update()
+            Job.objects.using(using)
+            .select_for_update()
             .filter(
                 pairs(held),
                 lease_expires_at__isnull=False,
@@ -237,17 +292,21 @@ def _renew(now: datetime, held: Sequence[tuple[int, int]]) -> list[tuple[int, in
             .values_list("id", "token", "lease_seconds")
         )
         for job_id, _token, lease in current:
-            Job.objects.filter(id=job_id).update(lease_expires_at=now + timedelta(seconds=lease))
+            Job.objects.using(using).filter(id=job_id).update(
+                lease_expires_at=now + timedelta(seconds=lease)
+            )
         renewed = {(j, t) for j, t, _ in current}
         if renewed:
-            JobRun.objects.filter(pairs(renewed, "job_id"), status=RunStatus.RUNNING).update(
+            JobRun.objects.using(using).filter(
+                pairs(renewed, "job_id"), status=RunStatus.RUNNING
+            ).update(
                 heartbeats=F("heartbeats") + 1, heartbeat_at=now
             )
         runs = {
             (j, t): (status, stale, started)
-            for j, t, status, stale, started in JobRun.objects.filter(
-                pairs(held, "job_id")
-            ).values_list("job_id", "token", "status", "stale", "started_at")
+            for j, t, status, stale, started in JobRun.objects.using(using)
+            .filter(pairs(held, "job_id"))
+            .values_list("job_id", "token", "status", "stale", "started_at")
         }
     out = []
     for key in held:

@@ -1,21 +1,26 @@
 """The PostgreSQL store: each operation one statement of ``sql/queries.sql`` (the worker's hot
 ones through the PL/pgSQL functions of ``sql/functions.sql``, on a plain psycopg cursor),
-LISTEN/NOTIFY to wake beats, and COPY for bulk scheduling."""
+LISTEN/NOTIFY to wake beats, and COPY for bulk scheduling (``insert_jobs``, rows encoded by
+``schedapp.copyrows``). Bound to one database alias: every statement goes through that
+alias's connection."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.core.exceptions import ValidationError
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from ..copyrows import COPY_COLUMNS, ENCODERS, CopyRows
+from ..models import Job
 from ..sql import query
-from .base import DoorVerdict
+from .base import DoorVerdict, InsertedJobs, NameTaken
 
 try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
     import psycopg
@@ -25,6 +30,10 @@ except ImportError:  # pragma: no cover - exercised by the packaging check
 log = logging.getLogger("schedapp.beat")  # the listener is a beat's: its lines are too
 
 NOTIFY_CHANNEL = "schedapp"
+_NAME_CONSTRAINT = "schedapp_job_name_unique"
+_LINES_PER_WRITE = 256  # COPY lines joined per write: fewer calls, data still streaming
+# Django 6.1 renamed savepoint() to savepoint_create(); the old name warns.
+_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
 # How long a new listener waits for a test notification before concluding that none reach it.
 PROBE_SECONDS = 1.0
 
@@ -37,11 +46,12 @@ class PostgreSQLStore:
     name = "postgresql"
     copies_rows = True
 
-    def __init__(self) -> None:
+    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.using = using  # the database alias every statement goes through
         self._undelivered: set[str] = set()  # where notifications were found not to arrive
 
     def now(self) -> datetime:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("now"))
             value = cursor.fetchone()[0]
         return value.astimezone(UTC)
@@ -50,7 +60,7 @@ class PostgreSQLStore:
         self, beat: str, limit: int, ids: list[int] | None = None
     ) -> tuple[list[dict], datetime | None]:
         # The statement reads now() itself.
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             if ids is None:
                 cursor.execute(query("claim_due_jobs"), {"limit": limit, "beat": beat})
             else:
@@ -60,35 +70,39 @@ class PostgreSQLStore:
         return rows, None
 
     def due_ids(self, limit: int) -> list[int]:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("due_ids"), {"limit": limit})
             return [job_id for (job_id,) in cursor.fetchall()]
 
     def restamp_leases(self, job_ids: list[int]) -> None:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("restamp_leases"), [job_ids])
 
     def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("next_due"))
             now, next_due, next_expiry = cursor.fetchone()
         return now, next_due, next_expiry
 
     def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-        ((verdict,),) = call_function(query("admit_run"), [job_id, token, worker, admission])
+        ((verdict,),) = call_function(
+            query("admit_run"), [job_id, token, worker, admission], self.using
+        )
         return DoorVerdict(verdict)
 
     def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
         return call_function(  # type: ignore[return-value]
-            query("renew_leases"), [[j for j, _ in held], [t for _, t in held]]
+            query("renew_leases"), [[j for j, _ in held], [t for _, t in held]], self.using
         )
 
     def succeed_run(self, args: list[Any]) -> bool:
-        ((applied,),) = call_function(query("succeed_run"), args)
+        ((applied,),) = call_function(query("succeed_run"), args, self.using)
         return bool(applied)
 
     def succeed_runs(self, columns: list[list[Any]]) -> list[tuple[int, bool]]:
-        return call_function(query("succeed_runs"), columns)  # type: ignore[return-value]
+        return call_function(  # type: ignore[return-value]
+            query("succeed_runs"), columns, self.using
+        )
 
     def succeed_and_admit(
         self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
@@ -99,15 +113,18 @@ class PostgreSQLStore:
             ((ok, verdict),) = call_function(
                 query("succeed_run_then_admit"),
                 [*(col[0] for col in columns), job_id, token, worker, admission],
+                self.using,
             )
             return [(1, bool(ok))], DoorVerdict(verdict)
         ((applied, verdict),) = call_function(
-            query("succeed_runs_then_admit"), [*columns, job_id, token, worker, admission]
+            query("succeed_runs_then_admit"),
+            [*columns, job_id, token, worker, admission],
+            self.using,
         )
         return [(idx, True) for idx in applied], DoorVerdict(verdict)
 
     def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             if when is not None:
                 cursor.execute(query("notify_at"), [NOTIFY_CHANNEL, f"{when.timestamp():.6f}"])
             else:
@@ -121,7 +138,7 @@ class PostgreSQLStore:
         if where in self._undelivered:
             return None
         try:
-            return PgListener.open()
+            return PgListener.open(self.using)
         except NotificationsNotDelivered:
             self._undelivered.add(where)
             log.warning(
@@ -134,37 +151,91 @@ class PostgreSQLStore:
             return None
 
     def limit_idle_transaction(self, seconds: float) -> None:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
 
     def lock(self, key: int) -> None:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("advisory_lock"), [key])
 
     def backlog(self, cap: int) -> tuple[int, datetime | None]:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("backlog"), {"cap": cap})
             due, oldest = cursor.fetchone()
         return int(due), oldest
 
     def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("dispatch_lag"), {"sample": sample, "minutes": minutes})
             return cursor.fetchall()
 
     def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
-        with connection.cursor() as cursor:
+        with connections[self.using].cursor() as cursor:
             cursor.execute(query("recent_statuses"), {"sample": sample, "minutes": minutes})
             return {status: int(count) for status, count in cursor.fetchall()}
 
     def label(self) -> str:
-        settings = connection.settings_dict
+        settings = connections[self.using].settings_dict
         host = settings.get("HOST") or "localhost"
         port = settings.get("PORT") or 5432
         return f"postgresql://{host}:{port}/{settings.get('NAME')}"
 
+    def job_rows(self, now: datetime, copy_format: str) -> CopyRows:
+        return ENCODERS[copy_format](now)
 
-def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def insert_jobs(self, encoder: CopyRows, rows: Iterable[Any]) -> InsertedJobs:
+        """``COPY`` the rows into the table in a savepoint, streaming: PostgreSQL stores the
+        rows sent while the caller builds the next ones (``rows`` may be a generator). The
+        unique index on names finds duplicates at no extra cost; a refusal rolls the
+        savepoint back."""
+        import psycopg  # this path is PostgreSQL's, which needs schedapp[postgres]
+
+        db = connections[self.using]
+        quote = db.ops.quote_name
+        columns = ", ".join(quote(c) for c in COPY_COLUMNS)
+        sql = f"COPY {quote(Job._meta.db_table)} ({columns}) FROM STDIN (FORMAT {encoder.format})"
+        savepoint = _savepoint(using=self.using)
+        try:
+            with db.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+                join = encoder.join
+                lines: list[Any] = [encoder.header]
+                for row in rows:
+                    lines.append(row)
+                    if len(lines) >= _LINES_PER_WRITE:
+                        copy.write(join(lines))
+                        lines.clear()
+                lines.append(encoder.trailer)
+                copy.write(join(lines))
+        except psycopg.errors.UniqueViolation as exc:
+            transaction.savepoint_rollback(savepoint, using=self.using)
+            if exc.diag.constraint_name == _NAME_CONSTRAINT:
+                raise NameTaken from exc
+            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
+        except psycopg.errors.IntegrityError as exc:
+            transaction.savepoint_rollback(savepoint, using=self.using)
+            raise ValidationError({"__all__": [f"the database refused the jobs: {exc}"]}) from exc
+        transaction.savepoint_commit(savepoint, using=self.using)
+        # The last id this session drew is the batch's last job: COPY draws ids in row order.
+        with db.cursor() as cursor:
+            cursor.execute(query("bulk_last_row"))
+            last_id, xid = cursor.fetchone()
+        return InsertedJobs(last_id=last_id, xid=xid)
+
+    def jobs_named(self, names: list[str]) -> dict[str, tuple[int, str]]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(query("bulk_names_taken"), [names])
+            return {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
+
+    def inserted_from(self, job_id: int, inserted: InsertedJobs) -> int:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(query("bulk_rows_of_chunk"), [job_id, inserted.last_id, inserted.xid])
+            (from_here_on,) = cursor.fetchone()
+        return int(from_here_on)
+
+
+def call_function(
+    sql: str, params: Sequence[Any], using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[Any, ...]]:
     """Run one of schedapp's hot statements (a PL/pgSQL function call) on Django's connection,
     through a plain psycopg cursor kept per connection: the worker makes two such calls per
     execution, and Django's cursor wrapper would cost more than the call itself. Errors are
@@ -175,7 +246,7 @@ def call_function(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     prepare these calls where Django prepares nothing, and a transaction-pooling PgBouncer
     without prepared-statement support (before 1.21) would hand the named statement of one
     client to another. The functions' own statements are planned once per session anyway."""
-    db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup, then plain attributes
+    db = connections[using]  # one thread-local lookup, then plain attributes
     db.ensure_connection()
     raw = db.connection
     with db.wrap_database_errors:
@@ -200,14 +271,14 @@ class PgListener:
         self.conn = conn
 
     @classmethod
-    def open(cls) -> PgListener | None:
+    def open(cls, using: str = DEFAULT_DB_ALIAS) -> PgListener | None:
         """Connected exactly as Django connects (TLS, certificates, ``options``, service
         files: every ``OPTIONS`` entry), autocommit, LISTENing once a test notification
         reached it. None if it could not connect (the beat polls, and tries again later);
         NotificationsNotDelivered if notifications do not reach it (it never LISTENed)."""
         conn: Any = None
         try:
-            params = connection.get_connection_params()
+            params = connections[using].get_connection_params()
             params.setdefault("connect_timeout", 5)
             params["autocommit"] = True
             conn = psycopg.connect(**params)

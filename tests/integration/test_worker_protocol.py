@@ -521,9 +521,9 @@ def function_calls(monkeypatch) -> list[str]:
     calls: list[str] = []
     call_function = postgresql.call_function
 
-    def counted(sql, params):
+    def counted(sql, params, *using):
         calls.append(sql)
-        return call_function(sql, params)
+        return call_function(sql, params, *using)
 
     monkeypatch.setattr(postgresql, "call_function", counted)
     return calls
