@@ -268,13 +268,28 @@ def _admit(
                 status=RunStatus.SKIPPED,
                 finished_at=now,
                 worker=worker,
-                error=f"delivered but not executed: {verdict.explanation}",
+                error=_skipped_error(verdict),
             )
             if verdict is DoorVerdict.JOB_PAUSED:
                 Job.objects.using(using).filter(id=job_id).update(
                     claimed_by="", lease_expires_at=None
                 )
         return verdict
+
+
+# A refused run's error, word for word as schedapp_admit_run writes it (migration 0006): the
+# admin shows the same text on every database. (DoorVerdict.explanation, which the worker's
+# refusal says, adds what happens next to an expired lease.)
+_SKIPPED_REASONS = {
+    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
+    DoorVerdict.JOB_PAUSED: "the job is paused",
+    DoorVerdict.JOB_STATE: "the job is no longer running",
+    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived",
+}
+
+
+def _skipped_error(verdict: DoorVerdict) -> str:
+    return f"delivered but not executed: {_SKIPPED_REASONS.get(verdict, verdict.value)}"
 
 
 def _renew(
