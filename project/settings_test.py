@@ -3,6 +3,8 @@ says otherwise (tests of claims, leases, beats and workers need real services)."
 
 import json
 import os
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/schedapp")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/7")
@@ -28,6 +30,25 @@ if os.environ.get("PROJECT_DB_REUSE_MAX"):
     CELERY_DB_REUSE_MAX = json.loads(os.environ["PROJECT_DB_REUSE_MAX"])
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The portable store's database, next to PostgreSQL's in the same process: the store contract
+# suite (tests/integration/test_store_contract.py) runs each test on both stores, and only
+# the tests that ask for this alias (django_db(databases=...)) create it. A file named after
+# the default database's, so that runs on different databases never share it. SQLite as the
+# demo runs it: writers take the lock when their transaction begins.
+_portable_file = Path(tempfile.gettempdir()) / (
+    f"schedapp_{Path(str(DATABASES['default']['NAME'])).stem}_portable.sqlite3"  # noqa: F405
+)
+DATABASES["portable"] = {  # noqa: F405
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": _portable_file,
+    "OPTIONS": {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL;",
+    },
+    "TEST": {"NAME": _portable_file.with_stem(f"test_{_portable_file.stem}")},
+}
 
 # django-celery-beat (a test extra, never a runtime dependency): installed here so that its
 # tables exist in the test database and `schedapp_import --from-django-celery-beat` can be

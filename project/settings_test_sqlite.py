@@ -1,6 +1,9 @@
-"""The test settings on SQLite (the portable store): the claim tests run here too, so the
-path the demo takes is tested as PostgreSQL's is (tests/integration/test_portable_store.py
-runs them). Tests that only make sense on PostgreSQL are marked ``postgresql``."""
+"""The test settings with SQLite (the portable store) as the default database: the whole
+suite can be run on it by hand (``pytest --ds=project.settings_test_sqlite``), and a test of
+the system checks starts a process with it. The default run tests the portable store next to
+PostgreSQL in one process instead (tests/integration/test_store_contract.py, through the
+``portable`` alias of project.settings_test). Tests that only make sense on PostgreSQL are
+marked ``postgresql``."""
 
 import os
 

@@ -1,5 +1,5 @@
-"""Claiming: concurrent claims, leases, fencing tokens, reaping; against real PostgreSQL, and
-against SQLite (the portable store) through tests/integration/test_portable_store.py."""
+"""Claiming: concurrent claims, leases, fencing tokens, reaping; against real PostgreSQL (the
+portable store's side of the seam is tested by tests/integration/test_store_contract.py)."""
 
 from __future__ import annotations
 
