@@ -89,12 +89,12 @@ def raw_text(n: int, when: datetime, now: datetime) -> bytes:
     """COPY text rows equal to what ``one_offs`` schedules (defaults of the test settings)."""
     from schedapp.copyrows import COPY_COLUMNS
 
-    assert COPY_COLUMNS[0] == "name" and COPY_COLUMNS[-1] == "message_options"
+    assert COPY_COLUMNS[0] == "name" and COPY_COLUMNS[-1] == "description"
     at, stamp = when.astimezone(UTC).isoformat(), now.isoformat()
     lines = [
         f"once-{i}\t{TASKS[i % 4]}\t[{i}, \"label-{i}\"]\t{{}}\t{at}\t\tUTC\t\\N\t\\N\t\t0\t3\t0\t"
-        f"60\t100\t0:00:10\t1:00:00\t0:01:00\trun_once\tapi\t{at}\t{at}\tscheduled\t0\t0\t\t\\N\t0\t"
-        f"\\N\t\t\t{stamp}\t{stamp}\tt\t\t\\N\t\\N\t\\N\t\\N\t{{}}\n"
+        f"60\t100\t0:00:10\t1:00:00\t0:01:00\trun_once\tdead\tapi\t{at}\t{at}\tscheduled\t0\t0\t\t\\N\t0\t"
+        f"\\N\t\t\t{stamp}\t{stamp}\tt\t\t\\N\t\\N\t\\N\t\\N\t{{}}\t\n"
         for i in range(n)
     ]
     return "".join(lines).encode()
