@@ -190,8 +190,9 @@ class Store(Protocol):
         """The encoder of new jobs for ``insert_jobs`` (``copy_format``: COPY's "binary" or
         "text", where the store copies rows), created at ``now``."""
 
-    def insert_jobs(self, encoder: JobRows, rows: Iterable[Any]) -> InsertedJobs:
-        """Write at least one new job (rows from ``encoder``), all or none, in a savepoint of
+    def insert_jobs(self, encoder: Any, rows: Iterable[Any]) -> InsertedJobs:
+        """Write at least one new job (rows from ``encoder``, what ``job_rows`` returned: each
+        store takes its own kind), all or none, in a savepoint of
         the current transaction. NameTaken if the unique index on names refused one;
         ``ValidationError`` if the database refused them for another reason."""
 
