@@ -70,12 +70,12 @@ def through_hooks(n: int) -> dict[str, Any]:
 
     from project.celery import app
     from schedapp.store.postgresql import call_function
-    from schedapp.worker import PendingSuccesses, WorkerHooks
+    from schedapp.worker import WorkerHooks
 
     app.loader.import_default_modules()
     task = app.tasks["project.tasks.noop"]
     hooks = WorkerHooks()
-    hooks.pending = PendingSuccesses(hooks._record_many)
+    hooks.completions.open_pending()
     messages = _stage(n)
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
@@ -85,13 +85,13 @@ def through_hooks(n: int) -> dict[str, Any]:
     def run(headers: dict[str, Any]) -> None:
         task.request_stack.push(SimpleNamespace(hostname="bench@door", **headers))
         try:
-            hooks.admit(task, headers["id"])
-            hooks.on_task_success(sender=task, result=None)
+            hooks.door.admit(task, headers["id"])
+            hooks.completions.on_task_success(sender=task, result=None)
         finally:
             task.request_stack.pop()
 
     out["hooks"] = _timed(messages, run, pid)
-    hooks.pending.close()
+    hooks.completions.close_pending()
     _check(n, out, "hooks")
     return out
 

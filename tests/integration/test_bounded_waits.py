@@ -41,7 +41,7 @@ def test_a_door_whose_connection_goes_silent_gives_it_up_and_admits_its_run_on_a
     pg_proxy.cut_after(DOOR, silent=True)
     started = time.monotonic()
     with django_through(pg_proxy):
-        hooks.admit(task, run.task_id)  # raises Ignore if it refused the run
+        hooks.door.admit(task, run.task_id)  # raises Ignore if it refused the run
     # Then the door waited a bounded time (a third of the lease) for the reply, gave the
     # connection up, and its retry on a new one found its own admission: the run starts
     assert watchdog_given_up() == given_up + 1
@@ -58,8 +58,8 @@ def test_a_lease_renewal_whose_connection_goes_silent_is_given_up_and_the_next_o
     assert lease.admit_run(run.job_id, run.token, "w1", "a1").value == "admitted"
     hooks = WorkerHooks()
     request = SimpleNamespace(id=run.task_id, request_dict={HEADER_LEASE: 3})
-    hooks.on_task_received(request=request)
-    hooks.held[(run.job_id, run.token)].renewed_at -= 2  # due for renewal
+    hooks.leases.on_task_received(request=request)
+    hooks.leases.held[(run.job_id, run.token)].renewed_at -= 2  # due for renewal
     pg_proxy.cut_after(RENEWAL, silent=True)
     with django_through(pg_proxy):
         # When its heartbeat's renewal gets no reply: the heartbeat returns (its thread

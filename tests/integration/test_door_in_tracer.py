@@ -248,10 +248,10 @@ def test_a_replacements_message_delivered_again_while_it_runs_is_refused(app, se
         task.request_stack.push(SimpleNamespace(hostname=f"{copy}@host", **message))
         try:
             if copy == "first":
-                hooks.admit(task, sig.id)  # admitted: its body would run now
+                hooks.door.admit(task, sig.id)  # admitted: its body would run now
             else:
                 with pytest.raises(Refused, match="duplicate delivery"):
-                    hooks.admit(task, sig.id)
+                    hooks.door.admit(task, sig.id)
         finally:
             task.request_stack.pop()
     r = JobRun.objects.get(pk=run.run_id)

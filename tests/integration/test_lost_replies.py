@@ -17,7 +17,7 @@ from schedapp.db import db_now
 from schedapp.lease import claim_due_jobs
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
-from schedapp.worker import WorkerHooks
+from schedapp.worker import Outcome, WorkerHooks
 from tests.claiming import claim_one
 from tests.pgproxy import django_through
 
@@ -45,7 +45,7 @@ def test_a_door_whose_reply_was_lost_admits_its_run_on_retry(pg_proxy):
     task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
     pg_proxy.cut_after(DOOR)
     with django_through(pg_proxy):
-        hooks.admit(task, run.task_id)  # raises Ignore if it refused the run
+        hooks.door.admit(task, run.task_id)  # raises Ignore if it refused the run
     assert pg_proxy.stats()["cuts"] == 1  # the first attempt committed, its reply was lost
     # The retry recognised its own admission: the run starts
     r = JobRun.objects.get(pk=run.run_id)
@@ -58,7 +58,7 @@ def test_a_success_whose_reply_was_lost_moves_the_job_on_once(pg_proxy):
     hooks = WorkerHooks()
     pg_proxy.cut_after(FAST_SUCCESS)
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
+        hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     # the next occurrence follows the one that ran: none was skipped by the retry
@@ -72,7 +72,7 @@ def test_a_success_committed_in_a_transaction_whose_reply_was_lost_is_applied_on
     hooks = WorkerHooks()
     pg_proxy.cut_after()  # the COMMIT of the general completion path
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, lease.SUCCEEDED)  # no headers: the general path
+        hooks.completions.complete(run.task_id, lease.SUCCEEDED)  # no headers: the general path
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     assert job.scheduled_for == run.scheduled_for + timedelta(seconds=60)
@@ -84,7 +84,7 @@ def test_a_failure_whose_reply_was_lost_spends_one_retry(pg_proxy):
     hooks = WorkerHooks()
     pg_proxy.cut_after()
     with django_through(pg_proxy):
-        hooks._complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
+        hooks.completions.complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
     assert pg_proxy.stats()["cuts"] == 1
     job = Job.objects.get(pk=run.job_id)
     # one failed attempt: retried, not dead
@@ -101,9 +101,12 @@ def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_pro
         lease.admit_run(run.job_id, run.token, "w1", f"a{run.token}")
     hooks = WorkerHooks()
     pg_proxy.cut_after(b"FROM schedapp_succeed_runs_v1(")
-    items = [((r.job_id, r.token), lease.SUCCEEDED, {"headers": headers_of(r)}) for r in runs]
+    items = [
+        Outcome((r.job_id, r.token), lease.SUCCEEDED, 60.0, fields={"headers": headers_of(r)})
+        for r in runs
+    ]
     with django_through(pg_proxy):
-        hooks._record_many(items)  # what a pool process's completion writer does
+        hooks.completions.record_many(items)  # what a pool process's completion writer does
     assert pg_proxy.stats()["cuts"] == 1
     for run in runs:
         job = Job.objects.get(pk=run.job_id)
@@ -114,8 +117,6 @@ def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_pro
 @pytest.mark.parametrize("successes", [1, 2])
 def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_proxy, successes):
     # Given recurring runs that succeeded in a pool process, waiting for its next door
-    from schedapp.worker import PendingSuccesses
-
     done = []
     for i in range(successes):
         run = claim_one(name=f"every-minute-{i}", interval=60)[1]
@@ -123,14 +124,14 @@ def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_pro
         done.append(run)
     nxt = claimed(lease_seconds=30)
     hooks = WorkerHooks()
-    hooks.pending = PendingSuccesses(hooks._record_many, linger=3600)  # only the door writes
+    hooks.completions.open_pending(linger=3600)  # only the door writes
     for run in done:
-        hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
+        hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
     # When the door's statement, carrying them, commits and its reply is lost
     pg_proxy.cut_after(b"schedapp_admit_run_v3(")
     with django_through(pg_proxy):
-        hooks.admit(task, nxt.task_id)  # raises Ignore if it refused the run
+        hooks.door.admit(task, nxt.task_id)  # raises Ignore if it refused the run
     assert pg_proxy.stats()["cuts"] == 1
     # Then the retry found both done: each job moved on by one occurrence, the run started
     for run in done:
@@ -139,4 +140,4 @@ def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_pro
         assert JobRun.objects.get(pk=run.run_id).status == RunStatus.SUCCEEDED
     r = JobRun.objects.get(pk=nxt.run_id)
     assert (r.status, r.worker) == (RunStatus.RUNNING, "w1@host")
-    hooks.pending.close()
+    hooks.completions.close_pending()

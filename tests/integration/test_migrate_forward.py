@@ -17,9 +17,9 @@ from django.apps.registry import Apps
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from schedapp import claims
-from schedapp.claims import DoorVerdict
+from schedapp import lease
 from schedapp.db import db_now
+from schedapp.lease import DoorVerdict
 from schedapp.message import RunHeaders
 from schedapp.sql import query
 
@@ -190,22 +190,22 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
             assert {name: new.get(name, "<dropped>") for name in old} == old, table
 
     # And the current code claims the due rows of every schedule kind ...
-    claimed = {run.job_id: run for run in claims.claim_due_jobs("beat-new", 10).runs}
+    claimed = {run.job_id: run for run in lease.claim_due_jobs("beat-new", 10).runs}
     assert set(claimed) == {ids["cron"], ids["interval"], ids["run_at"]}
     # ... lets their runs, and the one dispatched before the upgrade, through the door ...
     for run in claimed.values():
-        assert claims.admit_run(run.job_id, run.token, "w-new", f"n{run.job_id}") == (
+        assert lease.admit_run(run.job_id, run.token, "w-new", f"n{run.job_id}") == (
             DoorVerdict.ADMITTED
         )
-    assert claims.admit_run(ids["waiting"], 3, "w-new", "n-waiting") == DoorVerdict.ADMITTED
+    assert lease.admit_run(ids["waiting"], 3, "w-new", "n-waiting") == DoorVerdict.ADMITTED
     assert Job.objects.get(pk=ids["waiting"]).unstarted_dispatches == 0
     # ... renews every lease, the one held across the upgrade too ...
     held = [(ids["held"], 7), (ids["waiting"], 3)] + [(r.job_id, r.token) for r in claimed.values()]
-    assert claims.renew_leases(held).renewed == set(held)
+    assert lease.renew_leases(held).renewed == set(held)
     assert JobRun.objects.get(job_id=ids["held"], token=7).heartbeats == 3
     # ... and completes them: the run started before the upgrade, the common success in one
     # call of the function, and the recurring ones through a worker's headers
-    assert claims.complete_run(ids["held"], 7, claims.SUCCEEDED).applied
+    assert lease.complete_run(ids["held"], 7, lease.SUCCEEDED).applied
     one_off = claimed[ids["run_at"]]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -226,7 +226,7 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
     for name in ("cron", "interval"):
         run = claimed[ids[name]]
         headers = RunHeaders.read(message_headers(run, "test"))
-        assert claims.complete_run(run.job_id, run.token, claims.SUCCEEDED, headers=headers).applied
+        assert lease.complete_run(run.job_id, run.token, lease.SUCCEEDED, headers=headers).applied
     states = dict(Job.objects.values_list("name", "state"))
     assert states == {
         "cron": "scheduled",

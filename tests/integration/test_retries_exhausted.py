@@ -254,7 +254,7 @@ def test_a_carried_on_failure_is_counted_in_its_own_metric_not_in_the_dead_lette
     from prometheus_client import REGISTRY
 
     from schedapp import metrics
-    from schedapp.worker import WorkerHooks
+    from schedapp.worker.completions import count_outcome
 
     def value(name: str) -> float:
         return REGISTRY.get_sample_value(name) or 0.0
@@ -264,7 +264,7 @@ def test_a_carried_on_failure_is_counted_in_its_own_metric_not_in_the_dead_lette
         TASK, name="counted", interval=60, max_retries=0, when_retries_exhausted=CARRY_ON
     )
     result = fail_due_occurrence(job)
-    WorkerHooks._observe(result, lease.FAILED)  # what a worker does with its outcome
+    count_outcome(result, lease.FAILED)  # what a worker does with its outcome
     metrics.reaped(1, started=1, carried_on=2)
     after = (value("schedapp_failed_occurrences_total"), value("schedapp_dead_letters_total"))
     assert (after[0] - before[0], after[1] - before[1]) == (3, 0)

@@ -264,7 +264,9 @@ def test_a_copy_that_never_started_here_does_not_fail_a_run_another_worker_is_ex
     # When another copy of its message reaches a worker that lacks the task (a rolling
     # deploy), and a third copy arrives past its expiry (Celery reports it as revoked)
     hooks.on_task_unknown(sender=SimpleNamespace(hostname="w2@old"), name=run.task, id=run.task_id)
-    hooks.on_task_revoked(request=SimpleNamespace(id=run.task_id), terminated=False, expired=True)
+    hooks.completions.on_task_revoked(
+        request=SimpleNamespace(id=run.task_id), terminated=False, expired=True
+    )
     # Then the run in flight is untouched: no failed attempt, no retry sent beside it
     job.refresh_from_db()
     assert (job.state, job.token, job.retry_count) == (JobState.RUNNING, run.token, 0)
@@ -287,7 +289,7 @@ def test_a_message_celery_discards_as_expired_drops_its_occurrence_as_under_cele
     hooks = WorkerHooks()
     for run in (every, once):
         request = SimpleNamespace(id=run.task_id)
-        hooks.on_task_revoked(request=request, terminated=False, expired=True)
+        hooks.completions.on_task_revoked(request=request, terminated=False, expired=True)
     # Then the recurring job goes on with its next occurrence, no attempt counted (not a
     # failure retried, and never a dead job after max_retries expiries)
     recurring.refresh_from_db()
@@ -622,10 +624,10 @@ class _Task:
 def pool_hooks(linger: float = 3600.0):
     """The hooks of a prefork pool process; by default no success is written by the linger
     thread within a test, so what gets written, the door wrote."""
-    from schedapp.worker import PendingSuccesses, WorkerHooks
+    from schedapp.worker import WorkerHooks
 
     hooks = WorkerHooks()
-    hooks.pending = PendingSuccesses(hooks._record_many, linger=linger)
+    hooks.completions.open_pending(linger=linger)
     return hooks
 
 
@@ -634,7 +636,7 @@ def succeeded_in(hooks, name: str = "every-minute") -> lease.ClaimedRun:
     waits there for the process's next door."""
     _, run = claim_one(name=name, interval=60)
     admit_run(run.job_id, run.token, "w1", f"admission-{name}")
-    hooks._complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
+    hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     return run
 
 
@@ -658,14 +660,14 @@ def test_a_pool_process_records_its_success_with_its_next_door():
     _, nxt = claim_one(name="next")
     assert _run_status(done) == RunStatus.RUNNING  # not written yet: it waits for a door
     # When the process admits its next run
-    hooks.admit(_Task(), nxt.task_id)  # raises Ignore if refused
+    hooks.door.admit(_Task(), nxt.task_id)  # raises Ignore if refused
     # Then both are recorded: the job moved on once, the next run started
     assert _run_status(done) == RunStatus.SUCCEEDED
     assert Job.objects.get(pk=done.job_id).scheduled_for == done.scheduled_for + timedelta(
         seconds=60
     )
     assert _run_status(nxt) == RunStatus.RUNNING
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 @pytest.mark.postgresql
@@ -675,11 +677,11 @@ def test_a_door_carrying_successes_is_one_statement(successes, function_calls):
     done = [succeeded_in(hooks, f"every-minute-{i}") for i in range(successes)]
     _, nxt = claim_one(name="next")
     function_calls.clear()
-    hooks.admit(_Task(), nxt.task_id)
+    hooks.door.admit(_Task(), nxt.task_id)
     assert len(function_calls) == 1, function_calls  # one round trip and one commit for all
     assert {_run_status(r) for r in done} == {RunStatus.SUCCEEDED}
     assert _run_status(nxt) == RunStatus.RUNNING
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
@@ -690,10 +692,10 @@ def test_a_door_refusing_its_run_still_records_the_successes_it_carries():
     late, nxt = claim_one(name="late")
     Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
     with pytest.raises(Ignore):
-        hooks.admit(_Task(), nxt.task_id)
+        hooks.door.admit(_Task(), nxt.task_id)
     assert _run_status(done) == RunStatus.SUCCEEDED
     assert _run_status(nxt) == RunStatus.SKIPPED
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
@@ -701,13 +703,13 @@ def test_a_success_carried_by_a_door_after_its_job_moved_on_is_recorded_stale():
     done = succeeded_in(hooks)
     _, nxt = claim_one(name="next")
     _lose_lease(done.job_id)  # while the success waited for the door
-    hooks.admit(_Task(), nxt.task_id)
+    hooks.door.admit(_Task(), nxt.task_id)
     r = JobRun.objects.get(pk=done.run_id)
     assert r.stale and r.status == RunStatus.SUCCEEDED
     job = Job.objects.get(pk=done.job_id)
     assert (job.state, job.retry_count) == (JobState.SCHEDULED, 1)  # the reaper's, not moved on
     assert _run_status(nxt) == RunStatus.RUNNING
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_success_that_no_door_takes_is_written_by_the_process_itself():
@@ -715,7 +717,7 @@ def test_a_success_that_no_door_takes_is_written_by_the_process_itself():
     done = succeeded_in(hooks)
     # no door came; the linger thread wrote it
     assert _status_within(done, RunStatus.SUCCEEDED) == RunStatus.SUCCEEDED
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_pool_process_writes_the_successes_still_waiting_when_it_exits():
@@ -723,11 +725,11 @@ def test_a_pool_process_writes_the_successes_still_waiting_when_it_exits():
     done = succeeded_in(hooks)
     hooks.on_process_shutdown(pid=0)
     assert _run_status(done) == RunStatus.SUCCEEDED
-    assert hooks.pending is None
+    assert hooks.completions.pending is None
 
 
 def test_a_door_that_cannot_carry_its_successes_leaves_them_to_the_thread_and_admits(monkeypatch):
-    from schedapp import worker
+    from schedapp.worker import door
 
     carried = []
 
@@ -735,25 +737,25 @@ def test_a_door_that_cannot_carry_its_successes_leaves_them_to_the_thread_and_ad
         carried.extend(successes)
         raise RuntimeError("the combined statement failed")
 
-    monkeypatch.setattr(worker, "admit_run_after_successes", broken)
+    monkeypatch.setattr(door, "admit_run_after_successes", broken)
     _, nxt = claim_one(name="next")
     hooks = pool_hooks(linger=0.5)  # long enough for the door to come first
     done = succeeded_in(hooks)
-    hooks.admit(_Task(), nxt.task_id)  # takes the success, fails to carry it
+    hooks.door.admit(_Task(), nxt.task_id)  # takes the success, fails to carry it
     assert [(j, t) for j, t, _ in carried] == [(done.job_id, done.token)]
     assert _run_status(nxt) == RunStatus.RUNNING  # the door, alone
     # written by the thread
     assert _status_within(done, RunStatus.SUCCEEDED) == RunStatus.SUCCEEDED
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_failure_in_a_pool_process_is_written_at_once():
     _, run = claim_one(name="every-minute", interval=60, max_retries=2, retry_backoff=0)
     admit_run(run.job_id, run.token, "w1", "a1")
     hooks = pool_hooks()
-    hooks._complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
+    hooks.completions.complete(run.task_id, lease.FAILED, error="RuntimeError: boom")
     assert _run_status(run) == RunStatus.FAILED  # failures do not wait for a door
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 class _Unpicklable(Exception):
@@ -798,7 +800,7 @@ def test_a_failure_whose_exception_text_postgresql_cannot_store_is_still_recorde
 
         einfo = ExceptionInfo()
     # When the worker reports the failure
-    WorkerHooks().on_task_failure(task_id=run.task_id, exception=exception, einfo=einfo)
+    WorkerHooks().completions.on_task_failure(task_id=run.task_id, exception=exception, einfo=einfo)
     # Then it is recorded, with text PostgreSQL can store, cut to the column's size
     r = JobRun.objects.get(pk=run.run_id)
     assert r.status == RunStatus.FAILED, r.status
@@ -835,14 +837,14 @@ def test_a_refused_delivery_says_when_its_run_is_dispatched_again(schedapp_recor
     late, run = claim_one(name="late")
     Job.objects.filter(pk=late.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
     with pytest.raises(Ignore):
-        hooks.admit(_Task(), run.task_id)
+        hooks.door.admit(_Task(), run.task_id)
     (line,) = [m for m in schedapp_records() if "delivered but not executed" in m]
     assert line.startswith(f"job {late.pk} (project.tasks.record) token {run.token} delivered")
     assert line.endswith(
         "its lease expired before it arrived: a beat reaps it and dispatches it again at its "
         "next tick, not counted as an attempt"
     )
-    hooks.pending.close()
+    hooks.completions.close_pending()
 
 
 def test_a_delivery_refused_for_a_newer_claim_says_it_is_not_run_again(schedapp_records):
@@ -852,10 +854,10 @@ def test_a_delivery_refused_for_a_newer_claim_says_it_is_not_run_again(schedapp_
     job, run = claim_one(name="moved-on")
     Job.objects.filter(pk=job.pk).update(token=run.token + 1)
     with pytest.raises(Ignore):
-        hooks.admit(_Task(), run.task_id)
+        hooks.door.admit(_Task(), run.task_id)
     (line,) = [m for m in schedapp_records() if "delivered but not executed" in m]
     assert line.endswith(
         "its claim is no longer the job's current one: not run again from this message (the "
         "job's newer claim, or its cancellation, stands)"
     )
-    hooks.pending.close()
+    hooks.completions.close_pending()

@@ -57,7 +57,17 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # (overview reads the fleet's state and resolves queues as the publisher does)
     (
         "processes",
-        ("dispatch", "overview", "context", "metrics", "beat", "worker", "tasks", "results"),
+        (
+            "dispatch",
+            "overview",
+            "context",
+            "metrics",
+            "beat",
+            "worker",
+            "worker.*",
+            "tasks",
+            "results",
+        ),
     ),
     # What people and Django see: the admin, views, checks, commands, the app and package.
     (

@@ -14,9 +14,9 @@ from billiard.process import current_process
 from celery.worker import state as worker_state
 from kombu.utils.limits import TokenBucket
 
-from schedapp import worker
 from schedapp.message import HEADER_LEASE, task_id_for
-from schedapp.worker import WorkerHooks
+from schedapp.worker import DoorBoard, HeldLeases, Outcome, WorkerHooks, completions, door, leases
+from schedapp.worker.completions import FAILED, SUCCEEDED
 
 CLAIM = (7, 3)
 
@@ -33,76 +33,77 @@ class Request:
 
 
 @pytest.fixture
-def hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerHooks]:
-    monkeypatch.setattr(worker, "_ADMISSION_GRACE", 0.0)  # no grace: forget at once
-    yield WorkerHooks()
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldLeases]:
+    """The runs a worker holds, on their own."""
+    monkeypatch.setattr(leases, "ADMISSION_GRACE", 0.0)  # no grace: forget at once
+    yield HeldLeases()
     worker_state.requests.clear()
     worker_state.active_requests.clear()
     worker_state.reserved_requests.clear()
 
 
-def received(hooks: WorkerHooks) -> Request:
+def received(held: HeldLeases) -> Request:
     request = Request(task_id_for(*CLAIM))
-    hooks.on_task_received(request=request)
+    held.on_task_received(request=request)
     return request
 
 
-def test_a_run_executing_is_still_renewed_after_a_redelivered_copy_of_its_message_ended(hooks):
+def test_a_run_executing_is_still_renewed_after_a_redelivered_copy_of_its_message_ended(held):
     # Given a run executing on this worker
-    running = received(hooks)
+    running = received(held)
     worker_state.task_reserved(running)
     worker_state.task_accepted(running)
     # When a redelivered copy of its message (same task id) arrives, is refused at the door
     # and ends, which removes the id from Celery's ``requests`` dict
-    copy = received(hooks)
+    copy = received(held)
     worker_state.task_reserved(copy)
     worker_state.task_ready(copy)
     assert running.id not in worker_state.requests
     # Then the run still executing is still held, and its lease renewed
-    hooks._due_for_renewal()
-    assert CLAIM in hooks.held
+    held.due_for_renewal()
+    assert CLAIM in held.held
     # and once it ends too, it is forgotten
     worker_state.task_ready(running)
-    hooks._due_for_renewal()
-    assert CLAIM not in hooks.held
+    held.due_for_renewal()
+    assert CLAIM not in held.held
 
 
 def test_a_refused_copy_is_forgotten_as_celery_acknowledges_it_not_after_the_grace(
-    hooks, monkeypatch
+    held, monkeypatch
 ):
     """Within the grace a request missing from Celery's bookkeeping may not be in it yet
     (just received); one whose message Celery acknowledged is done. Before, a copy the door
     refused stayed held for the whole grace: with a lease under 6 s its renewal came due and
     found the run lost, a false "lost its lease" alarm on a worker that never ran it."""
-    monkeypatch.setattr(worker, "_ADMISSION_GRACE", 60.0)
+    monkeypatch.setattr(leases, "ADMISSION_GRACE", 60.0)
     # Given a message just received, not yet in Celery's sets: held through the grace
-    copy = received(hooks)
-    hooks._due_for_renewal()
-    assert CLAIM in hooks.held
+    copy = received(held)
+    held.due_for_renewal()
+    assert CLAIM in held.held
     # When Celery reserves it, the door refuses it (Ignore: acknowledged) and it ends
     worker_state.task_reserved(copy)
     worker_state.task_accepted(copy)
     copy.acknowledged = True
     worker_state.task_ready(copy)
     # Then it is forgotten at once: no renewal of it comes due
-    assert hooks._due_for_renewal() == []
-    assert CLAIM not in hooks.held
+    assert held.due_for_renewal() == []
+    assert CLAIM not in held.held
 
 
-def test_a_run_waiting_in_a_rate_limit_bucket_is_still_renewed(hooks):
+def test_a_run_waiting_in_a_rate_limit_bucket_is_still_renewed(held):
     # Given a message of a rate-limited task, waiting for a token (Celery holds it in the
     # task's bucket, not in ``requests``)
-    waiting = received(hooks)
+    waiting = received(held)
     bucket = TokenBucket(fill_rate=0.001, capacity=1)
     bucket.add((waiting, 1))
-    hooks.consumer = SimpleNamespace(task_buckets={waiting.name: bucket, "other": None})
+    held.consumer = SimpleNamespace(task_buckets={waiting.name: bucket, "other": None})
     # Then it is held, so its lease does not run out before it reaches the door
-    hooks._due_for_renewal()
-    assert CLAIM in hooks.held
+    held.due_for_renewal()
+    assert CLAIM in held.held
     # and once the bucket lets it go and it ends, it is forgotten
     bucket.contents.clear()
-    hooks._due_for_renewal()
-    assert CLAIM not in hooks.held
+    held.due_for_renewal()
+    assert CLAIM not in held.held
 
 
 # --- completions through a database outage ------------------------------------------------
@@ -139,10 +140,12 @@ def test_a_completion_is_retried_through_an_outage_shorter_than_the_run_lease(mo
         written.append(clock.now)
         return CompletionResult(Completion.APPLIED)
 
-    monkeypatch.setattr(worker, "complete_run", complete_run)
+    monkeypatch.setattr(completions, "complete_run", complete_run)
     task = SimpleNamespace(request=SimpleNamespace(schedapp_lease=60))
     # When the task fails as the database goes away
-    WorkerHooks().on_task_failure(sender=task, task_id=task_id_for(*CLAIM), exception=KeyError())
+    completions.Completions().on_task_failure(
+        sender=task, task_id=task_id_for(*CLAIM), exception=KeyError()
+    )
     # Then its outcome is written once the database is back, not dropped after a fixed
     # number of attempts (the run would be reaped and run again)
     assert len(written) == 1 and 45 <= written[0] < 51
@@ -188,23 +191,25 @@ def test_a_lock_conflict_is_retried_as_such_not_reported_as_an_outage(
     assert len(reset) == resets
 
 
-def test_a_stop_landing_in_a_door_that_carries_successes_gives_them_back(monkeypatch, hooks):
+def test_a_stop_landing_in_a_door_that_carries_successes_gives_them_back(monkeypatch):
     # Given a pool process holding the success of its last run, which its next door carries
     written: list[list] = []
-    hooks.pending = worker.PendingSuccesses(written.append, linger=60.0)
-    success = ((5, 1), worker.SUCCEEDED, {"headers": object()})
-    hooks.pending.add(success)
+    done = completions.Completions()
+    monkeypatch.setattr(done, "record_many", written.append)
+    done.open_pending(linger=60.0)
+    success = Outcome((5, 1), SUCCEEDED, 60.0, fields={"headers": object()})
+    done.pending.add(success)
 
     def stopped_mid_call(*args, **kwargs):
         raise SystemExit(1)  # a terminating revoke or a hard time limit's SIGTERM, mid-statement
 
-    monkeypatch.setattr(worker, "admit_run_after_successes", stopped_mid_call)
+    monkeypatch.setattr(door, "admit_run_after_successes", stopped_mid_call)
     # When the process is stopped while that door is on its way
     with pytest.raises(SystemExit):
-        hooks._door(*CLAIM, "w1", "a1")
+        door.Door(done).check(*CLAIM, "w1", "a1")
     # Then the success is still there for the process's exit to write (its write, if the
     # door's commit landed after all, is a no-op), not lost with the door
-    hooks._close_pending()
+    done.close_pending()
     assert written == [[success]]
 
 
@@ -221,20 +226,20 @@ def test_a_retry_asked_without_throwing_is_recorded_as_a_retry_when_the_task_end
 
     recorded: list[tuple] = []
     monkeypatch.setattr(
-        worker,
+        completions,
         "complete_run",
         lambda job_id, token, outcome, **fields: recorded.append((outcome, fields)),
     )
     hooks = WorkerHooks()
     request = SimpleNamespace(id=task_id_for(*CLAIM), is_eager=False, schedapp_lease=60)
     task = SimpleNamespace(request=request)
-    hooks.retried_quietly(task, Retry(exc=RuntimeError("later"), when=5))
+    hooks.door.retried_quietly(task, Retry(exc=RuntimeError("later"), when=5))
     if ends == "returns":
-        hooks.on_task_success(sender=task, result="a value")
+        hooks.completions.on_task_success(sender=task, result="a value")
     else:
-        hooks.on_task_failure(sender=task, task_id=request.id, exception=KeyError("k"))
+        hooks.completions.on_task_failure(sender=task, task_id=request.id, exception=KeyError("k"))
     ((outcome, fields),) = recorded
-    assert outcome == worker.FAILED
+    assert outcome == FAILED
     assert fields["retry_delay"].total_seconds() == 5
     if ends == "returns":
         assert fields["error"] == "retry requested: RuntimeError: later"
@@ -250,63 +255,65 @@ def test_a_message_discarded_as_expired_by_a_clock_ahead_of_the_databases_raises
     from datetime import UTC, datetime, timedelta
 
     recorded: list[tuple[int, int]] = []
-    monkeypatch.setattr(worker, "record_expired", lambda j, t: recorded.append((j, t)))
+    monkeypatch.setattr(completions, "record_expired", lambda j, t: recorded.append((j, t)))
     host_now = datetime.now(UTC)
     database_now = host_now - timedelta(seconds=ahead)
-    monkeypatch.setattr(worker, "db_now", lambda: database_now, raising=False)
+    monkeypatch.setattr(completions, "db_now", lambda: database_now)
     request = SimpleNamespace(id=task_id_for(*CLAIM), expires=host_now - timedelta(seconds=10))
     with caplog.at_level("ERROR", logger="schedapp.worker"):
-        WorkerHooks().on_task_revoked(request=request, expired=True)
+        completions.Completions().on_task_revoked(request=request, expired=True)
     assert recorded == [CLAIM]
     said = [r.getMessage() for r in caplog.records if "clock is" in r.getMessage()]
     assert bool(said) is alarm, said
-def executing(hooks: WorkerHooks, lease: float) -> Request:
+
+
+def executing(held: HeldLeases, lease: float) -> Request:
     """A run with ``lease`` received and executing here, due for renewal."""
     request = Request(task_id_for(*CLAIM))
     request.request_dict[HEADER_LEASE] = lease
-    hooks.on_task_received(request=request)
+    held.on_task_received(request=request)
     worker_state.task_reserved(request)
     worker_state.task_accepted(request)
-    hooks.held[CLAIM].renewed_at -= lease
+    held.held[CLAIM].renewed_at -= lease
     return request
 
 
-def test_a_pool_process_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(hooks):
+def test_a_pool_process_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(held):
     # Given a run with a 1 s lease executing here, whose door a prefork pool process entered
     # (the board is made before the pool is forked, as at worker_init)
-    executing(hooks, lease=1.0)
-    hooks.doors = worker.DoorBoard()
+    executing(held, lease=1.0)
+    held.board = DoorBoard()
     pid = os.fork()
     if pid == 0:  # the pool process: enters the door and stays there (it never leaves)
         try:
             current_process().index = 0  # billiard's index of a pool process
-            hooks.doors.enter(CLAIM)
+            held.board.enter(CLAIM)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
     # While its door is younger than the lease, the run is renewed
-    assert hooks._due_for_renewal() == [CLAIM]
+    assert held.due_for_renewal() == [CLAIM]
     # When the door has been at work longer than the lease (seen on two looks running)
     time.sleep(1.1)
-    hooks._due_for_renewal()
+    held.due_for_renewal()
     # Then the run is no longer renewed: its lease lapses, and another worker can take it
-    assert hooks._due_for_renewal() == []
-    assert CLAIM in hooks.held
+    assert held.due_for_renewal() == []
+    assert CLAIM in held.held
     # and once its door is done, it is renewed again
-    hooks.doors.leave(0)
-    assert hooks._due_for_renewal() == [CLAIM]
+    held.board.leave(0)
+    assert held.due_for_renewal() == [CLAIM]
 
 
-def test_a_thread_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(hooks):
+def test_a_thread_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(held):
     # Given a threads (or solo) worker, whose doors run in its main process
-    executing(hooks, lease=0.5)
-    hooks.doors = worker.DoorBoard()
-    mark = hooks.doors.enter(CLAIM)
+    executing(held, lease=0.5)
+    held.board = DoorBoard()
+    mark = held.board.enter(CLAIM)
     assert mark is not None
-    assert hooks._due_for_renewal() == [CLAIM]
+    assert held.due_for_renewal() == [CLAIM]
     time.sleep(0.6)
-    hooks._due_for_renewal()
-    assert hooks._due_for_renewal() == []
-    hooks.doors.leave(mark)
-    assert hooks.doors.entries() == []
-    assert hooks._due_for_renewal() == [CLAIM]
+    held.due_for_renewal()
+    assert held.due_for_renewal() == []
+    held.board.leave(mark)
+    assert held.board.entries() == []
+    assert held.due_for_renewal() == [CLAIM]
