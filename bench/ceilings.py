@@ -25,30 +25,43 @@ CEILINGS = ("no-door", "round-trip", "no-writes")
 
 
 def install(name: str) -> None:
-    """Patch the worker hooks once the worker starts."""
+    """Replace the worker's door (and for ``no-writes`` its completions) once it starts."""
     if name not in CEILINGS:
         raise ValueError(f"unknown ceiling {name!r}; known: {', '.join(CEILINGS)}")
     at_worker_start(lambda: _take_out(name), "bench.ceiling")
 
 
 def _take_out(name: str) -> None:
-    from schedapp import worker
+    """Swap the objects on ``schedapp.worker.hooks`` (its documented seam), before the
+    worker's own ``worker_init`` gives them the door board."""
     from schedapp.store.base import DoorVerdict
+    from schedapp.worker import Completions, Door, Outcome, hooks
 
-    # The door admits without asking the database (or after an empty round trip); a pool
-    # process's successes, with no door to carry them, are written by its linger thread.
-    if name == "round-trip":
-        worker.WorkerHooks._door = _bare_round_trip  # type: ignore[method-assign]
-    else:
-        worker.WorkerHooks._door = lambda self, *args: DoorVerdict.ADMITTED  # type: ignore[method-assign]
+    class AdmitAll(Door):
+        """The door admits without asking the database; a pool process's successes, with
+        no door to carry them, are written by its linger thread."""
+
+        def check(self, *args: object, **kwargs: object) -> DoorVerdict:
+            return DoorVerdict.ADMITTED
+
+    class RoundTrip(Door):
+        """The door's own path to the database, with no work, and admits."""
+
+        def check(self, *args: object, **kwargs: object) -> DoorVerdict:
+            from schedapp.store.postgresql import call_function
+
+            call_function("SELECT 1", [])
+            return DoorVerdict.ADMITTED
+
+    class NoWrites(Completions):
+        """No outcome is written."""
+
+        def record_many(self, outcomes: list[Outcome]) -> None:
+            pass
+
+        def record(self, outcome: Outcome) -> None:
+            pass
+
     if name == "no-writes":
-        worker.WorkerHooks._record_many = lambda self, items: None  # type: ignore[method-assign]
-        worker.WorkerHooks._record = lambda self, *args: None  # type: ignore[method-assign]
-
-
-def _bare_round_trip(self: object, *args: object) -> object:
-    from schedapp.store.base import DoorVerdict
-    from schedapp.store.postgresql import call_function
-
-    call_function("SELECT 1", [])  # the door's own path to the database, with no work
-    return DoorVerdict.ADMITTED
+        hooks.completions = NoWrites()  # first: the door is built with it
+    hooks.door = (RoundTrip if name == "round-trip" else AdmitAll)(hooks.completions)

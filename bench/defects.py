@@ -21,7 +21,7 @@ DEFECTS = ("unrenewed-reserved", "broker-heartbeat")
 
 
 def install(name: str) -> None:
-    """Patch the worker hooks once the worker starts."""
+    """Replace parts of the worker's protocol once the worker starts."""
     if name not in DEFECTS:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
     at_worker_start(
@@ -43,6 +43,9 @@ def at_worker_start(patch: Callable[[], None], uid: str) -> None:
 
 
 def _unrenewed_reserved() -> None:
+    """Admission on receipt (a receiver of ``task_received``), no door before the body, and
+    renewal of the executing requests only: the worker's door and held leases replaced on
+    ``schedapp.worker.hooks``."""
     import uuid
 
     from celery import signals
@@ -51,7 +54,7 @@ def _unrenewed_reserved() -> None:
     from schedapp.lease import admit_run
     from schedapp.message import parse_task_id
     from schedapp.store.base import DoorVerdict
-    from schedapp.worker import WorkerHooks
+    from schedapp.worker import Door, HeldLeases, hooks
 
     def admit_on_receipt(sender: Any = None, request: Any = None, **_: Any) -> None:
         claim = parse_task_id(getattr(request, "id", None))
@@ -61,30 +64,37 @@ def _unrenewed_reserved() -> None:
         if verdict is not DoorVerdict.ADMITTED:
             worker_state.revoked.add(request.id)  # the first protocol's refusal
 
+    class NoDoor(Door):
+        def admit(self, task: Any, task_id: str) -> None:
+            pass
+
+    class ActiveOnly(HeldLeases):
+        def due_for_renewal(self) -> list[tuple[int, int]]:
+            due = super().due_for_renewal()
+            active = {r.id for r in worker_state.active_requests}
+            with self.lock:
+                return [k for k in due if k in self.held and self.held[k].task_id in active]
+
     signals.task_received.connect(admit_on_receipt, weak=False, dispatch_uid="chaos.receipt")
-    WorkerHooks.admit = lambda self, task, task_id: None  # type: ignore[method-assign]
-
-    original = WorkerHooks._due_for_renewal
-
-    def active_only(self: WorkerHooks) -> list[tuple[int, int]]:
-        due = original(self)
-        active = {r.id for r in worker_state.active_requests}
-        with self._lock:
-            return [k for k in due if k in self.held and self.held[k].task_id in active]
-
-    WorkerHooks._due_for_renewal = active_only  # type: ignore[method-assign]
+    hooks.door = NoDoor(hooks.completions)
+    hooks.leases = ActiveOnly()
 
 
 def _broker_heartbeat() -> None:
-    from celery import signals
+    """The worker's heartbeat step replaced (Celery reads its steps after ``worker_init``) by
+    one whose thread never beats; Celery's own heartbeat sends ``lease_heartbeat`` instead."""
+    from celery import current_app, signals
 
     from schedapp.signals import lease_heartbeat
     from schedapp.worker import LeaseHeartbeat
 
-    def silent(self: LeaseHeartbeat, hostname: str, period: float) -> None:
-        self._stop.wait()
+    class Silent(LeaseHeartbeat):
+        def beat(self, hostname: str, period: float) -> None:
+            self._stop.wait()
 
-    LeaseHeartbeat._run = silent  # type: ignore[method-assign]
+    steps = current_app.steps["worker"]
+    steps.discard(LeaseHeartbeat)
+    steps.add(Silent)
 
     def relay(sender: Any = None, **_: Any) -> None:
         lease_heartbeat.send(sender=getattr(sender, "hostname", None))
