@@ -1,0 +1,122 @@
+"""The worker's objects one at a time, and the seam that replaces them: what was reachable
+only through the whole ``WorkerHooks`` before it was split (issue 27, item 5)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+
+from schedapp.message import task_id_for
+from schedapp.worker import (
+    Completions,
+    LeaseHeartbeat,
+    NodeRecord,
+    Outcome,
+    WorkerHooks,
+    completions,
+    hooks,
+    install_door,
+    node,
+)
+from schedapp.worker.completions import FAILED, SUCCEEDED
+
+CLAIM = (7, 3)
+
+
+class Recorder:
+    """Stands in for one of the worker's objects: notes every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
+def test_an_object_replaced_on_the_hooks_after_they_were_connected_gets_the_signals(monkeypatch):
+    # Given the process's hooks, connected when the app was ready (apps.py), and then their
+    # completions replaced: the bench's seam
+    replacement = Recorder()
+    monkeypatch.setattr(hooks, "completions", replacement)
+    # When Celery sends a task's success
+    class Task:  # a signal's sender must be hashable
+        request = SimpleNamespace(id=task_id_for(*CLAIM))
+
+    signals.task_success.send(sender=Task(), result=None)
+    # Then the object in place now receives it, not the one there at connect time
+    assert [name for name, _, _ in replacement.calls] == ["on_task_success"]
+
+
+def test_a_task_given_the_door_asks_the_door_in_place_when_it_starts():
+    app = Celery("doors", set_as_current=False)
+
+    @app.task
+    def work() -> None:
+        pass
+
+    own = WorkerHooks()
+    assert install_door(app, own) >= 1
+    replacement = Recorder()
+    own.door = replacement  # replaced after the task classes were made
+    work.before_start(task_id_for(*CLAIM), (), {})
+    assert [(name, args[1]) for name, args, _ in replacement.calls] == [
+        ("admit", task_id_for(*CLAIM))
+    ]
+
+
+def test_the_heartbeat_of_a_warm_shutdown_ends_once_nothing_is_held(monkeypatch):
+    answers = iter([True, True, False])
+    monkeypatch.setattr(LeaseHeartbeat, "still_holding", staticmethod(lambda: next(answers)))
+    step = LeaseHeartbeat(SimpleNamespace())
+    step.stop(None)  # a warm shutdown: drain
+    thread = threading.Thread(target=step.beat, args=("w1@host", 0.01), daemon=True)
+    thread.start()
+    thread.join(timeout=5)
+    assert not thread.is_alive()  # three beats: held, held, nothing held
+    assert next(answers, "used up") == "used up"
+
+
+def test_a_success_with_headers_waits_for_a_door_and_any_other_outcome_is_written_at_once(
+    monkeypatch,
+):
+    written: list[tuple] = []
+    monkeypatch.setattr(
+        completions,
+        "complete_run",
+        lambda job_id, token, state, **fields: written.append((job_id, token, state)),
+    )
+    done = Completions()
+    done.open_pending(linger=60.0)
+    try:
+        done.complete(task_id_for(*CLAIM), SUCCEEDED, headers={"h": 1}, lease=30.0)
+        done.complete(task_id_for(8, 1), SUCCEEDED, headers=None)  # no headers: general path
+        done.complete(task_id_for(9, 1), FAILED, error="boom")
+        done.complete("not-a-schedapp-task", FAILED, error="ignored")
+        assert written == [(8, 1, SUCCEEDED), (9, 1, FAILED)]
+        (waiting,) = done.take_pending()
+        assert waiting == Outcome(CLAIM, SUCCEEDED, 30.0, fields={"headers": {"h": 1}})
+        assert waiting.carries_headers
+    finally:
+        done.close_pending()
+
+
+def test_the_node_row_is_written_at_most_every_node_heartbeat_unless_forced(monkeypatch):
+    rows: list[dict] = []
+    monkeypatch.setattr(node, "record_node", lambda name, kind, started, stats: rows.append(stats))
+    record = NodeRecord()
+    record.record(held=1)  # not started yet: nothing to say
+    record.start(SimpleNamespace(hostname="w1@host", task_consumer=SimpleNamespace(queues=[])))
+    record.record(held=2, force=True)
+    record.record(held=3)  # within SCHEDAPP_NODE_HEARTBEAT of the last
+    record.record(held=4, force=True)
+    assert [row["held"] for row in rows] == [2, 4]
+
+
+@pytest.mark.parametrize("state", [FAILED, "skipped"])
+def test_only_a_success_with_headers_can_ride_with_a_door(state):
+    assert not Outcome(CLAIM, state, 1.0, fields={"headers": {"h": 1}}).carries_headers
+    assert not Outcome(CLAIM, SUCCEEDED, 1.0, fields={"headers": {}}).carries_headers
