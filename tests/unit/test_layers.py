@@ -31,6 +31,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "display",
             "conf",
             "signals",
+            "lease.rules",
         ),
     ),
     # What a job is and the statements that read and write it.
@@ -91,7 +92,16 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Pure modules are tested without a database or a broker: they import neither.
-PURE = ("exceptions", "message", "cronmath", "solar", "schedules", "policies", "display")
+PURE = (
+    "exceptions",
+    "message",
+    "cronmath",
+    "solar",
+    "schedules",
+    "policies",
+    "display",
+    "lease.rules",
+)
 IMPURE_PREFIXES = ("django.db", "celery", "kombu", "psycopg", "redis")
 
 
