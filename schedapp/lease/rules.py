@@ -198,6 +198,18 @@ class RenewDecision:
     heartbeat: bool = False  # run heartbeats += 1, heartbeat_at := now
 
 
+def renews(job: LeaseJob | None, token: int, *, locked: bool = True) -> bool:
+    """A held lease is extended only under the job's current token, while the job holds a
+    lease and is running or paused (a paused job's run in flight goes on)."""
+    return (
+        job is not None
+        and locked
+        and job.token == token
+        and job.lease_expires_at is not None
+        and job.state in LIVE_JOB_STATES
+    )
+
+
 def renewal(
     job: LeaseJob | None, run: LeaseRun | None, token: int, *, locked: bool = True
 ) -> RenewDecision:
@@ -205,13 +217,7 @@ def renewal(
     be locked (PostgreSQL skips a row another transaction holds and says ``busy``; the
     portable store waits for it). The run is read after the writes, so a completion that
     just committed reads as finished, not as a lost lease."""
-    if (
-        job is not None
-        and locked
-        and job.token == token
-        and job.lease_expires_at is not None
-        and job.state in LIVE_JOB_STATES
-    ):
+    if renews(job, token, locked=locked):
         return RenewDecision(
             RENEWED, extend_lease=True, heartbeat=run is not None and run.status == RUNNING
         )

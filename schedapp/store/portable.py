@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import F, Min, Value
@@ -19,8 +19,10 @@ from ..policies import dispatch_wait, misfire_after
 from ..validation import CELERY_FIELDS, Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
 
-_FINISHED_NORMALLY = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 _NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
+
+if TYPE_CHECKING:  # at run time imported where used: the lease package imports this store
+    from ..lease.rules import LeaseJob
 
 _CLAIM_FIELDS = (
     "id",
@@ -221,7 +223,10 @@ class JobInstances:
 def _admit(
     using: str, now: datetime, job_id: int, token: int, worker: str, admission: str
 ) -> DoorVerdict:
-    """``schedapp_admit_run`` through the ORM (SQLite's IMMEDIATE transactions serialise it)."""
+    """``schedapp_admit_run_v3`` through the ORM (SQLite's IMMEDIATE transactions serialise
+    it): the decision is ``lease.rules.door``'s; only the reads and writes are here."""
+    from ..lease.rules import LeaseJob, LeaseRun, door  # not at import: lease imports this
+
     with transaction.atomic(using=using):
         job = (
             Job.objects.using(using)
@@ -232,54 +237,43 @@ def _admit(
         )
         runs = JobRun.objects.using(using).filter(job_id=job_id, token=token)
         run = runs.values("status", "admission").first()
-        if job is None or run is None:
-            return DoorVerdict.UNKNOWN
-        lease_valid = job["lease_expires_at"] is not None and job["lease_expires_at"] > now
-        if job["token"] != token:
-            verdict = DoorVerdict.STALE_TOKEN
-        elif run["status"] == RunStatus.RUNNING and run["admission"] == admission:
-            verdict = DoorVerdict.ADMITTED  # this same door call again: its reply was lost
-        elif job["state"] == JobState.PAUSED:
-            verdict = DoorVerdict.JOB_PAUSED
-        elif job["state"] != JobState.RUNNING:
-            verdict = DoorVerdict.JOB_STATE
-        elif run["status"] != RunStatus.DISPATCHED:
-            verdict = DoorVerdict.DUPLICATE
-        elif not lease_valid:
-            verdict = DoorVerdict.LEASE_EXPIRED
-        else:
-            verdict = DoorVerdict.ADMITTED
-        if verdict is DoorVerdict.ADMITTED:
+        decision = door(
+            LeaseJob(**job) if job is not None else None,
+            LeaseRun(**run) if run is not None else None,
+            token,
+            admission,
+            now,
+        )
+        verdict = DoorVerdict(decision.verdict)
+        if decision.start_run:
             runs.update(
                 status=RunStatus.RUNNING,
                 started_at=Coalesce("started_at", Value(now)),  # a retried door keeps the first
                 worker=worker,
                 admission=admission,
             )
-            lease = timedelta(seconds=job["lease_seconds"])
-            left = job["lease_expires_at"] - now
-            # as schedapp_admit_run decides: an ordinary lease from here on
-            if job["unstarted_dispatches"] or not lease * 5 / 6 <= left <= lease:
-                Job.objects.using(using).filter(id=job_id).update(
-                    lease_expires_at=now + lease, unstarted_dispatches=0
-                )
-        elif run["status"] == RunStatus.DISPATCHED:
+        if decision.fresh_lease:
+            Job.objects.using(using).filter(id=job_id).update(
+                lease_expires_at=now + timedelta(seconds=job["lease_seconds"]),
+                unstarted_dispatches=0,
+            )
+        if decision.skip_run:
             runs.update(
                 status=RunStatus.SKIPPED,
                 finished_at=now,
                 worker=worker,
                 error=_skipped_error(verdict),
             )
-            if verdict is DoorVerdict.JOB_PAUSED:
-                Job.objects.using(using).filter(id=job_id).update(
-                    claimed_by="", lease_expires_at=None
-                )
+        if decision.release_lease:
+            Job.objects.using(using).filter(id=job_id).update(
+                claimed_by="", lease_expires_at=None
+            )
         return verdict
 
 
-# A refused run's error, word for word as schedapp_admit_run writes it (migration 0006): the
-# admin shows the same text on every database. (DoorVerdict.explanation, which the worker's
-# refusal says, adds what happens next to an expired lease.)
+# A refused run's error, word for word as schedapp_admit_run_v3 writes it (sql/functions.sql):
+# the admin shows the same text on every database. (DoorVerdict.explanation, which the
+# worker's refusal says, adds what happens next to an expired lease.)
 _SKIPPED_REASONS = {
     DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
     DoorVerdict.JOB_PAUSED: "the job is paused",
@@ -295,46 +289,45 @@ def _skipped_error(verdict: DoorVerdict) -> str:
 def _renew(
     using: str, now: datetime, held: Sequence[tuple[int, int]]
 ) -> list[tuple[int, int, str]]:
+    """``schedapp_renew_leases_v4`` through the ORM: each outcome is ``lease.rules.renewal``'s.
+    The rows are locked and waited for (never ``busy``: SQLite's one write lock is held)."""
+    from ..lease.rules import LeaseRun, renewal, renews  # not at import: lease imports this
+
     with transaction.atomic(using=using):
-        current = list(
-            Job.objects.using(using)
+        jobs = {
+            (row["id"], row["token"]): row
+            for row in Job.objects.using(using)
             .select_for_update()
-            .filter(
-                pairs(held),
-                lease_expires_at__isnull=False,
-                state__in=[JobState.RUNNING, JobState.PAUSED],
-            )
-            .values_list("id", "token", "lease_seconds")
-        )
-        for job_id, _token, lease in current:
-            Job.objects.using(using).filter(id=job_id).update(
-                lease_expires_at=now + timedelta(seconds=lease)
-            )
-        renewed = {(j, t) for j, t, _ in current}
+            .filter(pairs(held))
+            .values("id", "token", "state", "lease_expires_at", "lease_seconds")
+        }
+        renewed = {key for key in held if renews(_lease_job(jobs.get(key)), key[1])}
+        for job_id, token in renewed:
+            lease = timedelta(seconds=jobs[job_id, token]["lease_seconds"])
+            Job.objects.using(using).filter(id=job_id).update(lease_expires_at=now + lease)
         if renewed:
             JobRun.objects.using(using).filter(
                 pairs(renewed, "job_id"), status=RunStatus.RUNNING
             ).update(
                 heartbeats=F("heartbeats") + 1, heartbeat_at=now
             )
+        # read after the writes, as the function reads them: a run that just finished is
+        # reported finished, not as a lost lease
         runs = {
-            (j, t): (status, stale, started)
+            (j, t): LeaseRun(status, stale=stale, started=started is not None)
             for j, t, status, stale, started in JobRun.objects.using(using)
             .filter(pairs(held, "job_id"))
             .values_list("job_id", "token", "status", "stale", "started_at")
         }
-    out = []
-    for key in held:
-        status, stale, started = runs.get(key, (None, False, True))
-        if key in renewed:
-            outcome = "renewed"
-        elif status == RunStatus.CANCELLED:
-            outcome = "cancelled"
-        elif status in _FINISHED_NORMALLY and not stale:
-            outcome = "finished"
-        elif status is not None and started is None:
-            outcome = "unstarted"
-        else:
-            outcome = "lost"
-        out.append((*key, outcome))
-    return out
+    return [
+        (*key, renewal(_lease_job(jobs.get(key)), runs.get(key), key[1]).outcome) for key in held
+    ]
+
+
+def _lease_job(row: dict[str, Any] | None) -> LeaseJob | None:
+    """A job row as ``lease.rules`` reads it (None: not among the held (job, token) pairs)."""
+    from ..lease.rules import LeaseJob
+
+    if row is None:
+        return None
+    return LeaseJob(row["state"], row["token"], row["lease_expires_at"], row["lease_seconds"])
