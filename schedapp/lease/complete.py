@@ -1,6 +1,8 @@
 """Completions: a run's outcome recorded and, if the run is still its job's current one,
 the job moved on (the next occurrence, a retry, dead). A stale completion is recorded on the
-run only; a retried one changes nothing.
+run only; a retried one changes nothing. Which outcome is accepted, and whether it moves the
+job, is ``rules.completion``'s table (and ``schedapp_succeed_run`` applies only what
+``rules.fast_success`` says); this module reads and writes.
 
 Every write locks the job row before the run row (the reaper, the claim and the API do the
 same), so the door, renewals, completions and the reaper serialise on the job row.
@@ -13,7 +15,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
@@ -36,6 +37,7 @@ from .quarantine import (
     storable,
     unschedulable,
 )
+from .rules import ANY, STARTED, UNSTARTED_ONLY, Completion, LeaseJob, completion
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,6 @@ log = logging.getLogger(__name__)
 SUCCEEDED = RunStatus.SUCCEEDED.value
 FAILED = RunStatus.FAILED.value
 SKIPPED = RunStatus.SKIPPED.value
-
-
-class Completion(StrEnum):
-    APPLIED = "applied"  # the run's outcome moved its job on
-    STALE = "stale"  # recorded on the run only: the job had moved on (lease lost, cancelled)
-    ALREADY_RECORDED = "already_recorded"  # a retried completion whose first attempt landed
 
 
 @dataclass(frozen=True)
@@ -100,14 +96,9 @@ def complete_run(
         error=error,
         traceback=traceback,
         retry_delay=retry_delay,
-        accepted=_UNSTARTED if only_unstarted else _ANY if allow_unstarted else _STARTED,
+        accepted=UNSTARTED_ONLY if only_unstarted else ANY if allow_unstarted else STARTED,
         rng=rng,
     )
-
-
-_STARTED = frozenset({RunStatus.RUNNING, RunStatus.LOST})
-_UNSTARTED = frozenset({RunStatus.DISPATCHED})
-_ANY = _STARTED | _UNSTARTED
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
@@ -205,7 +196,7 @@ def _success_results(
             error="",
             traceback="",
             retry_delay=None,
-            accepted=_STARTED,
+            accepted=STARTED,
             rng=rng,
         )
         for i, (job_id, token, _h) in enumerate(items)
@@ -257,14 +248,11 @@ def _complete_and_quarantine(
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).values("token", "state").first()
         run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
-        if run is None or run["status"] not in accepted:
-            return CompletionResult(Completion.ALREADY_RECORDED)
-        fresh = (
-            job is not None
-            and job["token"] == token
-            and job["state"] in (JobState.RUNNING, JobState.PAUSED)
-            and run["status"] != RunStatus.LOST
-        )
+        lease_job = LeaseJob(job["state"], job["token"]) if job is not None else None
+        verdict = completion(lease_job, run and run["status"], token, accepted)
+        if verdict is Completion.ALREADY_RECORDED:
+            return CompletionResult(verdict)
+        fresh = verdict is Completion.APPLIED
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=outcome,
             finished_at=Now(),
@@ -292,14 +280,12 @@ def _complete_locked(
 ) -> CompletionResult:
     with transaction.atomic():
         job, run = lock_job_and_run(job_id, token)
-        if run is None or run["status"] not in accepted:
-            return CompletionResult(Completion.ALREADY_RECORDED)
-        fresh = (
-            job is not None
-            and job.token == token
-            and job.state in (JobState.RUNNING, JobState.PAUSED)
-            and run["status"] != RunStatus.LOST
-        )
+        lease_job = LeaseJob(job.state, job.token) if job is not None else None
+        verdict = completion(lease_job, run and run["status"], token, accepted)
+        if verdict is Completion.ALREADY_RECORDED:
+            return CompletionResult(verdict)
+        assert run is not None
+        fresh = verdict is Completion.APPLIED
         error, traceback = storable(error, ERROR_CHARS), storable(traceback, TRACEBACK_CHARS)
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=outcome,
@@ -359,14 +345,16 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
     when the job moved on, None when only the run was closed or nothing changed."""
     with transaction.atomic():
         job, run = lock_job_and_run(job_id, token)
-        if run is None or run["status"] != RunStatus.DISPATCHED:
+        lease_job = LeaseJob(job.state, job.token) if job is not None else None
+        verdict = completion(lease_job, run and run["status"], token, UNSTARTED_ONLY)
+        if verdict is Completion.ALREADY_RECORDED:
             return None
         JobRun.objects.filter(job_id=job_id, token=token).update(
             status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED
         )
-        live = (JobState.RUNNING, JobState.PAUSED)
-        if job is None or job.token != token or job.state not in live:
+        if verdict is Completion.STALE:  # closed, and the run only: the job moved on
             return None
+        assert job is not None and run is not None
         try:
             plan = policies.plan_after_expiry(job_facts(job, ran_for=run["scheduled_for"]))
         except Exception as exc:  # written behind the API's back, or another croniter/tzdata

@@ -1,13 +1,13 @@
-"""The door: a worker starts a run only if its claim is current and its lease alive."""
+"""The door: a worker starts a run only if its claim is current and its lease alive. What the
+door decides is ``rules.door`` (and ``rules.replacement_door``); this module reads and writes."""
 
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models.functions import Now
 
-from ..models import Job, JobRun, JobState, RunStatus
+from ..models import Job, JobRun
 from ..store import DoorVerdict, get_store
-from .after_run import lock_job_and_run
+from .rules import LeaseJob, LeaseRun, replacement_door
 
 # --- worker side -----------------------------------------------------------------------------
 #
@@ -25,7 +25,9 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
-    On PostgreSQL this is the function ``schedapp_admit_run_v3`` (sql/functions.sql).
+    On PostgreSQL this is the function ``schedapp_admit_run_v3`` (sql/functions.sql), elsewhere
+    the portable store's ``_admit``: both decide as ``rules.door``, which
+    ``tests/integration/test_lease_rules_sql.py`` holds them to.
     """
     return get_store().admit(job_id, token, worker, admission)
 
@@ -38,21 +40,25 @@ def admit_replacement(
     its own, so another delivery of its message (which carries the same ``carried`` one: a
     broker redelivery while it runs) is refused as a duplicate, as any second delivery is.
     A retry of this same call (its commit landed, its reply was lost) is admitted again.
-    Rare, so written through the ORM on every database, with the job row locked first."""
+    Rare, so written through the ORM on every database, with the job row locked first; the
+    decision is ``rules.replacement_door``'s."""
     with transaction.atomic():
-        job, run = lock_job_and_run(job_id, token)
-        if job is None or run is None:
-            return DoorVerdict.UNKNOWN
-        if job.token != token:
-            return DoorVerdict.STALE_TOKEN
-        if job.state not in (JobState.RUNNING, JobState.PAUSED):  # paused: it runs on
-            return DoorVerdict.JOB_STATE
-        taken = JobRun.objects.filter(
-            job_id=job_id, token=token, status=RunStatus.RUNNING, admission__in=(carried, admission)
+        job = (
+            Job.objects.select_for_update()
+            .filter(id=job_id)
+            .values("token", "state", "lease_expires_at")
+            .first()
         )
-        if not taken.exists():
-            return DoorVerdict.DUPLICATE
-        if not Job.objects.filter(id=job_id, lease_expires_at__gt=Now()).exists():
-            return DoorVerdict.LEASE_EXPIRED
-        taken.update(admission=admission, worker=worker)
-    return DoorVerdict.ADMITTED
+        runs = JobRun.objects.filter(job_id=job_id, token=token)
+        run = runs.values("status", "admission").first()
+        decision = replacement_door(
+            LeaseJob(**job) if job is not None else None,
+            LeaseRun(**run) if run is not None else None,
+            token,
+            carried,
+            admission,
+            get_store().now(),
+        )
+        if decision.take_over:
+            runs.update(admission=admission, worker=worker)
+    return DoorVerdict(decision.verdict)
