@@ -104,9 +104,25 @@ class DoorDecision:
     verdict: str
     start_run: bool = False  # run -> running (started_at kept if set), worker and admission
     fresh_lease: bool = False  # job lease := now + lease_seconds, unstarted_dispatches := 0
-    skip_run: bool = False  # run -> skipped: "delivered but not executed: <why>"
+    skip_run: bool = False  # run -> skipped, its error ``skipped_error(verdict)``
     release_lease: bool = False  # a paused job gives its lease back: resume is immediate
     take_over: bool = False  # a replacement door: the run's admission and worker become its own
+
+
+# A run the door refused is closed ``skipped`` with this text, word for word as
+# schedapp_admit_run_v3 writes it: the admin shows the same on every database. (The worker's
+# own log says more: ``DoorVerdict.what_next``.)
+SKIPPED_REASONS = {
+    STALE_TOKEN: "its claim is no longer the job's current one",
+    JOB_PAUSED: "the job is paused",
+    JOB_STATE: "the job is no longer running",
+    LEASE_EXPIRED: "its lease expired before it arrived",
+}
+
+
+def skipped_error(verdict: str) -> str:
+    """The error a refused, never-started run is closed with."""
+    return f"delivered but not executed: {SKIPPED_REASONS.get(verdict, verdict)}"
 
 
 Row = tuple[str, Callable[[DoorCall], bool], str]

@@ -225,7 +225,12 @@ def _admit(
 ) -> DoorVerdict:
     """``schedapp_admit_run_v3`` through the ORM (SQLite's IMMEDIATE transactions serialise
     it): the decision is ``lease.rules.door``'s; only the reads and writes are here."""
-    from ..lease.rules import LeaseJob, LeaseRun, door  # not at import: lease imports this
+    from ..lease.rules import (  # not at import: lease imports this
+        LeaseJob,
+        LeaseRun,
+        door,
+        skipped_error,
+    )
 
     with transaction.atomic(using=using):
         job = (
@@ -262,28 +267,13 @@ def _admit(
                 status=RunStatus.SKIPPED,
                 finished_at=now,
                 worker=worker,
-                error=_skipped_error(verdict),
+                error=skipped_error(decision.verdict),
             )
         if decision.release_lease:
             Job.objects.using(using).filter(id=job_id).update(
                 claimed_by="", lease_expires_at=None
             )
         return verdict
-
-
-# A refused run's error, word for word as schedapp_admit_run_v3 writes it (sql/functions.sql):
-# the admin shows the same text on every database. (DoorVerdict.explanation, which the
-# worker's refusal says, adds what happens next to an expired lease.)
-_SKIPPED_REASONS = {
-    DoorVerdict.STALE_TOKEN: "its claim is no longer the job's current one",
-    DoorVerdict.JOB_PAUSED: "the job is paused",
-    DoorVerdict.JOB_STATE: "the job is no longer running",
-    DoorVerdict.LEASE_EXPIRED: "its lease expired before it arrived",
-}
-
-
-def _skipped_error(verdict: DoorVerdict) -> str:
-    return f"delivered but not executed: {_SKIPPED_REASONS.get(verdict, verdict.value)}"
 
 
 def _renew(
