@@ -1,5 +1,6 @@
 """The sdist and wheel hold what they should: the package with its migrations, templates and
-static files, the license; no tests, demo project, benchmarks or caches."""
+static files, its test kit (schedapp.testing), the license; no tests, demo project, benchmarks
+or caches."""
 
 import sys
 import tarfile
@@ -11,6 +12,8 @@ must = [
     "schedapp/py.typed",
     "schedapp/templates/",
     "schedapp/static/",
+    "schedapp/testing/fleet.py",
+    "schedapp/testing/pgproxy/__main__.py",
 ]
 never_top = ("tests/", "project/", "bench/", "var/", ".venv/", ".ci/")
 for path in sys.argv[1:]:

@@ -1,6 +1,6 @@
 """Parts of the worker protocol taken out, to show what each costs next to plain Celery
 (``bench.overhead --ceilings``; ``BENCH_CEILING=<name>`` in the worker's environment,
-installed by ``project/celery.py``).
+installed by ``bench/worker_app.py``).
 
 * ``no-door``: the door admits without asking the database. The bench marks the staged
   runs ``running`` beforehand, so the completion is the real one: what is left is the cost

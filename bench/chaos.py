@@ -9,7 +9,7 @@
     python -m bench.chaos --scenario postgres-outage         # PostgreSQL restarted mid-flight
 
 Each run starts a private PostgreSQL cluster, a private Redis and a fault-injecting proxy
-(tests/pgproxy) through which every beat and worker reaches PostgreSQL (each names its
+(schedapp.testing.pgproxy) through which every beat and worker reaches PostgreSQL (each names its
 connections after itself, so a fault can target one), 3 beats and 2 prefork workers (one with
 Celery's default prefetch, multiplier 4), schedules a mix of jobs (one-offs spread over the
 window, long jobs that live on lease renewals, interval and cron jobs, flaky jobs that retry,
@@ -51,10 +51,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import chaos_oracle as oracle  # noqa: E402
-from project import harness  # noqa: E402
-from tests.fleet import Fleet, Proc  # noqa: E402
-from tests.pgproxy import COMMIT, ProxyControl, spawn_proxy  # noqa: E402
-from tests.servers import PrivatePostgres, PrivateRedis  # noqa: E402
+from schedapp.testing import processes  # noqa: E402
+from schedapp.testing.fleet import Fleet  # noqa: E402
+from schedapp.testing.pgproxy import COMMIT, ProxyControl, spawn_proxy  # noqa: E402
+from schedapp.testing.processes import Proc  # noqa: E402
+from schedapp.testing.servers import PrivatePostgres, PrivateRedis  # noqa: E402
+
+# Beats and workers run the bench's Celery app, which installs CHAOS_DEFECT's defect
+# (bench/worker_app.py); without it, the demo project's app as it is.
+APP = "bench.worker_app"
 
 LEASE = 8  # seconds, every job: short, so that recovery happens well inside the run
 # Renewals start a third of a lease in, every second: a pause up to LEASE * 2/3 - 1 s can never
@@ -133,7 +138,7 @@ class Harness:
                 spawn_proxy(self.workdir / "pgproxy.sock", upstream=("127.0.0.1", self.pg.port))
             )
             env["DATABASE_URL"] = self.proxy.database_url(self.pg.url)
-        self.fleet = Fleet(self.workdir, env)
+        self.fleet = Fleet(self.workdir, env, app=APP, cwd=ROOT)
 
     def _worker(self, concurrency: int, prefetch: int, wait: bool = True) -> Proc:
         assert self.fleet is not None
@@ -550,7 +555,7 @@ def check_history(
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    harness.wait_until(predicate, timeout, interval=0.5, message=what)
+    processes.wait_until(predicate, timeout, interval=0.5, message=what)
 
 
 def run_chaos(

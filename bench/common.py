@@ -24,13 +24,17 @@ import psutil
 import psycopg
 import redis
 
-from project import harness
+from schedapp.testing import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 PYTHON = sys.executable
-CELERY = harness.CELERY
+CELERY = processes.CELERY
+# Beats run the demo project's Celery app; workers the bench's, which installs the ceilings
+# and timing hooks when their environment variables are set (bench/worker_app.py).
+BEAT_APP = "project"
+WORKER_APP = "bench.worker_app"
 
 PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -190,8 +194,8 @@ def bench_env(db: str, redis_db: int, settings: str = OURS_SETTINGS,
     return env
 
 
-# One harness for the tests, the benchmarks and the demo (project/harness.py).
-Proc = harness.Proc
+# One harness for the tests, the benchmarks and the demo (schedapp/testing/processes.py).
+Proc = processes.Proc
 
 
 def run_dir(name: str) -> Path:
@@ -206,21 +210,23 @@ def start_beat(name: str, scheduler: str, env: dict[str, str], logs: Path,
     ``bench.beat_counting``, which counts the SQL statements it executes."""
     log_path = logs / f"{name}.log"
     if not count_statements:
-        return harness.start_beat(name, env, logs, scheduler, append=False)
+        return processes.start_beat(
+            name, env, logs, app=BEAT_APP, cwd=ROOT, scheduler=scheduler, append=False
+        )
     stmt_path = logs / f"{name}.stmts.json"
     if stmt_path.exists():
         stmt_path.unlink()
     argv = [PYTHON, "-m", "bench.beat_counting",
-            *harness.beat_args(logs / f"{name}-schedule", scheduler)]
+            *processes.beat_args(logs / f"{name}-schedule", app=BEAT_APP, scheduler=scheduler)]
     env = {**env, "BENCH_STMT_FILE": str(stmt_path)}
-    return Proc(name, argv, env, log_path, append=False, stmt_path=stmt_path)
+    return Proc(name, argv, env, log_path, cwd=ROOT, append=False, stmt_path=stmt_path)
 
 
 def start_worker(name: str, env: dict[str, str], logs: Path, concurrency: int = 2,
                  pool: str = "prefork") -> Proc:
-    argv = [CELERY, *harness.worker_args(name, concurrency=concurrency, pool=pool,
-                                         loglevel="WARNING", heartbeat=2)]
-    return Proc(name, argv, env, logs / f"{name}.log", append=False)
+    argv = [CELERY, *processes.worker_args(name, app=WORKER_APP, concurrency=concurrency,
+                                           pool=pool, loglevel="WARNING", heartbeat=2)]
+    return Proc(name, argv, env, logs / f"{name}.log", cwd=ROOT, append=False)
 
 
 def stop_all(procs: Iterable[Proc]) -> None:
@@ -230,7 +236,7 @@ def stop_all(procs: Iterable[Proc]) -> None:
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> Any:
     """The predicate's value: true once it held, its last (false) value at the timeout."""
-    return harness.wait_until(predicate, timeout, interval, raise_on_timeout=False)
+    return processes.wait_until(predicate, timeout, interval, raise_on_timeout=False)
 
 
 def sleep_until(epoch: float) -> None:

@@ -1,5 +1,5 @@
 """Defects of the first worker protocol, put back on purpose to show the chaos oracle catches
-them (``CHAOS_DEFECT=<name>`` in a worker's environment; ``project/celery.py`` installs it).
+them (``CHAOS_DEFECT=<name>`` in a worker's environment; ``bench/worker_app.py`` installs it).
 
 * ``unrenewed-reserved``: the first protocol's door and renewals: runs are admitted when the
   main process receives the message (not just before the body), and leases are renewed only

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""What tests/pgproxy costs with no fault armed: N ``SELECT 1`` round trips, direct and through
-the proxy (in a thread of this process, and as a separate process).
+"""What schedapp.testing.pgproxy costs with no fault armed: N ``SELECT 1`` round trips, direct
+and through the proxy (in a thread of this process, and as a separate process).
 
     python bench/pgproxy_overhead.py --n 10000 --dsn "host=127.0.0.1 port=5432 user=postgres"
 """
@@ -19,7 +19,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.pgproxy import PgProxy, spawn_proxy  # noqa: E402
+from schedapp.testing.pgproxy import PgProxy, spawn_proxy  # noqa: E402
 
 
 def timed(dsn: str, n: int, params: bool) -> float:

@@ -1,5 +1,5 @@
 """Each pool slot's cycle, timed (``bench.overhead --timing``; ``BENCH_TIMING=<dir>`` in the
-worker's environment, installed by ``project/celery.py``).
+worker's environment, installed by ``bench/worker_app.py``).
 
 CPU per execution says what each side spends, not what a pool slot waits for, and py-spy's
 samples do not tell waiting from working inside a call. With ``-c 2`` and prefetch 1 the

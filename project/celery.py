@@ -1,4 +1,10 @@
-"""The standard Django + Celery layout: settings come from Django's, under CELERY_*."""
+"""The standard Django + Celery layout: settings come from Django's, under CELERY_*.
+
+The benchmarks' worker hooks (defects, ceilings, timing) are installed by ``bench/worker_app.py``,
+a Celery app of the bench's own around this one: nothing here imports ``bench/``.
+"""
+
+from __future__ import annotations
 
 import os
 
@@ -75,24 +81,3 @@ if os.environ.get("PROJECT_DB_AT_WORKER_INIT"):
 
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM schedapp_job")
-
-
-# The chaos check's proof that it catches defects: a defect of the first worker protocol put
-# back on purpose (bench/defects.py). Never set outside the chaos runs and their tests.
-if os.environ.get("CHAOS_DEFECT"):
-    from bench.defects import install
-
-    install(os.environ["CHAOS_DEFECT"])
-
-# The worker overhead bench's ceilings: a part of the worker protocol taken out to show what
-# it costs (bench/ceilings.py). Never set outside that bench.
-if os.environ.get("BENCH_CEILING"):
-    from bench.ceilings import install as install_ceiling
-
-    install_ceiling(os.environ["BENCH_CEILING"])
-
-# The worker overhead bench's slot timing (bench/timing.py). Never set outside that bench.
-if os.environ.get("BENCH_TIMING"):
-    from bench.timing import install as install_timing
-
-    install_timing(os.environ["BENCH_TIMING"])

@@ -9,9 +9,10 @@ from typing import Any
 import kombu
 import pytest
 
-from tests.fleet import RABBITMQ, Fleet, fleet_for
-from tests.pgproxy import PgProxy
-from tests.servers import PGBOUNCER, PgBouncer, PrivateRedis
+from schedapp.testing.fleet import RABBITMQ, Fleet, fleet_for
+from schedapp.testing.pgproxy import PgProxy
+from schedapp.testing.servers import PGBOUNCER, PgBouncer, PrivateRedis
+from tests import APP, ROOT, SETTINGS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,7 +84,7 @@ def _fleet(
     db = dict(connection.settings_dict)
     if through is not None:
         db.update(HOST=through.host, PORT=str(through.port))
-    with fleet_for(tmp_path, db, url, extra_env) as f:
+    with fleet_for(tmp_path, db, url, extra_env, app=APP, cwd=ROOT, settings_module=SETTINGS) as f:
         yield f
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
@@ -132,11 +133,12 @@ def fleet_on_each_broker(
 
 @pytest.fixture
 def pg_proxy() -> Iterator[PgProxy]:
-    """A fault-injecting proxy (tests/pgproxy) in front of the test database's server.
+    """A fault-injecting proxy (schedapp.testing.pgproxy) in front of the test database's server.
 
     It needs no database access itself; route Django through it with
-    ``tests.pgproxy.django_through(pg_proxy)`` (under ``django_db(transaction=True)``), or a
-    subprocess with ``DATABASE_URL=pg_proxy.database_url(url)``.
+    ``schedapp.testing.pgproxy.django_through(pg_proxy)`` (under
+    ``django_db(transaction=True)``), or a subprocess with
+    ``DATABASE_URL=pg_proxy.database_url(url)``.
     """
     from django.conf import settings
 

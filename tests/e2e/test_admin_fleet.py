@@ -21,7 +21,7 @@ from django.urls import reverse
 
 from schedapp import api
 from schedapp.models import Node
-from tests.fleet import ROOT
+from tests import ROOT
 
 pytestmark = [pytest.mark.e2e]
 
@@ -109,11 +109,17 @@ def test_a_worker_killed_and_started_again_under_its_name_shows_the_new_process(
     """Issue 29 item 8: the node row of a worker restarted under the same name (``-n
     revived@%h``) kept the dead process's pid and start on the Nodes page, the overview and
     ``schedapp_status``."""
-    from project.harness import start_worker
+    from schedapp.testing.processes import start_worker
 
     def worker() -> object:
         proc = start_worker(
-            "revived", fleet._env(None, "revived"), fleet.tmp_path, concurrency=1, heartbeat=1
+            "revived",
+            fleet._env(None, "revived"),
+            fleet.tmp_path,
+            app=fleet.app,
+            cwd=fleet.cwd,
+            concurrency=1,
+            heartbeat=1,
         )
         fleet.procs.append(proc)
         proc.wait_for(" ready.", timeout=90)

@@ -24,7 +24,7 @@ from project.models import Execution
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, Node
-from tests.fleet import wait_until
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 TASK = "project.tasks.record"
@@ -128,8 +128,8 @@ def test_a_worker_with_an_embedded_beat_serves_the_metrics_of_both(fleet, tmp_pa
     dispatches beside the pool's runs. Before, the beat, forked first, took the port: the
     worker logged "Address already in use", and without the directory (a threads or solo
     pool needs none) the worker's own metrics were served by nobody."""
+    from schedapp.testing.servers import free_port
     from tests.e2e.test_metrics import scrape
-    from tests.servers import free_port
 
     port = free_port()
     multiproc = tmp_path / "prom"
@@ -231,7 +231,8 @@ def test_a_detached_beat_takes_celerys_options_and_stops_by_its_pidfile(fleet, t
     beat's own sleep (``SCHEDAPP_MAX_SLEEP``, 30 s here: before, a beat with nothing
     scheduled slept that long whatever its max interval); SIGTERM to the pid in the pidfile
     stops it, and the pidfile goes with it."""
-    from project.harness import CELERY, ROOT, SCHEDULER
+    from schedapp.testing.processes import CELERY, SCHEDULER
+    from tests import APP, ROOT
 
     notes, pidfile = tmp_path / "signals.jsonl", tmp_path / "beat.pid"
     logfile, schedule = tmp_path / "beat.log", tmp_path / "absent" / "celerybeat-schedule"
@@ -240,7 +241,7 @@ def test_a_detached_beat_takes_celerys_options_and_stops_by_its_pidfile(fleet, t
         {"PROJECT_BEAT_SIGNALS": notes, "PROJECT_BEAT_INIT_RAISES": 1, "SCHEDAPP_MAX_SLEEP": 30},
         "detached",
     )
-    argv = [CELERY, "-A", "project", "beat", "-S", SCHEDULER, "--detach", "-l", "INFO"]
+    argv = [CELERY, "-A", APP, "beat", "-S", SCHEDULER, "--detach", "-l", "INFO"]
     argv += ["--pidfile", str(pidfile), "-f", str(logfile), "-s", str(schedule)]
     subprocess.run([*argv, "--max-interval", "1"], cwd=ROOT, env=env, check=True, timeout=60)
     pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30))

@@ -23,7 +23,7 @@ import pytest
 
 from project.models import Execution
 from schedapp.models import Job, JobRun, JobSource
-from tests.fleet import ROOT
+from tests import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

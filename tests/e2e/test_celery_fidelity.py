@@ -12,7 +12,8 @@ import pytest
 
 from project.models import Execution
 from schedapp.models import Job, JobSource
-from tests.fleet import RABBITMQ, fleet_for, wait_until
+from schedapp.testing.fleet import RABBITMQ, fleet_for, wait_until
+from tests import APP, ROOT, SETTINGS
 
 pytestmark = [pytest.mark.e2e]
 
@@ -38,7 +39,9 @@ def test_beat_schedule_entries_run_with_the_headers_publish_receivers_add(
         "PROJECT_PERIODIC_TASK": "added,project.tasks.traced,3",
         "PROJECT_TRACE_HEADER": "trace",
     }
-    with fleet_for(tmp_path, connection.settings_dict, url, extra_env=env) as fleet:
+    with fleet_for(
+        tmp_path, connection.settings_dict, url, env, app=APP, cwd=ROOT, settings_module=SETTINGS
+    ) as fleet:
         try:
             # Given a beat switched with -S and nothing else: a CELERY_BEAT_SCHEDULE entry,
             # an add_periodic_task entry and a before_task_publish receiver in the project
@@ -75,7 +78,9 @@ def test_a_job_with_no_queue_is_published_with_its_tasks_own_options(
     from schedapp.db import db_now
 
     url = broker_url if broker == "redis" else RABBITMQ
-    with fleet_for(tmp_path, connection.settings_dict, url) as fleet:
+    with fleet_for(
+        tmp_path, connection.settings_dict, url, app=APP, cwd=ROOT, settings_module=SETTINGS
+    ) as fleet:
         try:
             # Given @shared_task(queue="slowq", priority=7, expires=30, time_limit=60,
             # soft_time_limit=50) and a worker that consumes only that queue

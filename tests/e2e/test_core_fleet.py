@@ -17,7 +17,7 @@ from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.schedules import fire_times, parse_cron
-from tests.fleet import wait_until
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

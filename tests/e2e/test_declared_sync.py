@@ -12,7 +12,7 @@ from django.test import override_settings
 from project.models import Execution
 from schedapp import api, declared
 from schedapp.models import Job, JobRun, JobState, RunStatus
-from tests.fleet import wait_until
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

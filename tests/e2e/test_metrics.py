@@ -13,8 +13,8 @@ import pytest
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobState
-from tests.fleet import wait_until
-from tests.servers import free_port
+from schedapp.testing.processes import wait_until
+from schedapp.testing.servers import free_port
 
 pytestmark = [pytest.mark.e2e]
 
@@ -65,7 +65,7 @@ def test_beat_and_worker_metrics_count_claims_dispatches_and_completions(fleet, 
 
 def documented_liveness_probe(port: int) -> str:
     """The beat's liveness probe of docs/operations.md, as a user copies it."""
-    from tests.fleet import ROOT
+    from tests import ROOT
 
     doc = (ROOT / "docs" / "operations.md").read_text()
     probe = doc.split("livenessProbe:", 1)[1].split("initialDelaySeconds", 1)[0]

@@ -1,6 +1,6 @@
 """schedapp behind a real PgBouncer in transaction pooling mode (``pool_mode = transaction``),
 as production Celery/Django fleets often run it: beats, workers, the reaper, the Python API
-and the admin, every database connection through it (``tests/servers.py``'s ``PgBouncer``).
+and the admin, every database connection through it (``schedapp.testing.servers.PgBouncer``).
 
 Under transaction pooling a client's consecutive transactions may run on different server
 sessions, and a server session serves many clients in turn: anything set for a session
@@ -27,8 +27,8 @@ from project.models import Execution
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, Node, RunStatus
-from tests.fleet import wait_until
-from tests.pgproxy import PgProxy, django_through
+from schedapp.testing.pgproxy import PgProxy, django_through
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

@@ -8,7 +8,7 @@ import pytest
 
 from project.celery import app
 from project.models import Execution
-from tests.fleet import wait_until
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

@@ -16,7 +16,7 @@ from project.models import Execution
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
-from tests.fleet import Proc, wait_until
+from schedapp.testing.processes import Proc, wait_until
 
 pytestmark = [pytest.mark.e2e]
 

@@ -13,7 +13,7 @@ from project.models import Execution
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, RunStatus
-from tests.fleet import wait_until
+from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
 

@@ -2,7 +2,7 @@
 
 A connection that goes silent after a statement (a network black hole, a NAT or firewall
 that dropped its state: no reply and no reset) would hold libpq for as long as the socket
-stays open: hours. The fault-injecting proxy (tests/pgproxy) forwards the statement, lets
+stays open: hours. The fault-injecting proxy (schedapp.testing.pgproxy) forwards the statement, lets
 the server run it, drops the reply and keeps the connection open and silent; the worker
 hooks and the beat run in this process exactly as they do in theirs."""
 
@@ -19,10 +19,10 @@ from schedapp import api, beat
 from schedapp.db import bound_connection_waits, db_now, watchdog_given_up
 from schedapp.message import HEADER_LEASE
 from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.testing.pgproxy import django_through
 from schedapp.validation import celery_app
 from schedapp.worker import WorkerHooks
 from tests.claiming import claim_one
-from tests.pgproxy import django_through
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

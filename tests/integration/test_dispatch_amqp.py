@@ -23,7 +23,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from schedapp.dispatch import Dispatcher
-from tests.fleet import RABBITMQ
+from schedapp.testing.fleet import RABBITMQ
 from tests.integration.test_dispatch import claimed
 
 KWARGS = {"label": "x\u00e9"}  # claimed()'s kwargs; its args are [] but for tasks.record

@@ -1,9 +1,9 @@
 """Retried writes after a lost reply: the COMMIT lands, the reply never reaches the worker,
 the worker's hook tries again, and the second attempt changes nothing (lesson 16).
 
-A fault-injecting proxy (tests/pgproxy) sits between Django and PostgreSQL: it forwards the
-write, lets the server commit, swallows the server's answer and cuts the connection. The
-worker hooks then retry exactly as they do in a worker (``db.with_retries``)."""
+A fault-injecting proxy (schedapp.testing.pgproxy) sits between Django and PostgreSQL: it
+forwards the write, lets the server commit, swallows the server's answer and cuts the
+connection. The worker hooks then retry exactly as they do in a worker (``db.with_retries``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from schedapp.db import db_now
 from schedapp.lease import claim_due_jobs
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.testing.pgproxy import django_through
 from schedapp.worker import Outcome, WorkerHooks
 from tests.claiming import claim_one
-from tests.pgproxy import django_through
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

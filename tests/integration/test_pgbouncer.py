@@ -17,7 +17,7 @@ from schedapp.dispatch import message_headers
 from schedapp.message import RunHeaders
 from schedapp.models import Job, JobState
 from schedapp.store import DoorVerdict
-from tests.pgproxy import django_through
+from schedapp.testing.pgproxy import django_through
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 

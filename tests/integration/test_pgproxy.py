@@ -1,4 +1,4 @@
-"""The fault-injecting PostgreSQL proxy (tests/pgproxy) against the real server.
+"""The fault-injecting PostgreSQL proxy (schedapp.testing.pgproxy) against the real server.
 
 Plain psycopg connections to the ``postgres`` database, except the Django test at the end;
 the probe table is named per process so parallel runs cannot collide.
@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from schedapp.testing.pgproxy import PgProxy, django_through, spawn_proxy
 from tests.claiming import in_thread
-from tests.pgproxy import PgProxy, django_through, spawn_proxy
 
 TABLE = f"pgproxy_probe_{os.getpid()}"
 

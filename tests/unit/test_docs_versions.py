@@ -10,7 +10,7 @@ from importlib import metadata
 
 import pytest
 
-from tests.fleet import ROOT
+from tests import ROOT
 
 
 def classifiers() -> list[str]:

@@ -89,6 +89,9 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "templatetags.*",
         ),
     ),
+    # The test kit (servers, the PostgreSQL proxy, real processes): on top, so that nothing
+    # else in schedapp imports it; tests/unit/test_kit.py holds it to knowing no project.
+    ("kit", ("testing", "testing.*")),
 ]
 
 # Pure modules are tested without a database or a broker: they import neither.

@@ -23,12 +23,13 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
-from project import harness
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun
+from schedapp.testing.processes import beat_args, worker_args
 
-ROOT = harness.ROOT
+ROOT = Path(__file__).resolve().parents[3]
+APP = "project"  # celery -A project
 
 SAMPLES: list[dict[str, Any]] = [
     {
@@ -122,9 +123,9 @@ class Command(BaseCommand):
         log_dir = Path(settings.VAR_DIR) / "demo-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         commands = {
-            "beat-1": [*celery, *harness.beat_args(log_dir / "beat-1.schedule")],
-            "beat-2": [*celery, *harness.beat_args(log_dir / "beat-2.schedule")],
-            "worker": [*celery, *harness.worker_args("demo-worker", quiet=False)],
+            "beat-1": [*celery, *beat_args(log_dir / "beat-1.schedule", app=APP)],
+            "beat-2": [*celery, *beat_args(log_dir / "beat-2.schedule", app=APP)],
+            "worker": [*celery, *worker_args("demo-worker", app=APP, quiet=False)],
             "web": [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
         }
         procs = []

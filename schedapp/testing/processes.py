@@ -1,8 +1,10 @@
 """Real ``celery beat`` and ``celery worker`` processes, as a user runs them: one harness for the
-end-to-end tests (tests/fleet.py), the benchmarks (bench/common.py) and the demo command.
+end-to-end tests (tests/conftest.py's fleets), the benchmarks (bench/common.py, bench/chaos.py)
+and the demo command (project/management/commands/demo.py).
 
-Each process runs in a session of its own, so stopping it reaches its pool children and
-nothing else; its output goes to a log file that ``wait_for`` reads.
+The Celery app (``-A``) and the directory the processes run in are the caller's: the kit knows
+no project. Each process runs in a session of its own, so stopping it reaches its pool children
+and nothing else; its output goes to a log file that ``wait_for`` reads.
 """
 
 from __future__ import annotations
@@ -17,22 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
 CELERY = str(Path(sys.executable).parent / "celery")
 SCHEDULER = "schedapp.beat:LeaseScheduler"
 
 
-def beat_args(schedule_file: Path, scheduler: str = SCHEDULER, loglevel: str = "INFO") -> list[str]:
-    """``celery`` arguments of a beat (the ``-s`` file is Celery's own, unused by schedapp's
-    scheduler, but each beat needs a private one)."""
-    return ["-A", "project", "beat", "-S", scheduler, "-l", loglevel, "-s", str(schedule_file)]
+def beat_args(
+    schedule_file: Path, *, app: str, scheduler: str = SCHEDULER, loglevel: str = "INFO"
+) -> list[str]:
+    """``celery`` arguments of a beat of Celery app ``app`` (the ``-s`` file is Celery's own,
+    unused by schedapp's scheduler, but each beat needs a private one)."""
+    return ["-A", app, "beat", "-S", scheduler, "-l", loglevel, "-s", str(schedule_file)]
 
 
 def worker_args(
     name: str,
     *,
+    app: str,
     concurrency: int = 2,
     pool: str = "prefork",
     loglevel: str = "INFO",
@@ -40,9 +42,9 @@ def worker_args(
     quiet: bool = True,
     extra: list[str] | None = None,
 ) -> list[str]:
-    """``celery`` arguments of a worker named ``name@<host>``; ``quiet`` leaves gossip and
-    mingle out (nothing here needs them, and they slow start-up)."""
-    args = ["-A", "project", "worker", "-l", loglevel, "-n", f"{name}@%h"]
+    """``celery`` arguments of a worker of Celery app ``app`` named ``name@<host>``; ``quiet``
+    leaves gossip and mingle out (nothing here needs them, and they slow start-up)."""
+    args = ["-A", app, "worker", "-l", loglevel, "-n", f"{name}@%h"]
     args += ["-P", pool, "-c", str(concurrency)]
     if heartbeat is not None:
         args.append(f"--heartbeat-interval={heartbeat}")
@@ -52,7 +54,7 @@ def worker_args(
 
 
 class Proc:
-    """A subprocess in its own session, its output in ``log_path``."""
+    """A subprocess in its own session, run in ``cwd``, its output in ``log_path``."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class Proc:
         env: dict[str, str],
         log_path: Path,
         *,
+        cwd: Path,
         append: bool = True,
         stmt_path: Path | None = None,
     ) -> None:
@@ -73,7 +76,7 @@ class Proc:
         with open(log_path, "ab" if append else "wb") as log:  # the child keeps its own fd
             self.popen = subprocess.Popen(
                 argv,
-                cwd=ROOT,
+                cwd=cwd,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -129,6 +132,7 @@ class Proc:
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the process and its children (a worker's pool)."""
+        psutil = _psutil()
         try:
             proc = psutil.Process(self.pid)
             total = sum(proc.cpu_times()[:2])
@@ -169,17 +173,40 @@ class Proc:
             return json.loads(self.stmt_path.read_text())
 
 
+def _psutil() -> Any:
+    """psutil, which only the CPU figures need (it is in schedapp's ``test`` and ``bench``
+    extras, not in its dependencies)."""
+    try:
+        import psutil
+    except ImportError as exc:
+        raise ImportError(
+            "schedapp.testing's CPU figures need psutil: pip install 'schedapp[test]'"
+        ) from exc
+    return psutil
+
+
 def start_beat(
-    name: str, env: dict[str, str], logs: Path, scheduler: str = SCHEDULER, **proc: Any
+    name: str,
+    env: dict[str, str],
+    logs: Path,
+    *,
+    app: str,
+    cwd: Path,
+    scheduler: str = SCHEDULER,
+    **proc: Any,
 ) -> Proc:
-    """A real ``celery beat``; its log is ``logs/<name>.log``."""
-    argv = [CELERY, *beat_args(logs / f"{name}.schedule", scheduler)]
-    return Proc(name, argv, env, logs / f"{name}.log", **proc)
+    """A real ``celery -A <app> beat`` run in ``cwd``; its log is ``logs/<name>.log``."""
+    argv = [CELERY, *beat_args(logs / f"{name}.schedule", app=app, scheduler=scheduler)]
+    return Proc(name, argv, env, logs / f"{name}.log", cwd=cwd, **proc)
 
 
-def start_worker(name: str, env: dict[str, str], logs: Path, **options: Any) -> Proc:
-    """A real ``celery worker`` named ``name@<host>`` (options: see ``worker_args``)."""
-    return Proc(name, [CELERY, *worker_args(name, **options)], env, logs / f"{name}.log")
+def start_worker(
+    name: str, env: dict[str, str], logs: Path, *, app: str, cwd: Path, **options: Any
+) -> Proc:
+    """A real ``celery -A <app> worker`` named ``name@<host>``, run in ``cwd`` (options: see
+    ``worker_args``)."""
+    argv = [CELERY, *worker_args(name, app=app, **options)]
+    return Proc(name, argv, env, logs / f"{name}.log", cwd=cwd)
 
 
 def wait_until(

@@ -12,14 +12,29 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import wire
+from .wire import (
+    ANSWERED_BY_READY,
+    BIND,
+    CANCEL_REQUEST,
+    COMMAND_COMPLETE,
+    ERROR_RESPONSE,
+    GSSENC_REQUEST,
+    PARSE,
+    PROTOCOL_MAJOR,
+    QUERY,
+    READY_FOR_QUERY,
+    SSL_REQUEST,
+    ProtocolError,
+    cstring,
+    error_response,
+    message_length,
+    read_startup_packet,
+    startup_parameters,
+)
 
-if TYPE_CHECKING:
-    from .proxy import PgProxy
-
-log = logging.getLogger("tests.pgproxy")
+log = logging.getLogger("schedapp.testing.pgproxy")
 
 RECV_SIZE = 65536
 
@@ -30,9 +45,12 @@ class Connection:
     ``answered`` counts ReadyForQuery replies forwarded and ``asked`` the client messages that
     each get one (Query, Sync, FunctionCall), so when a statement matches, the replies still
     owed to earlier statements are known and only the matched batch's reply is dropped.
+
+    ``proxy`` is the ``PgProxy`` that accepted it (typed ``Any``: naming it here, even for the
+    type checker only, is an import cycle that tests/unit/test_layers.py refuses).
     """
 
-    def __init__(self, proxy: PgProxy, cid: int, client: socket.socket) -> None:
+    def __init__(self, proxy: Any, cid: int, client: socket.socket) -> None:
         self.proxy = proxy
         self.id = cid
         self.client = client
@@ -82,7 +100,7 @@ class Connection:
                 )
                 pump.start()
                 self._client_to_server()
-        except (OSError, wire.ProtocolError) as exc:
+        except (OSError, ProtocolError) as exc:
             log.debug("pgproxy connection %d: %s", self.id, exc)
         finally:
             self.close()
@@ -97,7 +115,7 @@ class Connection:
     def _guard(self, pump: Any) -> None:
         try:
             pump()
-        except (OSError, wire.ProtocolError) as exc:
+        except (OSError, ProtocolError) as exc:
             log.debug("pgproxy connection %d: %s", self.id, exc)
         finally:
             self.close()
@@ -105,30 +123,30 @@ class Connection:
     def _startup(self) -> bool:
         """Refuse SSL/GSS encryption ('N'), then connect upstream and pass the startup on."""
         while True:
-            got = wire.read_startup_packet(self.client)
+            got = read_startup_packet(self.client)
             if got is None:
                 return False
             code, packet = got
-            if code in (wire.SSL_REQUEST, wire.GSSENC_REQUEST):
+            if code in (SSL_REQUEST, GSSENC_REQUEST):
                 self.client.sendall(b"N")
                 continue
-            if code == wire.CANCEL_REQUEST:
+            if code == CANCEL_REQUEST:
                 with socket.create_connection(self.proxy.upstream, timeout=10) as upstream:
                     upstream.sendall(packet)
                 return False
-            if code >> 16 != wire.PROTOCOL_MAJOR:
-                raise wire.ProtocolError(f"unsupported protocol {code >> 16}.{code & 0xFFFF}")
-            self.app = wire.startup_parameters(packet).get("application_name", "")
+            if code >> 16 != PROTOCOL_MAJOR:
+                raise ProtocolError(f"unsupported protocol {code >> 16}.{code & 0xFFFF}")
+            self.app = startup_parameters(packet).get("application_name", "")
             break
         if self.proxy.refusing(self):
-            self.client.sendall(wire.error_response("pgproxy: the database is down"))
+            self.client.sendall(error_response("pgproxy: the database is down"))
             return False
         if not self.proxy._wait_to_forward(self, time.monotonic(), to_server=False):
             return False
         try:
             server = socket.create_connection(self.proxy.upstream, timeout=10)
         except OSError as exc:
-            self.client.sendall(wire.error_response(f"pgproxy: upstream unreachable: {exc}"))
+            self.client.sendall(error_response(f"pgproxy: upstream unreachable: {exc}"))
             return False
         server.settimeout(None)
         server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -148,7 +166,7 @@ class Connection:
             buf += data
             pos, send_end, size = 0, 0, len(buf)
             while size - pos >= 5:
-                end = pos + 1 + wire.message_length(buf, pos)
+                end = pos + 1 + message_length(buf, pos)
                 if end > size:
                     break
                 if not self.cut_sealed:
@@ -168,27 +186,27 @@ class Connection:
 
     def _inspect_client(self, buf: bytearray, pos: int, end: int) -> None:
         mtype = buf[pos]
-        if self.proxy._stall is not None and mtype in (wire.QUERY, wire.PARSE):
+        if self.proxy._stall is not None and mtype in (QUERY, PARSE):
             text = bytes(buf[pos + 5 : end - 1])
-            if mtype == wire.PARSE:
-                text = wire.cstring(buf, wire.cstring(buf, pos + 5, end)[1], end)[0]
+            if mtype == PARSE:
+                text = cstring(buf, cstring(buf, pos + 5, end)[1], end)[0]
             self.stall_for = self.proxy._claim_stall(self, text) or self.stall_for
-        if mtype in wire.ANSWERED_BY_READY:
-            if mtype == wire.QUERY and self.proxy._cut is not None:
+        if mtype in ANSWERED_BY_READY:
+            if mtype == QUERY and self.proxy._cut is not None:
                 self._maybe_cut(mtype, bytes(buf[pos + 5 : end - 1]))
             self.asked += 1
             if self.cut_pending:
                 self.cut_pending, self.cut_sealed = False, True
-        elif mtype == wire.PARSE:
-            name, at = wire.cstring(buf, pos + 5, end)
+        elif mtype == PARSE:
+            name, at = cstring(buf, pos + 5, end)
             if name or self.proxy._cut is not None:
-                text, _ = wire.cstring(buf, at, end)
+                text, _ = cstring(buf, at, end)
                 if name:
                     self.prepared[name] = text
                 self._maybe_cut(mtype, text)
-        elif mtype == wire.BIND and self.proxy._cut is not None:
-            _, at = wire.cstring(buf, pos + 5, end)
-            name, _ = wire.cstring(buf, at, end)
+        elif mtype == BIND and self.proxy._cut is not None:
+            _, at = cstring(buf, pos + 5, end)
+            name, _ = cstring(buf, at, end)
             if name:  # the unnamed statement's Parse was matched already, if it matches
                 self._maybe_cut(mtype, self.prepared.get(name, b""))
 
@@ -210,18 +228,18 @@ class Connection:
             buf += data
             pos, send_end, size, cut_now = 0, 0, len(buf), False
             while size - pos >= 5:
-                end = pos + 1 + wire.message_length(buf, pos)
+                end = pos + 1 + message_length(buf, pos)
                 if end > size:
                     break
                 mtype = buf[pos]
                 if self.cut_from is not None and self.answered >= self.cut_from:
                     self._note_reply(buf, pos, end)
-                    if mtype == wire.READY_FOR_QUERY:
+                    if mtype == READY_FOR_QUERY:
                         cut_now = True
                         pos = end
                         break
                 else:
-                    if mtype == wire.READY_FOR_QUERY:
+                    if mtype == READY_FOR_QUERY:
                         self.answered += 1
                     send_end = end
                 pos = end
@@ -245,10 +263,10 @@ class Connection:
     def _note_reply(self, buf: bytearray, pos: int, end: int) -> None:
         """Keep what the client never saw: command tags and errors of the dropped reply."""
         mtype = buf[pos]
-        if mtype == wire.COMMAND_COMPLETE:
-            tag, _ = wire.cstring(buf, pos + 5, end)
+        if mtype == COMMAND_COMPLETE:
+            tag, _ = cstring(buf, pos + 5, end)
             self.cut_reply.append(tag.decode("utf-8", "replace"))
-        elif mtype == wire.ERROR_RESPONSE:
+        elif mtype == ERROR_RESPONSE:
             fields = bytes(buf[pos + 5 : end]).split(b"\0")
             message = next((f[1:] for f in fields if f[:1] == b"M"), b"")
             self.cut_reply.append("ERROR: " + message.decode("utf-8", "replace"))

@@ -1,5 +1,5 @@
-"""Private PostgreSQL and Redis servers that a test may stop, kill and restart at will,
-without disturbing the machine's shared servers (or anyone else's tests)."""
+"""Private PostgreSQL, Redis and PgBouncer servers that a test (or a chaos run) may stop, kill and
+restart at will, without disturbing the machine's shared servers (or anyone else's tests)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ PG_BIN = (
 
 
 def free_port() -> int:
+    """A TCP port free on loopback now (the OS picks it), for a server of the test's own."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -29,7 +29,6 @@ from typing import Any
 
 from .proxy import COMMIT, Address, Pattern, PgProxy, with_address
 
-ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = (
     "cut_after",
     "down",
@@ -194,11 +193,12 @@ def spawn_proxy(
     listen: Address = ("127.0.0.1", 0),
     timeout: float = 15.0,
 ) -> Iterator[ProxyControl]:
-    """Run ``python -m tests.pgproxy`` as a child process; yield its control, stop it after."""
+    """Run ``python -m schedapp.testing.pgproxy`` as a child process; yield its control, stop
+    it after."""
     argv = [
         sys.executable,
         "-m",
-        "tests.pgproxy",
+        "schedapp.testing.pgproxy",
         "--listen",
         f"{listen[0]}:{listen[1]}",
         "--upstream",
@@ -206,7 +206,7 @@ def spawn_proxy(
         "--control",
         str(control),
     ]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -236,7 +236,7 @@ def parse_address(text: str) -> Address:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM/SIGINT; print one JSON line (listen address, control path) when
     ready, so that whoever started the process knows the port even with ``--listen :0``."""
-    parser = argparse.ArgumentParser(prog="python -m tests.pgproxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m schedapp.testing.pgproxy", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (port 0: any)")
     parser.add_argument("--upstream", default="127.0.0.1:5432", help="PostgreSQL HOST:PORT")
     parser.add_argument("--control", required=True, help="path of the control UNIX socket")

@@ -20,7 +20,7 @@ from typing import Any
 
 from .connection import Connection
 
-log = logging.getLogger("tests.pgproxy")
+log = logging.getLogger("schedapp.testing.pgproxy")
 
 Address = tuple[str, int]
 Pattern = bytes | re.Pattern[bytes]

@@ -7,7 +7,7 @@ In a test (a thread of the test process)::
         with django_through(proxy):         # Django's default connection goes through it
             ...
 
-In another process: ``python -m tests.pgproxy --listen 127.0.0.1:0 --upstream
+In another process: ``python -m schedapp.testing.pgproxy --listen 127.0.0.1:0 --upstream
 127.0.0.1:5432 --control /tmp/p.sock`` (or ``spawn_proxy(path)``), steered with
 ``ProxyControl(path)``, which has the same fault methods. A subprocess reaches it through
 ``DATABASE_URL=proxy.database_url(url)``; ``PGAPPNAME=worker-1`` in its environment names its

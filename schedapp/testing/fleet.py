@@ -1,8 +1,8 @@
-"""Real ``celery beat`` and ``celery worker`` processes for end-to-end tests.
+"""A fleet: real ``celery beat`` and ``celery worker`` processes on one database and broker,
+started by name and stopped together (the end-to-end tests' fixtures and the chaos run).
 
-They run against the test database (the one pytest-django created) and a Redis database of
-their own, exactly as a user runs them (``project/harness.py`` starts them, for the
-benchmarks and the demo too).
+They run exactly as a user runs them (``processes`` starts them), for the Celery app, directory
+and settings module the caller names.
 """
 
 from __future__ import annotations
@@ -13,20 +13,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from project.harness import ROOT, Proc, start_beat, start_worker, wait_until
+from .processes import Proc, start_beat, start_worker, wait_until
 
-__all__ = ["RABBITMQ", "ROOT", "Fleet", "Proc", "fleet_for", "wait_until"]
+__all__ = ["RABBITMQ", "Fleet", "Proc", "fleet_for", "wait_until"]
 
 # The machine's RabbitMQ (the e2e tests that must hold on both brokers run on it too).
 RABBITMQ = os.environ.get("SCHEDAPP_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 class Fleet:
-    """Starts and tracks beats and workers; everything is stopped at the end of the test."""
+    """Starts and tracks beats and workers of Celery app ``app`` (``-A``), run in ``cwd`` with
+    ``env``; their logs go to ``tmp_path``. ``stop_all`` stops everything at the end."""
 
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, env: dict[str, str], *, app: str, cwd: Path) -> None:
         self.tmp_path = tmp_path
         self.env = env
+        self.app = app
+        self.cwd = cwd
         self.procs: list[Proc] = []
         self._count = 0
 
@@ -41,9 +44,12 @@ class Fleet:
         return env
 
     def beat(self, settings: dict[str, Any] | None = None, wait: bool = True) -> Proc:
+        """A beat with ``settings`` in its environment; ``wait``: until its first tick."""
         self._count += 1
         name = f"beat{self._count}"
-        proc = start_beat(name, self._env(settings, name), self.tmp_path)
+        proc = start_beat(
+            name, self._env(settings, name), self.tmp_path, app=self.app, cwd=self.cwd
+        )
         self.procs.append(proc)
         if wait:
             proc.wait_for("schedapp.beat: beat ", timeout=30)
@@ -58,12 +64,15 @@ class Fleet:
         wait: bool = True,
         extra_args: list[str] | None = None,
     ) -> Proc:
+        """A worker with ``settings`` in its environment; ``wait``: until it is ready."""
         self._count += 1
         name = f"worker{self._count}"
         proc = start_worker(
             name,
             self._env(settings, name),
             self.tmp_path,
+            app=self.app,
+            cwd=self.cwd,
             concurrency=concurrency,
             pool=pool,
             heartbeat=heartbeat,
@@ -88,7 +97,14 @@ def fleet_for(
     db_settings: dict[str, Any],
     broker_url: str,
     extra_env: dict[str, str] | None = None,
+    *,
+    app: str,
+    cwd: Path,
+    settings_module: str,
 ) -> Iterator[Fleet]:
+    """A fleet on database ``db_settings`` (a Django ``DATABASES`` entry) and ``broker_url``,
+    its processes on Django settings ``settings_module`` and this process's ``TIME_ZONE``;
+    ``cwd`` is also their ``PYTHONPATH`` (where ``app`` and the settings are found)."""
     from django.conf import settings
 
     name = db_settings["NAME"]
@@ -102,14 +118,14 @@ def fleet_for(
         {
             "DATABASE_URL": f"postgresql://{auth}{host}:{port}/{name}",
             "CELERY_BROKER_URL": broker_url,
-            "DJANGO_SETTINGS_MODULE": "project.settings_test",
-            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": settings_module,
+            "PYTHONPATH": str(cwd),
             "SCHEDAPP_VAR_DIR": str(tmp_path / "var"),
             "TIME_ZONE": settings.TIME_ZONE,
         }
     )
     env.update(extra_env or {})
-    fleet = Fleet(tmp_path, env)
+    fleet = Fleet(tmp_path, env, app=app, cwd=cwd)
     try:
         yield fleet
     finally:
