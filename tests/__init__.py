@@ -8,3 +8,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 APP = "project"  # celery -A project
 SETTINGS = "project.settings_test"
+
+
+def examples(weight: int) -> int:
+    """``max_examples`` for a property test: ``weight`` under Hypothesis's default profile (the
+    loop of minutes), scaled by the active profile's ``max_examples`` over 100, so the ``ci``
+    profile (.ci/run: ``HYPOTHESIS_PROFILE=ci``) tries each property that many times more.
+    A test's own ``max_examples`` would otherwise override every profile."""
+    from hypothesis import settings
+
+    return max(1, weight * settings.default.max_examples // 100)

@@ -18,6 +18,7 @@ from schedapp.db import db_now
 from schedapp.models import Job
 from schedapp.schedules import next_fire_time
 from schedapp.validation import job_defaults, validate_job, with_defaults
+from tests import examples
 
 pytestmark = [pytest.mark.django_db]
 TASK = "project.tasks.record"
@@ -79,7 +80,7 @@ JSONISH = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     options=st.dictionaries(
         st.sampled_from(["queue", "routing_key", "exchange", "priority", "expires", "headers"])

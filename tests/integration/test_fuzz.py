@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from schedapp import api
 from schedapp.models import Job
+from tests import examples
 
 pytestmark = pytest.mark.django_db
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

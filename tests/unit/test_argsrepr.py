@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedapp.dispatch import json_saferepr
+from tests import examples
 
 TEXT = st.text(
     st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from("'\"\\\n[]{}")
@@ -36,7 +37,7 @@ def celerys(value: Any, empty: Any, levels: int) -> str:
     return saferepr(value or empty, 1024, maxlevels=levels)
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(
     args=st.lists(VALUES, max_size=5),
     kwargs=st.dictionaries(TEXT, VALUES, max_size=5),

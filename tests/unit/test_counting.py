@@ -26,6 +26,7 @@ from schedapp.schedules import (
     parse_cron,
     recent_fire_times,
 )
+from tests import examples
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -353,7 +354,7 @@ def windows(draw, zone: str, fires_per_day: int) -> tuple[datetime, datetime]:
 
 
 PROPERTY = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -412,7 +413,9 @@ NTH_DAYS = st.sampled_from(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+)
 @given(
     dom=W_DAYS | L_DAYS | _numbers(1, 31),
     dow=NTH_DAYS | st.sampled_from(["*", "1", "mon-fri", "0,6", "Saturday"]),
@@ -453,7 +456,7 @@ def test_property_dst_changes_equal_enumeration(second, minute, hour, zone, data
     check_against_enumeration(cron, start, end, data.draw(st.integers(1, 40)))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=crons(), zone=st.sampled_from(ZONES), data=st.data())
 def test_property_count_splits_additively(spec, zone, data):
     """Counts of adjacent ranges add up, over ranges far too long to enumerate."""

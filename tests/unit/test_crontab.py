@@ -25,6 +25,7 @@ from schedapp.schedules import (
     next_fire_time,
     parse_cron,
 )
+from tests import examples
 from tests.celery_sim import celery_oracle
 
 DAY = timedelta(days=1)
@@ -197,7 +198,7 @@ _RANGES = [("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month"
 _RANGES.append(("day of week", 0, 7))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     position=st.integers(0, 5),
     seconds=st.booleans(),
@@ -269,7 +270,9 @@ def _celery_names_in_order(text: str, names: list[str]) -> bool:
 
 
 @celery_oracle
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+)
 @given(
     minute=_spec(0, 59),
     hour=_spec(0, 23),

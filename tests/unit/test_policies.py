@@ -29,6 +29,7 @@ from schedapp.policies import (
     plan_misfire,
 )
 from schedapp.schedules import Interval, Once, fire_times, next_fire_time, parse_cron, with_window
+from tests import examples
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -89,7 +90,7 @@ durations = st.integers(0, YEAR // timedelta(microseconds=1)).map(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(retry_count=st.integers(0, 300), base=durations, extra=durations)
 def test_property_backoff_equals_min_of_base_times_two_to_the_n_and_cap(retry_count, base, extra):
     cap = min(base + extra, YEAR)  # validation: base <= cap <= a year
@@ -101,7 +102,7 @@ def test_property_backoff_equals_min_of_base_times_two_to_the_n_and_cap(retry_co
     assert got <= compute_backoff(retry_count + 1, base, cap)  # monotone non-decreasing
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(retry_count=st.integers(64, 10**30), base=durations, extra=durations)
 def test_property_backoff_for_huge_retry_counts_is_the_cap_or_zero(retry_count, base, extra):
     cap = min(base + extra, YEAR)
@@ -131,7 +132,7 @@ def test_given_no_jitter_when_drawn_then_offset_is_zero_without_drawing(jitter):
     assert compute_jitter(jitter, rng_must_not_be_called) == timedelta(0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(jitter=st.integers(1, 7 * 86400), draw=st.floats(0, 1, exclude_max=True, allow_nan=False))
 def test_property_jitter_is_within_zero_and_jitter(jitter, draw):
     got = compute_jitter(jitter, fixed_rng(draw))
@@ -419,7 +420,7 @@ SCHEDULES = [
 ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     schedule_and_step=st.sampled_from(SCHEDULES),
     start=st.datetimes(
@@ -608,7 +609,7 @@ def test_given_last_retry_when_it_succeeds_then_retry_budget_resets_for_the_next
     assert plan == AfterRun("scheduled", utc("10:01:00"), utc("10:01:00"), None, 0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     retry_count=st.integers(0, 200),
     max_retries=st.integers(0, 200),
@@ -746,7 +747,7 @@ def test_given_carry_on_policy_and_no_next_occurrence_when_retries_spent_then_th
     assert plan == AfterRun("dead", TEN, None, None, 0, dead=True, failed_occurrence=True)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     retry_count=st.integers(0, 20),
     max_retries=st.integers(0, 20),

@@ -46,6 +46,7 @@ from schedapp.schedules import (
     parse_timezone,
     recent_fire_times,
 )
+from tests import examples
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -1267,7 +1268,9 @@ def zone_and_instant(draw) -> tuple[str, datetime]:
     return zone, instant.astimezone(shown_in)
 
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -1403,7 +1406,7 @@ def test_property_interval_count_and_recent_agree_with_enumeration(
     assert recent_fire_times(interval, end, t0, count) == expected_recent
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     text=st.text(max_size=40)
     | st.lists(
@@ -1422,7 +1425,7 @@ def test_property_parse_cron_on_arbitrary_text_returns_cron_or_raises_schedule_e
         assert next_fire_time(cron, at("2026-01-01T00:00+00:00")) is not None
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     value=st.none()
     | st.booleans()
@@ -1467,7 +1470,7 @@ def grid(anchor: datetime, every: timedelta, lo: datetime, hi: datetime) -> list
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ANCHORS, EVERY, ANCHORS, st.integers(min_value=0, max_value=40))
 def test_property_an_anchored_interval_keeps_its_phase(anchor, every, after, span):
     schedule = Interval(every, anchor)

@@ -34,6 +34,7 @@ from schedapp.schedules import (
     recent_fire_times,
     with_window,
 )
+from tests import examples
 from tests.celery_sim import celery_oracle
 
 DAY = timedelta(days=1)
@@ -137,7 +138,7 @@ OPPOSITE = {
 }
 YEAR_AND_A_DAY = timedelta(days=solar.SEARCH_DAYS)
 SOLAR_PROPERTY = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 instants = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2080, 1, 1), timezones=st.just(UTC)

@@ -17,6 +17,7 @@ from schedapp.schedules import (
     recent_fire_times,
     with_window,
 )
+from tests import examples
 
 BASE = datetime(2026, 3, 1, tzinfo=UTC)
 SCHEDULES = st.sampled_from(
@@ -31,7 +32,7 @@ SCHEDULES = st.sampled_from(
 OFFSETS = st.integers(0, 60 * 24 * 40).map(lambda m: BASE + timedelta(minutes=m))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(SCHEDULES, OFFSETS, st.integers(1, 60 * 24 * 20), OFFSETS)
 def test_no_occurrence_outside_the_window(schedule, start, minutes, after):
     end = start + timedelta(minutes=minutes)
@@ -47,7 +48,7 @@ def test_no_occurrence_outside_the_window(schedule, start, minutes, after):
         assert next_fire_time(bounded, after) == expected
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(SCHEDULES, OFFSETS, st.integers(1, 60 * 24 * 10), OFFSETS, st.integers(1, 60 * 24 * 10))
 def test_counting_and_recent_agree_with_enumeration_inside_the_window(
     schedule, start, minutes, lo, span
