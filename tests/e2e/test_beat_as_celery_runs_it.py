@@ -216,8 +216,11 @@ def test_workers_with_embedded_beats_share_the_jobs_and_stop_with_their_beats(fl
     wait_until(lambda: Node.objects.count() == 2, timeout=10, message="its rows gone")
     assert {n.kind for n in Node.objects.all()} == {"beat", "worker"}
     before = Execution.objects.filter(job_id=every.pk).count()
-    time.sleep(3)
-    assert Execution.objects.filter(job_id=every.pk).count() >= before + 2
+    wait_until(
+        lambda: Execution.objects.filter(job_id=every.pk).count() >= before + 2,
+        timeout=30,
+        message="the every-second job ran twice more",
+    )
     assert second.alive() and psutil.pid_exists(beats[second.name])
     assert not schedule_file.parent.exists()
 
