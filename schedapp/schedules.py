@@ -526,32 +526,86 @@ def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Itera
 
 
 def _next_cron(cron: Cron, after: datetime) -> datetime | None:
+    """The first fire strictly after ``after``: the first wall time after ``after``'s that names
+    an instant after it, or, when ``after`` is in the first pass of a repeated hour, a wall
+    time at or before its own that comes round again in the second pass, whichever is first.
+    A skipped or repeated hour is jumped over, never walked second by second (a per-second
+    cron would look at 3,600 wall times a call)."""
     tz = cron.tz
     local = after.astimezone(tz)
     naive = local.replace(tzinfo=None)
-    start = naive
-    if local.fold == 0:
-        other = local.replace(fold=1)
-        if other.utcoffset() != local.utcoffset():
-            # ``after`` is in the first pass of a repeated hour: wall times just before it will
-            # come round again, later than ``after``, in the second pass.
-            start = naive - (local.utcoffset() - other.utcoffset())  # type: ignore[operator]
-    best: datetime | None = None
     try:
+        best = _first_after(cron, naive, after)
+        if local.fold == 0 and cron.hour_is_wildcard and _repeated(naive, tz):
+            again = _second_pass_from(cron, _start_of_repeat(naive, tz), naive)
+            if again is not None and again > after and (best is None or again < best):
+                best = again
+    except CroniterBadDateError:
+        return None
+    return best
+
+
+def _first_after(cron: Cron, naive: datetime, after: datetime) -> datetime | None:
+    """The earliest instant after ``after`` of the first wall time after ``naive`` that names
+    one: later wall times name later instants. A skipped hour (its wall times name none) and
+    the rest of a repeated hour whose instants are all behind (``after`` in its second pass, a
+    fixed-hour cron firing in the first) are jumped over."""
+    tz = cron.tz
+    start = naive
+    while True:
         for candidate in _naive_iter(cron, start):
             instants = _instants(candidate, tz, cron.hour_is_wildcard)
-            if not instants:
-                continue
-            for instant in instants:
-                if instant > after and (best is None or instant < best):
-                    best = instant
-            # The earliest instant of a wall time never decreases as wall time goes on, so no
-            # later candidate can beat ``best`` once this one's earliest is not before it.
-            if best is not None and instants[0] >= best:
-                return best
-    except CroniterBadDateError:
-        return best
-    return best
+            later = [instant for instant in instants if instant > after]
+            if later:
+                return later[0]
+            if not instants:  # in a skipped hour: go on from its end
+                end = cronmath.end_of_gap(candidate, tz).astimezone(tz).replace(tzinfo=None)
+                start = max(end - timedelta(seconds=1), candidate)
+                break
+            if _repeated(candidate, tz):  # its instants are behind: go on after the repeat
+                start = max(_end_of_repeat(candidate, tz) - timedelta(seconds=1), candidate)
+                break
+        else:
+            return None
+
+
+def _second_pass_from(cron: Cron, first: datetime, last: datetime) -> datetime | None:
+    """The second-pass instant of the first wall time in [first, last] the cron names."""
+    for candidate in _naive_iter(cron, first - timedelta(seconds=1)):
+        if candidate > last:
+            return None
+        if candidate >= first:
+            return candidate.replace(tzinfo=cron.tz, fold=1).astimezone(UTC)
+    return None
+
+
+def _repeated(naive: datetime, tz: ZoneInfo) -> bool:
+    """Whether a wall time happens twice (the hour the clocks go back)."""
+    return naive.replace(tzinfo=tz).utcoffset() != naive.replace(tzinfo=tz, fold=1).utcoffset()
+
+
+def _start_of_repeat(naive: datetime, tz: ZoneInfo) -> datetime:
+    """The first wall time of the repeated stretch ``naive`` is in, to the second."""
+    return _edge_of_repeat(naive, tz, -1)
+
+
+def _end_of_repeat(naive: datetime, tz: ZoneInfo) -> datetime:
+    """The first wall time after the repeated stretch ``naive`` is in, to the second."""
+    return _edge_of_repeat(naive, tz, +1) + timedelta(seconds=1)
+
+
+def _edge_of_repeat(naive: datetime, tz: ZoneInfo, direction: int) -> datetime:
+    """The last repeated wall time from ``naive`` in ``direction`` (seconds), by bisection:
+    a repeat lasts the difference of the two offsets, a day at the very most."""
+    inside = 0
+    outside = direction * 86_400
+    while abs(outside - inside) > 1:
+        mid = (inside + outside) // 2
+        if _repeated(naive + timedelta(seconds=mid), tz):
+            inside = mid
+        else:
+            outside = mid
+    return (naive + timedelta(seconds=inside)).replace(microsecond=0)
 
 
 def describe(schedule: Schedule) -> str:

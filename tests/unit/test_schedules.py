@@ -1495,3 +1495,103 @@ def test_an_extra_run_does_not_move_an_anchored_interval():
     assert next_fire_time(
         Interval(timedelta(minutes=10)), datetime(2026, 1, 1, 12, 3, tzinfo=UTC)
     ) == (datetime(2026, 1, 1, 12, 13, tzinfo=UTC))
+
+
+# --- the cost of a DST change: a few candidates, not an hour of them ----------------------------
+# A per-second cron walked every wall-clock second of a repeated or skipped hour to find its
+# next fire (3,600 candidates, ~0.2 s a call here): in the autumn's repeated hour a beat paid
+# that for every fire of such a job. Counted in candidates, not seconds: the suite times nothing.
+
+
+def _counting_candidates(monkeypatch) -> list[int]:
+    seen = [0]
+    walk = schedules._naive_iter
+
+    def counted(*args, **kwargs):
+        for candidate in walk(*args, **kwargs):
+            seen[0] += 1
+            yield candidate
+
+    monkeypatch.setattr(schedules, "_naive_iter", counted)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "expr, after, expected",
+    [
+        # Dublin's repeated hour, 2003-10-26: 01:00-02:00 local twice, 00:00-02:00 UTC
+        ("* * */1 * * *", "2003-10-26T00:02:00+00:00", "2003-10-26T00:02:01+00:00"),  # 1st pass
+        ("* * */1 * * *", "2003-10-26T01:02:00+00:00", "2003-10-26T01:02:01+00:00"),  # 2nd pass
+        ("* * */1 * * *", "2003-10-26T00:59:59+00:00", "2003-10-26T01:00:00+00:00"),  # between
+        ("0 * * * *", "2003-10-26T00:30:00+00:00", "2003-10-26T01:00:00+00:00"),  # 01:00 again
+        ("*/1 * 1 * * *", "2003-10-26T01:30:00+00:00", "2003-10-27T01:00:00+00:00"),  # fixed hour
+        # Dublin's skipped hour, 2003-03-30: 01:00-02:00 local never happens
+        ("* * */1 * * *", "2003-03-30T00:59:59+00:00", "2003-03-30T01:00:00+00:00"),
+        ("* * * * *", "2003-03-30T00:59:00+00:00", "2003-03-30T01:00:00+00:00"),
+    ],
+)
+def test_next_fire_time_across_a_dst_change_looks_at_a_few_candidates(
+    monkeypatch, expr, after, expected
+):
+    schedule = parse_cron(expr, "Europe/Dublin")
+    seen = _counting_candidates(monkeypatch)
+    assert next_fire_time(schedule, datetime.fromisoformat(after)) == datetime.fromisoformat(
+        expected
+    )
+    assert seen[0] <= 8, f"{seen[0]} wall-clock candidates looked at"
+
+
+def _next_by_walking(cron: Cron, after: datetime) -> datetime | None:
+    """The oracle: every wall time from two hours before ``after``'s (any earlier one that
+    comes round again later is among them), each read at every instant it names, the earliest
+    after ``after`` kept; it stops once a wall time's earliest instant is not before the best,
+    since that never decreases as wall time goes on."""
+    start = after.astimezone(cron.tz).replace(tzinfo=None) - timedelta(hours=2)
+    best = None
+    for candidate in schedules._naive_iter(cron, start):
+        instants = schedules._instants(candidate, cron.tz, cron.hour_is_wildcard)
+        for instant in instants:
+            if instant > after and (best is None or instant < best):
+                best = instant
+        if best is not None and instants and instants[0] >= best:
+            return best
+    return best
+
+
+DST_ZONES = ("Europe/Dublin", "America/New_York", "Australia/Lord_Howe", "Europe/Paris")
+DST_CHANGES = {
+    "Europe/Dublin": ("2026-03-29T01:00:00+00:00", "2026-10-25T01:00:00+00:00"),
+    "America/New_York": ("2026-03-08T07:00:00+00:00", "2026-11-01T06:00:00+00:00"),
+    "Australia/Lord_Howe": ("2026-04-04T15:00:00+00:00", "2026-10-03T15:30:00+00:00"),
+    "Europe/Paris": ("2026-03-29T01:00:00+00:00", "2026-10-25T01:00:00+00:00"),
+}
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    expr=st.sampled_from(
+        [
+            "* * */1 * * *",
+            "*/7 * * * * *",
+            "0 * * * *",
+            "15,45 * * * *",
+            "30 1 * * *",
+            "30 2 * * *",
+            "*/5 1-2 * * *",
+            "0 0-3 * * *",
+            "10 */1 1 * * *",
+        ]
+    ),
+    zone=st.sampled_from(DST_ZONES),
+    change=st.sampled_from((0, 1)),
+    offset=st.integers(min_value=-2 * 3600, max_value=3 * 3600),
+    micro=st.sampled_from((0, 1, 500_000)),
+)
+def test_property_next_fire_time_across_dst_changes_equals_walking_every_wall_time(
+    expr, zone, change, offset, micro
+):
+    cron = parse_cron(expr, zone)
+    after = datetime.fromisoformat(DST_CHANGES[zone][change]) + timedelta(
+        seconds=offset, microseconds=micro
+    )
+    assert next_fire_time(cron, after) == _next_by_walking(cron, after)
