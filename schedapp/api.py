@@ -19,25 +19,26 @@ from django.db import IntegrityError, transaction
 
 from . import bulk, lease, policies
 from .bulk import CHUNK_SIZE
+from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
 from .exceptions import JobStateError, ScheduleError
-from .models import Declaration, Job, JobSource, JobState
-from .schedules import first_fire_time
-from .validation import (
+from .fields import (
     JOB_FIELDS,
     SCHEDULE_DETAIL_FIELDS,
     SCHEDULE_FIELDS,
     JobChanges,
     JobOptions,
-    celery_app,
+    with_defaults,
+)
+from .models import Declaration, Job, JobSource, JobState
+from .schedules import first_fire_time
+from .validation import (
     generated_name,
     job_defaults,
     name_taken,
     source_problem,
     stored_schedule,
-    task_not_allowed,
     validate_job,
-    with_defaults,
 )
 
 log = logging.getLogger("schedapp.api")

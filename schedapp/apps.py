@@ -8,7 +8,7 @@ class SchedappConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, worker
-        from .validation import celery_app
+        from .celeryapp import celery_app
 
         checks.register()
         # Before Celery builds a worker's boot steps: Django is set up while the worker

@@ -33,8 +33,8 @@ from .dispatch import Dispatcher, PublishResult
 from .lease import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .models import Node
 from .nodes import record_node
+from .settings_checks import refuse_bad_settings
 from .store import Listener, get_store
-from .validation import refuse_bad_settings
 
 log = logging.getLogger("schedapp.beat")
 # The id the next beat of a process takes, by pid (a forked process takes its own).

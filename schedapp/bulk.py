@@ -36,6 +36,7 @@ from django.db import transaction
 from . import policies
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
+from .fields import with_defaults
 from .models import JobSource
 from .schedules import Once, Schedule, first_fire_time
 from .store import CopyingStore, InsertedJobs, JobRows, NameTaken, Store, get_store
@@ -46,7 +47,6 @@ from .validation import (
     job_defaults,
     name_taken,
     source_problem,
-    with_defaults,
 )
 
 CHUNK_SIZE = 10_000

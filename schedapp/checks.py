@@ -13,8 +13,9 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, connections, transaction
 
 from . import extras
+from .celeryapp import celery_app
 from .conf import get_settings
-from .validation import celery_app, settings_problems
+from .settings_checks import settings_problems
 from .worker import green_pool_name, green_pool_problem
 
 

@@ -17,8 +17,10 @@ import struct
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .fields import CELERY_FIELDS
+from .option_rules import Options
 from .schedules import Once
-from .validation import CELERY_FIELDS, Checked, Options
+from .validation import Checked
 
 # Every column a new job has, in the order the encoders write them.
 COPY_COLUMNS = (

@@ -50,11 +50,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import api
+from .celeryapp import celery_app
 from .conf import get_settings
 from .db import beat_transaction, db_now
 from .exceptions import JobStateError
+from .fields import JOB_FIELDS, changed_fields
 from .models import Declaration, DeclarationSet, Job, JobSource, JobState, field_default
-from .validation import JOB_FIELDS, celery_app, changed_fields, validate_job
+from .validation import validate_job
 
 log = logging.getLogger("schedapp.declared")
 

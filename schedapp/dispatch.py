@@ -38,6 +38,7 @@ from kombu import Exchange, Producer, Queue
 from kombu.common import maybe_declare
 from kombu.compression import compress
 
+from .celeryapp import task_not_allowed
 from .conf import get_settings
 from .lease import ClaimedRun
 from .message import (
@@ -50,7 +51,6 @@ from .message import (
     HEADER_SCHEDULED_FOR,
     HEADER_TOKEN,
 )
-from .validation import task_not_allowed
 
 log = logging.getLogger("schedapp.dispatch")
 

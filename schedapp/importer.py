@@ -66,9 +66,18 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import api
+from .celeryapp import celery_app
 from .db import db_now
 from .display import describe_schedule, job_schedule_text, local_time, preview_text
 from .exceptions import ScheduleError
+from .fields import (
+    JOB_FIELDS,
+    MESSAGE_OPTIONS,
+    SCHEDULE_DETAIL_FIELDS,
+    SCHEDULE_FIELDS,
+    changed_fields,
+    with_defaults,
+)
 from .models import Job, JobSource
 from .policies import NEXT_OCCURRENCE, RUN_RECENT, WHEN_RETRIES_EXHAUSTED
 from .schedules import (
@@ -81,18 +90,7 @@ from .schedules import (
     parse_solar,
     with_window,
 )
-from .validation import (
-    JOB_FIELDS,
-    MESSAGE_OPTIONS,
-    SCHEDULE_DETAIL_FIELDS,
-    SCHEDULE_FIELDS,
-    celery_app,
-    changed_fields,
-    job_defaults,
-    stored_schedule,
-    validate_job,
-    with_defaults,
-)
+from .validation import job_defaults, stored_schedule, validate_job
 
 BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"

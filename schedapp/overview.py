@@ -24,11 +24,11 @@ from typing import Any
 from django.db.models import Count
 from django.db.models.functions import Now
 
+from .celeryapp import celery_app
 from .db import db_now
 from .dispatch import Dispatcher
 from .models import Job, JobState, Node
 from .store import get_store
-from .validation import celery_app
 
 BACKLOG_CAP = 100_000
 LAG_SAMPLE = 20_000

@@ -40,8 +40,8 @@ def cleanup_results(older_than_seconds: float | None = None, batch_size: int = 5
     from django.apps import apps
     from django.db import transaction
 
+    from .celeryapp import celery_app
     from .db import db_now
-    from .validation import celery_app
 
     if not apps.is_installed("django_celery_results"):
         return 0

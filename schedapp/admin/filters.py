@@ -102,13 +102,13 @@ def _recent_values(request: HttpRequest) -> list[tuple[str, str]]:
 
 def allowed_registered_tasks() -> list[str]:
     """Task names a job may use: registered with the Celery app and permitted."""
-    from ..validation import registered_tasks, task_problem
+    from ..celeryapp import registered_tasks, task_problem
 
     return [name for name in registered_tasks() if task_problem(name) is None]
 
 
 def configured_queues() -> list[str]:
-    from ..validation import celery_app
+    from ..celeryapp import celery_app
 
     conf = celery_app().conf
     names = {conf.task_default_queue or "celery"}

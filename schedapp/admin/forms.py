@@ -21,19 +21,13 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
+from ..celeryapp import task_not_allowed, task_problem
 from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
+from ..fields import JOB_FIELDS, SCHEDULE_FIELDS
 from ..models import Job, field_default
 from ..schedules import OUT_OF_RANGE, Once, fire_times
-from ..validation import (
-    JOB_FIELDS,
-    SCHEDULE_FIELDS,
-    name_taken,
-    stored_schedule,
-    task_not_allowed,
-    task_problem,
-    validate_job,
-)
+from ..validation import name_taken, stored_schedule, validate_job
 
 FORM_FIELDS = [
     "name",

@@ -26,8 +26,8 @@ from django.utils.safestring import mark_safe
 from .. import api
 from ..display import job_schedule_text, local_time, timezone_names
 from ..exceptions import JobStateError
+from ..fields import JOB_FIELDS, changed_fields
 from ..models import Job, JobRun, JobSource, JobState
-from ..validation import JOB_FIELDS, changed_fields
 from .filters import (
     LargeTablePaginator,
     QueueFilter,

@@ -14,9 +14,10 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import F, Min, Value
 from django.db.models.functions import Coalesce, Now
 
+from ..fields import CELERY_FIELDS
 from ..models import Job, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait, misfire_after
-from ..validation import CELERY_FIELDS, Checked
+from ..validation import Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
 
 _NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters

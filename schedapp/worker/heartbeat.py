@@ -16,8 +16,8 @@ from celery import bootsteps
 
 from ..conf import get_settings
 from ..db import reset_connection
+from ..settings_checks import refuse_bad_settings
 from ..signals import lease_heartbeat
-from ..validation import refuse_bad_settings
 
 log = logging.getLogger("schedapp.worker")
 

@@ -25,9 +25,9 @@ from celery.app.trace import build_tracer
 from celery.exceptions import Ignore
 
 from .. import metrics
+from ..celeryapp import celery_app
 from ..db import CONNECTION_ERRORS, bound_connection_waits, bounded_wait, reset_connection
 from ..signals import lease_heartbeat
-from ..validation import celery_app
 from .board import DoorBoard
 from .completions import Completions
 from .door import Door

@@ -189,7 +189,7 @@ def test_the_beat_banner_names_the_beat_id_it_works_under_and_its_real_longest_s
     from celery.apps.beat import Beat
     from celery.beat import Service
 
-    from schedapp.validation import celery_app
+    from schedapp.celeryapp import celery_app
 
     # Given celery beat's own service and banner for schedapp's scheduler
     app = celery_app()
@@ -298,7 +298,7 @@ def test_a_scheduled_job_shows_its_state_and_next_run_at_the_top(admin_client):
 
 
 def test_the_schedule_fields_come_with_a_kind_chooser_naming_each_kinds_fields(admin_client):
-    from schedapp.validation import SCHEDULE_FIELDS
+    from schedapp.fields import SCHEDULE_FIELDS
 
     # Given an interval job
     job = api.schedule("project.tasks.record", interval=300, name="every-five")

@@ -10,10 +10,10 @@ import pytest
 from django.db import connection
 
 from schedapp import api, beat, dispatch, lease, policies
+from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
 from schedapp.models import Job
 from schedapp.store import get_store
-from schedapp.validation import celery_app
 from tests.integration import test_dispatch_amqp
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,11 +16,11 @@ from django.db import connections
 from django.test import override_settings
 
 from schedapp import api, beat
+from schedapp.celeryapp import celery_app
 from schedapp.db import bound_connection_waits, db_now, watchdog_given_up
 from schedapp.message import HEADER_LEASE
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.testing.pgproxy import django_through
-from schedapp.validation import celery_app
 from schedapp.worker import WorkerHooks
 from tests.claiming import claim_one
 

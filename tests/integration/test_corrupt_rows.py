@@ -13,10 +13,10 @@ from django.apps import apps as django_apps
 from django.db import DatabaseError, connection, transaction
 
 from schedapp import api, beat, policies
+from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
 from schedapp.lease import Completion, admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
-from schedapp.validation import celery_app
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
 TASK = "project.tasks.record"

@@ -21,11 +21,11 @@ import pytest
 from django.db import DatabaseError, connection, models, transaction
 
 from schedapp import api, beat
+from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
 from schedapp.lease import admit_run, complete_run
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.store import PostgreSQLStore
-from schedapp.validation import celery_app
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
 TASK = "project.tasks.record"
@@ -106,7 +106,7 @@ def bad_values(field: models.Field) -> list[tuple[str, str, Any]]:
 
 COLUMNS = [f for f in Job._meta.concrete_fields if not f.primary_key]
 # The schedule a column belongs to, so that its values meet the code that reads them: the
-# columns of one schedule kind (validation.SCHEDULE_FIELDS, SCHEDULE_DETAIL_FIELDS) are tried
+# columns of one schedule kind (fields.SCHEDULE_FIELDS, SCHEDULE_DETAIL_FIELDS) are tried
 # on a job of that kind, every other column on an interval job.
 KINDS = {
     "run_at": {"run_at": "due"},

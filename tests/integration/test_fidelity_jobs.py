@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from schedapp import api, importer
 from schedapp.db import db_now
+from schedapp.fields import with_defaults
 from schedapp.models import Job
 from schedapp.schedules import next_fire_time
-from schedapp.validation import job_defaults, validate_job, with_defaults
+from schedapp.validation import job_defaults, validate_job
 from tests import examples
 
 pytestmark = [pytest.mark.django_db]

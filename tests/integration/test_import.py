@@ -92,7 +92,7 @@ def test_import_from_celery_beat_schedule_maps_crontab_timedelta_and_numbers():
 def test_crontab_jobs_take_the_celery_app_time_zone():
     with override_settings(CELERY_BEAT_SCHEDULE={"x": BEAT_SCHEDULE["weekday-report"]}):
         run()
-    from schedapp.validation import celery_app
+    from schedapp.celeryapp import celery_app
 
     expected = str(celery_app().conf.timezone or "UTC")
     assert Job.objects.get(name="x").timezone == getattr(expected, "key", expected)
@@ -464,7 +464,7 @@ def test_a_declared_name_taken_by_an_imported_job_is_named_at_sync_and_in_check(
 
 def test_the_beat_logs_the_declared_jobs_report_without_a_doubled_prefix(schedapp_logs):
     from schedapp import beat
-    from schedapp.validation import celery_app
+    from schedapp.celeryapp import celery_app
 
     scheduler = beat.LeaseScheduler(celery_app(), lazy=True)
     scheduler._sync_declared_jobs()

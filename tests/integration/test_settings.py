@@ -19,9 +19,9 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from schedapp import api, beat, db, declared
+from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState
-from schedapp.validation import celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -289,8 +289,8 @@ def test_time_limits_in_an_entrys_options_are_carried_as_message_options():
 
 
 def test_the_time_limits_a_job_may_carry_are_checked_as_celery_takes_them():
-    from schedapp.validation import _message_options_verdict
+    from schedapp.option_rules import message_options_verdict
 
-    assert _message_options_verdict({"time_limit": 60, "soft_time_limit": 50})[1] is None
+    assert message_options_verdict({"time_limit": 60, "soft_time_limit": 50})[1] is None
     for bad in (0, -1, "60", True, float("inf")):
-        assert "time_limit" in (_message_options_verdict({"time_limit": bad})[1] or ""), bad
+        assert "time_limit" in (message_options_verdict({"time_limit": bad})[1] or ""), bad

@@ -29,6 +29,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "schedules",
             "policies",
             "display",
+            "fields",
+            "payload",
             "conf",
             "signals",
             "lease.rules",
@@ -43,9 +45,12 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "store",
             "store.*",
             "models",
+            "celeryapp",
+            "option_rules",
             "validation",
             "lease",
             "lease.*",
+            "settings_checks",
             "bulk",
             "copyrows",
             "prune",
@@ -104,6 +109,8 @@ PURE = (
     "policies",
     "display",
     "lease.rules",
+    "fields",
+    "payload",
 )
 IMPURE_PREFIXES = ("django.db", "celery", "kombu", "psycopg", "redis")
 

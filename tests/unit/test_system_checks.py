@@ -18,7 +18,7 @@ from celery import schedules
 from django.test import override_settings
 
 from schedapp import checks, declared
-from schedapp.validation import celery_app
+from schedapp.celeryapp import celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
 SQLITE = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}

@@ -1,0 +1,113 @@
+"""A job's fields: the one list of them (``JobOptions``), and the groups other modules name.
+
+Pure (no database, no broker): the API, bulk scheduling, the stores, the admin, declared
+jobs and the importer all need these lists, and none of them should have to import the
+validation rules (or Django's models) to get them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
+# The fields of one schedule kind beyond its main one, and of any recurring schedule.
+SCHEDULE_DETAIL_FIELDS = ("cron_day_or", "latitude", "longitude", "not_before", "expires_at")
+# The columns of Celery's semantics (migration 0007), which the claim and the bulk COPY carry.
+CELERY_FIELDS = (
+    "cron_day_or",
+    "solar_event",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+    "message_options",
+)
+# Per-job Celery message options, as apply_async takes them (over the task's own options).
+MESSAGE_OPTIONS = (
+    "queue",
+    "routing_key",
+    "exchange",
+    "priority",
+    "expires",
+    "headers",
+    # the message's timelimit header: a prefork worker kills (hard) or interrupts (soft) the
+    # task after so many seconds, over the task's own limits
+    "time_limit",
+    "soft_time_limit",
+)
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's editable fields other than its task: what ``api.schedule`` takes as options.
+
+    The one list of a job's fields: ``JOB_FIELDS`` is read from it, and the API, the admin
+    form, declared jobs and the importer all take their field list from ``JOB_FIELDS``.
+    None means "the default" for every option but the schedule ones.
+    """
+
+    args: Iterable[Any]
+    kwargs: Mapping[str, Any] | None
+    description: str | None
+    run_at: datetime | None
+    cron: str | None
+    interval: timedelta | float | None
+    interval_anchor: datetime | None
+    solar_event: str | None
+    cron_day_or: bool
+    latitude: float | None
+    longitude: float | None
+    not_before: datetime | None
+    expires_at: datetime | None
+    message_options: Mapping[str, Any] | None
+    timezone: str | None
+    name: str | None
+    priority: int
+    queue: str | None
+    max_retries: int | None
+    jitter: int
+    lease_seconds: int | None
+    retry_backoff: timedelta | float | None
+    retry_backoff_max: timedelta | float | None
+    when_retries_exhausted: str | None
+    misfire_policy: str | None
+    misfire_grace: timedelta | float | None
+    misfire_max_catchup: int | None
+
+
+class JobChanges(JobOptions, total=False):
+    """What ``api.update`` takes: any option, and the task."""
+
+    task: str
+
+
+JOB_FIELDS: tuple[str, ...] = ("task", *JobOptions.__annotations__)
+
+
+def changed_fields(job: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``values`` that differ from ``job``'s, with the whole schedule (and its
+    zone) when any part of it changed: a new schedule replaces the old one whole, so an update
+    must say all of it. What the admin, declared jobs and the importer pass to
+    ``api.update``."""
+    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
+    if any(f in changes for f in (*_WHOLE_SCHEDULE, *SCHEDULE_DETAIL_FIELDS)):
+        changes.update({f: values[f] for f in _WHOLE_SCHEDULE if f in values})
+    return changes
+
+
+_WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, "timezone")
+
+
+def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` overridden by what the caller gave (``task`` included); None means "the
+    default" for every field but the schedule ones (there: "not this kind of schedule")."""
+    if None not in given.values():  # the common case, merged in one step
+        return {**defaults, "task": None, **given}
+    values = dict(defaults)
+    values["task"] = None
+    for key, value in given.items():
+        if value is None and key in defaults and key not in SCHEDULE_FIELDS:
+            continue
+        values[key] = value
+    return values

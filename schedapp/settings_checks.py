@@ -1,0 +1,116 @@
+"""Checks of the ``SCHEDAPP_*`` settings, run by the system checks and before a beat or a
+worker starts.
+
+Apart from ``conf.py``, which only reads the settings, because the defaults new jobs take
+are checked as a job's fields are: this module needs job validation, and ``conf`` must not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+
+from .conf import get_settings
+from .exceptions import ScheduleError
+from .schedules import parse_cron
+from .validation import job_defaults, validate_job
+
+_POSITIVE = ("BATCH_SIZE", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH")
+_POSITIVE_SECONDS = (
+    "MAX_SLEEP",
+    "MIN_SLEEP",
+    "BEAT_TRANSACTION_TIMEOUT",
+    "NODE_HEARTBEAT",
+    "LEASE_HEARTBEAT",
+    "DB_TIMEOUT",
+)
+_DISPATCH_LOGS = ("each", "batch", "off")
+
+
+def settings_problems() -> list[str]:
+    """What is wrong with the ``SCHEDAPP_*`` settings, one line each naming the setting: a
+    beat with a batch of 0 would claim nothing, a heartbeat of 0 would renew in a busy loop,
+    a pattern list given as one string would match single characters. The defaults new jobs
+    take are checked as a job's fields are. Empty when all is well."""
+    s = get_settings()
+    found: list[str] = []
+    for name in _POSITIVE:
+        value = getattr(s, name)
+        if not _number(value) or value < 1:
+            found.append(f"SCHEDAPP_{name} must be a whole number of at least 1, not {value!r}.")
+    for name in _POSITIVE_SECONDS:
+        value = getattr(s, name)
+        if not _number(value, (int, float)) or not value > 0:
+            found.append(f"SCHEDAPP_{name} must be a number of seconds above 0, not {value!r}.")
+    if s.DISPATCH_LOG not in _DISPATCH_LOGS:
+        found.append(
+            f"SCHEDAPP_DISPATCH_LOG must be one of {_DISPATCH_LOGS}, not {s.DISPATCH_LOG!r}."
+        )
+    burst = s.DISPATCH_LOG_BURST
+    if not _number(burst) or burst < 0:
+        found.append(
+            f"SCHEDAPP_DISPATCH_LOG_BURST must be a whole number, 0 or more, not {burst!r}."
+        )
+    for name in ("ALLOWED_TASKS", "DENIED_TASKS"):
+        value = getattr(s, name)
+        if not isinstance(value, tuple) or not all(isinstance(p, str) for p in value):
+            found.append(
+                f"SCHEDAPP_{name} must be a list of task name patterns, not {value!r}"
+                + (f" (write [{value!r}])." if isinstance(value, str) else ".")
+            )
+    port = s.METRICS_PORT
+    if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+        found.append(f"SCHEDAPP_METRICS_PORT must be None or a port number, not {port!r}.")
+    if not isinstance(s.HOUSEKEEPING, bool):
+        found.append(f"SCHEDAPP_HOUSEKEEPING must be True or False, not {s.HOUSEKEEPING!r}.")
+    if s.HOUSEKEEPING:
+        try:
+            parse_cron(s.HOUSEKEEPING_CRON, "UTC")
+        except ScheduleError as exc:
+            found.append(f"SCHEDAPP_HOUSEKEEPING_CRON {s.HOUSEKEEPING_CRON!r}: {exc.message}")
+    if not isinstance(s.RUN_RETENTION, timedelta) or s.RUN_RETENTION <= timedelta(0):
+        found.append(f"SCHEDAPP_RUN_RETENTION must be a duration above 0, not {s.RUN_RETENTION!r}.")
+    result = s.RESULT_RETENTION
+    if result is not None and (not isinstance(result, timedelta) or result < timedelta(0)):
+        found.append(f"SCHEDAPP_RESULT_RETENTION must be None or a duration, not {result!r}.")
+    if not isinstance(s.JOBS, Mapping):
+        found.append(f"SCHEDAPP_JOBS must be a mapping of job name to options, not {s.JOBS!r}.")
+    found.extend(_default_problems())
+    return found
+
+
+def _number(value: Any, kinds: tuple[type, ...] = (int,)) -> bool:
+    """Whether ``value`` is one of ``kinds`` (whole numbers unless told), and not a bool,
+    which is an int too."""
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _default_problems() -> list[str]:
+    """The DEFAULT_* settings, validated as the fields of a job that takes them all."""
+    try:
+        validate_job(
+            {
+                **job_defaults(),
+                "task": "schedapp.settings_check",
+                "interval": 60,
+                "name": "defaults",
+            },
+            check_task=False,
+        )
+    except ValidationError as exc:
+        return [
+            f"SCHEDAPP_DEFAULT_{field.upper()}: {' '.join(messages)}"
+            for field, messages in exc.message_dict.items()
+        ]
+    return []
+
+
+def refuse_bad_settings(process: str) -> None:
+    """A beat or a worker does not start on settings it cannot keep its promises with
+    (Celery runs no Django system checks before a beat starts)."""
+    problems = settings_problems()
+    if problems:
+        raise ImproperlyConfigured(f"schedapp: this {process} cannot start: " + " ".join(problems))
