@@ -8,8 +8,9 @@ scheduling runs the same object over many jobs, where it remembers the verdict o
 share (task names, zones, cron expressions, intervals, options), so the rules cannot drift
 between the single and the bulk path.
 
-The field lists are in ``fields``, the JSON rules of the payload in ``payload``, the option
-and message option verdicts in ``option_rules``, the task allowlist in ``celeryapp``.
+The schedule fields' rules are in ``schedule_checks``, the JSON rules of the payload in
+``payload``, the option and message option verdicts in ``option_rules``, the task allowlist
+in ``celeryapp``, the field lists in ``fields``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ import json
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
 
 from .celeryapp import task_problem
 from .conf import get_settings
-from .exceptions import ScheduleError
 from .fields import JOB_FIELDS
 from .models import JobSource, field_default, schedule_of
 from .option_rules import OPTION_FIELDS, Options, message_options_verdict, options_verdict
@@ -38,28 +37,12 @@ from .payload import (
     plain,
     type_name,
 )
-from .schedules import (
-    Cron,
-    Interval,
-    Once,
-    Schedule,
-    parse_cron,
-    parse_interval,
-    parse_run_at,
-    parse_solar,
-    parse_timezone,
-    with_window,
-)
+from .schedule_checks import PLAIN_TYPES, ScheduleChecks, remember
+from .schedules import Schedule
 
 NAME_MAX = 200
 _KNOWN_FIELDS = frozenset(JOB_FIELDS)
 _option_values = operator.itemgetter(*OPTION_FIELDS)
-# Types whose equal values always get the same verdict and the same message, so a verdict on
-# one value may be reused for another equal one (a custom __eq__ could lie; these cannot).
-_PLAIN_TYPES = frozenset({int, float, str, bool, type(None), timedelta})
-# A schedule field is given unless None or "", which a datetime or a number never equals.
-_NEVER_EMPTY = frozenset({datetime, timedelta, int, float})
-_CACHE_LIMIT = 4096
 
 
 def name_taken(name: str) -> str:
@@ -134,10 +117,7 @@ class JobValidator:
         self.max_payload_bytes = settings.MAX_PAYLOAD_BYTES
         self.max_payload_depth = settings.MAX_PAYLOAD_DEPTH
         self._tasks: dict[Any, tuple[str | None, str | None]] = {}
-        self._zones: dict[Any, tuple[str | None, str | None]] = {}
-        self._crons: dict[Any, Cron | ScheduleError] = {}
-        self._intervals: dict[Any, Interval | ScheduleError] = {}
-        self._run_ats: dict[tuple[datetime, int], Once | ScheduleError] = {}
+        self._schedules = ScheduleChecks()
         self._message_options: dict[str, tuple[dict[str, Any], str | None]] = {}
         self._options: dict[Any, Options] = {}
         self._last_options: tuple[tuple[Any, ...], Options] | None = None
@@ -162,7 +142,7 @@ class JobValidator:
         checked = Checked({}, errors)
         self._check_task(values.get("task"), checked)
         self._check_payload(values, checked)
-        self._check_schedule(values, checked)
+        checked.schedule = self._schedules.check(values, errors, checked.values)
         self._check_message_options(values.get("message_options"), checked)
         _check_name(values.get("name"), checked)
         _check_description(values.get("description"), checked)
@@ -177,7 +157,7 @@ class JobValidator:
         if verdict is None:
             verdict = self._task_verdict(task)
             if cacheable:
-                _remember(self._tasks, task, verdict)
+                remember(self._tasks, task, verdict)
         cleaned, problem = verdict
         if problem:
             _add(checked.errors, "task", problem)
@@ -248,155 +228,6 @@ class JobValidator:
         checked.values["args"], checked.values["kwargs"] = args, kwargs
         checked.args_json, checked.kwargs_json = args_json, kwargs_json
 
-    # --- schedule ----------------------------------------------------------------------------
-
-    def _check_schedule(self, values: Mapping[str, Any], checked: Checked) -> None:
-        errors, out = checked.errors, checked.values
-        zone = values.get("timezone")
-        cacheable = type(zone) is str
-        zone_verdict = self._zones.get(zone) if cacheable else None
-        if zone_verdict is None:
-            try:
-                zone_verdict = (parse_timezone(zone), None)
-            except ScheduleError as exc:
-                zone_verdict = (None, exc.message)
-            if cacheable:
-                _remember(self._zones, zone, zone_verdict)
-        timezone, problem = zone_verdict
-        if problem:
-            _add(errors, "timezone", problem)
-        else:
-            out["timezone"] = timezone
-        run_at, cron, interval = values.get("run_at"), values.get("cron"), values.get("interval")
-        solar_event = values.get("solar_event")
-        given = []
-        if run_at is not None and (type(run_at) in _NEVER_EMPTY or run_at != ""):
-            given.append("run_at")
-        if cron is not None and (type(cron) in _NEVER_EMPTY or cron != ""):
-            given.append("cron")
-        if interval is not None and (type(interval) in _NEVER_EMPTY or interval != ""):
-            given.append("interval")
-        if solar_event is not None and solar_event != "":
-            given.append("solar_event")
-        if len(given) != 1:
-            message = "needs exactly one schedule: run_at (one-off), cron, interval or " + (
-                f"solar_event; got {', '.join(given)}." if given else "solar_event; got none."
-            )
-            for field in given or ["run_at", "cron", "interval"]:
-                _add(errors, field, message)
-            return
-        out.update(
-            run_at=None,
-            cron="",
-            interval=None,
-            interval_anchor=None,
-            solar_event="",
-            latitude=None,
-            longitude=None,
-            cron_day_or=True,
-            not_before=None,
-            expires_at=None,
-        )
-        kind = given[0]
-        day_or = values.get("cron_day_or", True)
-        if day_or is None:
-            day_or = True
-        if not isinstance(day_or, bool):
-            _add(errors, "cron_day_or", f"must be True or False, got {type_name(day_or)}.")
-            day_or = True
-        out["cron_day_or"] = day_or
-        if kind != "solar_event":
-            for field in ("latitude", "longitude"):
-                if values.get(field) is not None:
-                    _add(errors, field, "only a solar schedule (solar_event) has a place.")
-        anchor = values.get("interval_anchor")
-        if anchor is not None and kind != "interval":
-            _add(errors, "interval_anchor", "only an interval schedule has an anchor.")
-            anchor = None
-        schedule: Schedule | ScheduleError
-        if kind == "run_at":
-            schedule = self._run_at(run_at)
-        elif kind == "interval":
-            schedule = self._interval(interval)
-        elif kind == "solar_event":
-            try:
-                schedule = parse_solar(solar_event, values.get("latitude"), values.get("longitude"))
-            except ScheduleError as exc:
-                schedule = ScheduleError(
-                    "solar_event" if exc.field == "event" else exc.field, exc.message
-                )
-        else:  # with an invalid zone, still check the expression itself
-            schedule = self._cron(cron, timezone or "UTC", day_or)
-        if isinstance(schedule, ScheduleError):
-            _add(errors, schedule.field, schedule.message)
-        elif isinstance(schedule, Once):
-            out["run_at"] = schedule.at
-            checked.schedule = schedule
-        elif isinstance(schedule, Interval):
-            out["interval"] = schedule.every
-            if anchor is not None:
-                try:
-                    at = parse_run_at(anchor, field="interval_anchor").at
-                except ScheduleError as exc:
-                    _add(errors, exc.field, exc.message)
-                else:
-                    out["interval_anchor"] = at
-                    schedule = Interval(schedule.every, at)
-            checked.schedule = schedule
-        elif isinstance(schedule, Cron):
-            out["cron"] = schedule.expr
-            checked.schedule = schedule
-        else:
-            out.update(
-                solar_event=schedule.event, latitude=schedule.latitude, longitude=schedule.longitude
-            )
-            checked.schedule = schedule
-        _check_window(values, checked)
-
-    def _run_at(self, value: Any) -> Once | ScheduleError:
-        # Equal aware datetimes are the same instant, hence the same Once, but for ``fold``:
-        # Python compares two readings of a repeated wall time in one zone as equal, an hour
-        # apart. A naive one is never equal to an aware one, so it cannot borrow its verdict.
-        cacheable = type(value) is datetime
-        key = (value, value.fold) if cacheable else None
-        verdict = self._run_ats.get(key) if cacheable else None
-        if verdict is None:
-            try:
-                verdict = parse_run_at(value)
-            except ScheduleError as exc:
-                verdict = exc
-            if cacheable:
-                _remember(self._run_ats, key, verdict)
-        return verdict
-
-    def _interval(self, value: Any) -> Interval | ScheduleError:
-        cacheable = type(value) in _PLAIN_TYPES
-        key = (type(value), value)
-        verdict = self._intervals.get(key) if cacheable else None
-        if verdict is None:
-            try:
-                verdict = parse_interval(value)
-            except ScheduleError as exc:
-                verdict = exc
-            if cacheable:
-                _remember(self._intervals, key, verdict)
-        return verdict
-
-    def _cron(self, value: Any, timezone: str, day_or: bool = True) -> Cron | ScheduleError:
-        cacheable = type(value) is str
-        key = (value, timezone, day_or)
-        verdict = self._crons.get(key) if cacheable else None
-        if verdict is None:
-            try:
-                if isinstance(value, str) and len(value) > 200:
-                    raise ScheduleError("cron", "must be at most 200 characters.")
-                verdict = parse_cron(value, timezone, day_or=day_or)
-            except ScheduleError as exc:
-                verdict = exc
-            if cacheable:
-                _remember(self._crons, key, verdict)
-        return verdict
-
     # --- message options ---------------------------------------------------------------------
 
     def _check_message_options(self, value: Any, checked: Checked) -> None:
@@ -411,7 +242,7 @@ class JobValidator:
             key = encode_json(value)
             verdict = self._message_options.get(key)
             if verdict is None:
-                verdict = _remember(self._message_options, key, message_options_verdict(value))
+                verdict = remember(self._message_options, key, message_options_verdict(value))
             cleaned, problem = verdict
         if problem:
             _add(checked.errors, "message_options", problem)
@@ -437,11 +268,11 @@ class JobValidator:
 
     def _options_of(self, given: tuple[Any, ...]) -> Options:
         types = tuple(map(type, given))
-        if _PLAIN_TYPES.issuperset(types):
+        if PLAIN_TYPES.issuperset(types):
             key = (given, types)
             options = self._options.get(key)
             if options is None:
-                options = _remember(self._options, key, options_verdict(given))
+                options = remember(self._options, key, options_verdict(given))
             return options
         return options_verdict(given)
 
@@ -462,15 +293,6 @@ def stored_schedule(values: Mapping[str, Any]) -> Schedule:
 
 def _add(errors: dict[str, list[str]], field: str, message: str) -> None:
     errors.setdefault(field, []).append(message)
-
-
-def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
-    """Cache ``value``; a cache past its limit starts again, so a stream of distinct values
-    holds no more than a few thousand verdicts."""
-    if len(cache) >= _CACHE_LIMIT:
-        cache.clear()
-    cache[key] = value
-    return value
 
 
 def _check_name(name: Any, checked: Checked) -> None:
@@ -503,32 +325,3 @@ def _check_description(description: Any, checked: Checked) -> None:
         _add(checked.errors, "description", "contains a lone surrogate: not valid Unicode.")
     else:
         checked.values["description"] = description
-
-
-def _check_window(values: Mapping[str, Any], checked: Checked) -> None:
-    """``not_before`` and ``expires_at``: aware instants, in order, on a recurring schedule
-    (django-celery-beat's ``start_time`` and ``expires``)."""
-    bounds: dict[str, datetime] = {}
-    for field in ("not_before", "expires_at"):
-        value = values.get(field)
-        if value is None:
-            continue
-        try:
-            bounds[field] = parse_run_at(value, field=field).at
-        except ScheduleError as exc:
-            _add(checked.errors, exc.field, exc.message)
-    if not bounds:
-        return
-    schedule = checked.schedule
-    if schedule is None:
-        return
-    if isinstance(schedule, Once):
-        for field in bounds:
-            _add(checked.errors, field, "only a recurring schedule has a start or an expiry.")
-        return
-    start, end = bounds.get("not_before"), bounds.get("expires_at")
-    if start is not None and end is not None and end <= start:
-        _add(checked.errors, "expires_at", "must be later than not_before.")
-        return
-    checked.values.update(bounds)
-    checked.schedule = with_window(schedule, start, end)

@@ -31,6 +31,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "display",
             "fields",
             "payload",
+            "schedule_checks",
             "conf",
             "signals",
             "lease.rules",
@@ -111,6 +112,7 @@ PURE = (
     "lease.rules",
     "fields",
     "payload",
+    "schedule_checks",
 )
 IMPURE_PREFIXES = ("django.db", "celery", "kombu", "psycopg", "redis")
 
