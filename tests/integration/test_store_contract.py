@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
+from schedapp.fields import with_defaults
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from schedapp.policies import dispatch_wait
 from schedapp.store import (
@@ -34,7 +35,7 @@ from schedapp.store import (
     Store,
     insert_runs,
 )
-from schedapp.validation import JobValidator, job_defaults, with_defaults
+from schedapp.validation import JobValidator, job_defaults
 
 pytestmark = pytest.mark.django_db(databases=["default", "portable"])
 
