@@ -11,10 +11,11 @@ SETTINGS = "project.settings_test"
 
 
 def examples(weight: int) -> int:
-    """``max_examples`` for a property test: ``weight`` under Hypothesis's default profile (the
-    loop of minutes), scaled by the active profile's ``max_examples`` over 100, so the ``ci``
-    profile (.ci/run: ``HYPOTHESIS_PROFILE=ci``) tries each property that many times more.
+    """``max_examples`` for a property test: ``weight`` scaled by the active profile's
+    ``max_examples`` over 100: half of it under the default profile (the loop of minutes), five
+    times it under ``ci`` (.ci/run: ``HYPOTHESIS_PROFILE=ci``).
     A test's own ``max_examples`` would otherwise override every profile."""
     from hypothesis import settings
 
     return max(1, weight * settings.default.max_examples // 100)
+
