@@ -40,7 +40,8 @@ _FIVE_WEEKS = sum(1 << (7 * week) for week in range(5))  # a week's bits, copied
 _MAX_MASKS = 50_000  # months of day bitmasks kept per cron
 # Counting is clamped to years 3..9999, so that the look-back and a zone's offsets (up to a
 # day either way) stay within what datetime represents.
-_FIRST = date(3, 1, 1).toordinal() * DAY
+_FIRST_YEAR = 3
+_FIRST = date(_FIRST_YEAR, 1, 1).toordinal() * DAY
 _LAST = date(9999, 12, 30).toordinal() * DAY
 
 
@@ -312,6 +313,18 @@ def _changes_in_year(zone: str, year: int) -> tuple[tuple[int, int, int], ...]:
         x, offset = hi, after
     return tuple(found)
 
+
+def repeated_stretch(naive: datetime, zone: str) -> tuple[datetime, datetime] | None:
+    """The wall times [first, end) around ``naive`` that happen twice because the clocks went
+    back over them, or None when ``naive`` happens once: read off the zone's offset changes
+    (``_changes_in_year``), a change at UTC second T from ``before`` to a smaller ``after``
+    repeating the wall times [T + after, T + before)."""
+    wall = to_seconds(naive)
+    for year in range(max(naive.year - 1, _FIRST_YEAR), min(naive.year + 1, 9999) + 1):
+        for at, before, after in _changes_in_year(zone, year):
+            if before > after and at + after <= wall < at + before:
+                return naive_at(at + after), naive_at(at + before)
+    return None
 
 def offset_pieces(zone: str, lo: int, hi: int) -> list[tuple[int, int, int | None]]:
     """The UTC seconds [lo, hi] as pieces of constant offset: (start, offset, offset before).

@@ -537,7 +537,8 @@ def _next_cron(cron: Cron, after: datetime) -> datetime | None:
     try:
         best = _first_after(cron, naive, after)
         if local.fold == 0 and cron.hour_is_wildcard and _repeated(naive, tz):
-            again = _second_pass_from(cron, _start_of_repeat(naive, tz), naive)
+            stretch = cronmath.repeated_stretch(naive, cron.timezone)
+            again = _second_pass_from(cron, stretch[0], naive) if stretch else None
             if again is not None and again > after and (best is None or again < best):
                 best = again
     except CroniterBadDateError:
@@ -562,8 +563,9 @@ def _first_after(cron: Cron, naive: datetime, after: datetime) -> datetime | Non
                 end = cronmath.end_of_gap(candidate, tz).astimezone(tz).replace(tzinfo=None)
                 start = max(end - timedelta(seconds=1), candidate)
                 break
-            if _repeated(candidate, tz):  # its instants are behind: go on after the repeat
-                start = max(_end_of_repeat(candidate, tz) - timedelta(seconds=1), candidate)
+            stretch = cronmath.repeated_stretch(candidate, cron.timezone)
+            if stretch is not None:  # its instants are behind: go on after the repeat
+                start = max(stretch[1] - timedelta(seconds=1), candidate)
                 break
         else:
             return None
@@ -582,30 +584,6 @@ def _second_pass_from(cron: Cron, first: datetime, last: datetime) -> datetime |
 def _repeated(naive: datetime, tz: ZoneInfo) -> bool:
     """Whether a wall time happens twice (the hour the clocks go back)."""
     return naive.replace(tzinfo=tz).utcoffset() != naive.replace(tzinfo=tz, fold=1).utcoffset()
-
-
-def _start_of_repeat(naive: datetime, tz: ZoneInfo) -> datetime:
-    """The first wall time of the repeated stretch ``naive`` is in, to the second."""
-    return _edge_of_repeat(naive, tz, -1)
-
-
-def _end_of_repeat(naive: datetime, tz: ZoneInfo) -> datetime:
-    """The first wall time after the repeated stretch ``naive`` is in, to the second."""
-    return _edge_of_repeat(naive, tz, +1) + timedelta(seconds=1)
-
-
-def _edge_of_repeat(naive: datetime, tz: ZoneInfo, direction: int) -> datetime:
-    """The last repeated wall time from ``naive`` in ``direction`` (seconds), by bisection:
-    a repeat lasts the difference of the two offsets, a day at the very most."""
-    inside = 0
-    outside = direction * 86_400
-    while abs(outside - inside) > 1:
-        mid = (inside + outside) // 2
-        if _repeated(naive + timedelta(seconds=mid), tz):
-            inside = mid
-        else:
-            outside = mid
-    return (naive + timedelta(seconds=inside)).replace(microsecond=0)
 
 
 def describe(schedule: Schedule) -> str:
