@@ -403,6 +403,26 @@ def test_blackhole_with_reset_closes_the_connections_at_its_end(pg_proxy: PgProx
         round_trip(conn)
 
 
+def test_a_connection_marked_closed_forwards_nothing_before_its_sockets_shut(
+    pg_proxy: PgProxy,
+) -> None:
+    # Given a connection a partition's end has marked closed, its sockets not shut yet (the
+    # window while the proxy closes the victims one by one; CI once ran a statement in it)
+    with via(pg_proxy, autocommit=True) as conn:
+        round_trip(conn)
+        [proxied] = pg_proxy._snapshot()
+        with pg_proxy._cond:
+            proxied.closed = True
+        # When the client sends a statement then
+        stmt, out = in_thread(lambda: conn.execute("SELECT 1").fetchone())
+        stmt.join(0.5)
+        # Then it is not forwarded: no answer comes before the connection is shut
+        assert "value" not in out, out
+        proxied.close()
+        stmt.join(10)
+        assert isinstance(out.get("error"), psycopg.OperationalError), out
+
+
 def test_reset_all_breaks_open_connections_and_clear_disarms(pg_proxy: PgProxy) -> None:
     with via(pg_proxy, autocommit=True) as conn:
         round_trip(conn)

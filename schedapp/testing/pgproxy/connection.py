@@ -174,10 +174,11 @@ class Connection:
                     send_end = end
                 pos = end
             if send_end:
-                if (
-                    proxy._partition is not None or proxy._delay is not None
-                ) and not proxy._wait_to_forward(self, received, to_server=True):
-                    return
+                if self.closed or (
+                    (proxy._partition is not None or proxy._delay is not None)
+                    and not proxy._wait_to_forward(self, received, to_server=True)
+                ):
+                    return  # closed (a partition's end marks it before shutting it): drop
                 server.sendall(buf if send_end == size else buf[:send_end])
             del buf[:pos]
             if self.stall_for:
@@ -244,8 +245,9 @@ class Connection:
                     send_end = end
                 pos = end
             if send_end:
-                if proxy._partition is not None and not proxy._wait_to_forward(
-                    self, received, to_server=False
+                if self.closed or (
+                    proxy._partition is not None
+                    and not proxy._wait_to_forward(self, received, to_server=False)
                 ):
                     return
                 client.sendall(buf if send_end == size else buf[:send_end])
