@@ -15,11 +15,12 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
-from .policies import MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
+from .policies import FATES, MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
 from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
 
 
@@ -505,6 +506,56 @@ class JobRun(models.Model):
         return None
 
 
+class Fate(models.TextChoices):
+    """Why an occurrence did not run (``schedapp.policies`` names them)."""
+
+    MISFIRED = "misfired", "Misfired (found late; the misfire policy ran another or none)"
+    OUTSIDE_WINDOW = "outside_window", "Outside the catch-up window"
+    PAUSED = "paused", "Passed while paused"
+    CANCELLED = "cancelled", "Job cancelled"
+    QUARANTINED = "quarantined", "Job quarantined"
+
+
+assert tuple(Fate.values) == FATES
+
+
+class Occurrence(models.Model):
+    """Occurrences of a job that did not run, and why: one row per decision, written in the
+    transaction that made it, a range with its exact count (a job back after a year of
+    minutes is one row, not half a million). An occurrence that ran is its runs instead
+    (``JobRun`` rows with its ``scheduled_for``); ``schedapp.explain`` reads both as one
+    ledger. Unique by its first occurrence: a decision made twice keeps the first record."""
+
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="occurrences", db_index=False
+    )
+    scheduled_for = models.DateTimeField(help_text="The first occurrence of the range.")
+    last = models.DateTimeField(help_text="The last occurrence of the range (included).")
+    count = models.PositiveBigIntegerField(default=1, help_text="Occurrences in the range.")
+    fate = models.CharField(max_length=16, choices=Fate.choices)
+    detail = models.TextField(blank=True, default="")
+    decided_by = models.CharField(
+        max_length=200, blank=True, default="", help_text="The beat, or who acted."
+    )
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-scheduled_for"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "scheduled_for"], name="schedapp_occurrence_job_time"
+            ),
+            models.CheckConstraint(
+                name="schedapp_occurrence_range",
+                condition=Q(last__gte=models.F("scheduled_for"), count__gte=1),
+            ),
+        ]
+        indexes = [models.Index(fields=["recorded_at"], name="schedapp_occurrence_recorded")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.scheduled_for:%Y-%m-%d %H:%M:%S} x{self.count} {self.fate}"
+
+
 class Node(models.Model):
     """A beat or worker process seen recently; each refreshes its row while it lives."""
 
@@ -589,12 +640,14 @@ __all__ = [
     "MIN_PRIORITY",
     "Declaration",
     "DeclarationSet",
+    "Fate",
     "Job",
     "JobRun",
     "JobSource",
     "JobState",
     "MisfirePolicy",
     "Node",
+    "Occurrence",
     "OnceKey",
     "RunStatus",
     "idempotency_key",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from .schedules import (
@@ -99,6 +99,32 @@ def compute_jitter(jitter_seconds: int, rng: Rng = random.random) -> timedelta:
     return timedelta(seconds=rng() * jitter_seconds)
 
 
+# Why an occurrence did not run: the fates the ledger records (``schedapp.models.Occurrence``).
+# An occurrence that ran is its runs (``JobRun`` rows with its ``scheduled_for``), not one of
+# these.
+MISFIRED = "misfired"  # found late beyond its grace: the misfire policy ran another, or none
+OUTSIDE_WINDOW = "outside_window"  # older than the job's catch-up window when found
+PAUSED = "paused"  # passed while the job was paused (then the misfire policy decided)
+CANCELLED = "cancelled"  # the job was cancelled with this occurrence pending
+QUARANTINED = "quarantined"  # the job's row could not be followed; set aside for a person
+FATES = (MISFIRED, OUTSIDE_WINDOW, PAUSED, CANCELLED, QUARANTINED)
+
+_TICK = timedelta(microseconds=1)  # the finest step between two times a schedule can tell
+
+
+@dataclass(frozen=True)
+class MissedRange:
+    """Consecutive occurrences that will never run and why: ``first`` to ``last`` (both
+    occurrences, both included), ``count`` of them exactly. A range, not a row per
+    occurrence, so a job back after a year of minutes costs one record."""
+
+    first: datetime
+    last: datetime
+    count: int
+    fate: str
+    detail: str
+
+
 @dataclass(frozen=True)
 class Catchup:
     """What to do with a recurring job found late beyond its grace time."""
@@ -106,6 +132,22 @@ class Catchup:
     run_for: datetime | None  # the occurrence to run now, or None to run nothing now
     next_due: datetime | None  # with run_for None: the occurrence to wait for instead
     missed: int  # occurrences that will never run (an exact count)
+    # The same occurrences as the ledger records them: oldest first, counts adding to missed.
+    ranges: tuple[MissedRange, ...] = field(default=(), compare=False)
+
+
+def _missed(
+    schedule: Schedule, due: datetime, before: datetime, count: int, fate: str, detail: str
+) -> tuple[MissedRange, ...]:
+    """The ``count`` occurrences from ``due`` to just before ``before``, as one range. Costs
+    two bounded lookups (the first and the last), never a walk over the range."""
+    if count <= 0:
+        return ()
+    first = recent_fire_times(schedule, due, due, 1)  # ``due`` itself, when an occurrence
+    start = first[0] if first else next_fire_time(schedule, due)
+    last = recent_fire_times(schedule, before - _TICK, due, 1)
+    assert start is not None and last, "a counted range has a first and a last occurrence"
+    return (MissedRange(start, last[-1], count, fate, detail),)
 
 
 def plan_misfire(
@@ -115,6 +157,8 @@ def plan_misfire(
     policy: str,
     max_catchup: int,
     grace: timedelta = timedelta(0),
+    window: timedelta | None = None,
+    fate: str = MISFIRED,
 ) -> Catchup:
     """Decide a misfire: ``due`` is an occurrence that should have run a while before ``now``.
 
@@ -126,30 +170,77 @@ def plan_misfire(
     * ``run_recent``: as ``run_once`` if the latest missed occurrence is at most ``grace``
       before now, else as ``skip``: Celery's crontab under ``beat_cron_starting_deadline``.
 
+    A catch-up ``window`` comes first: occurrences older than ``now - window`` are missed
+    (``outside_window``) whatever the policy, which then decides among the rest. ``fate`` is
+    what the rest are recorded as (``paused`` when a resume decides them).
+
     It runs inside the beat's claim transaction, so its cost must not grow with the outage:
     the missed count is arithmetic (``count_fire_times``) and only the occurrences it keeps are
     listed (``recent_fire_times``, at most ``max_catchup`` of them).
     """
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
+    outside: tuple[MissedRange, ...] = ()
+    if window is not None and now - window > due:
+        cutoff = now - window
+        old = count_fire_times(schedule, due, cutoff - _TICK)
+        outside = _missed(
+            schedule, due, cutoff, old, OUTSIDE_WINDOW, f"older than its catch-up window ({window})"
+        )
+        if outside:
+            due_next = next_fire_time(schedule, outside[0].last)
+            if due_next is None or due_next > now:  # nothing left inside the window
+                return Catchup(None, due_next, old, outside)
+            due = due_next
+    plan = _plan_policy(schedule, due, now, policy, max_catchup, grace, fate)
+    if not outside:
+        return plan
+    missed = plan.missed + outside[0].count
+    return Catchup(plan.run_for, plan.next_due, missed, outside + plan.ranges)
+
+
+def _plan_policy(
+    schedule: Schedule,
+    due: datetime,
+    now: datetime,
+    policy: str,
+    max_catchup: int,
+    grace: timedelta,
+    fate: str,
+) -> Catchup:
     total = count_fire_times(schedule, due, now)
+    why = "passed while the job was paused; " if fate == PAUSED else ""
+    skipped = f"{why}misfire policy skip runs none"
     if policy == RUN_RECENT:
         recent = recent_fire_times(schedule, now, due, 1)
         latest = recent[-1] if recent else due  # ``due`` itself: an extra one (run now)
         if now - latest <= grace:
-            return Catchup(run_for=latest, next_due=None, missed=max(0, total - 1) if recent else 0)
+            missed = max(0, total - 1) if recent else 0
+            detail = f"{why}folded into {latest.isoformat()} (misfire policy run_recent)"
+            ranges = _missed(schedule, due, latest, missed, fate, detail)
+            return Catchup(latest, None, missed, ranges)
         policy = SKIP  # too old to run
+        skipped = f"{why}older than its misfire grace ({grace}) when found (misfire policy "
+        skipped += "run_recent)"
     if policy == SKIP:
         # Continue from the latest missed occurrence, not from now, so an interval keeps its
         # phase: next_fire_time(interval, now) would be now + every, which is no occurrence.
         latest = recent_fire_times(schedule, now, due, 1)
         nxt = next_fire_time(schedule, latest[-1] if latest else now)
-        return Catchup(run_for=None, next_due=nxt, missed=total)
+        detail = skipped
+        end = latest[-1] + _TICK if latest else now
+        return Catchup(None, nxt, total, _missed(schedule, due, end, total, fate, detail))
     keep = 1 if policy == RUN_ONCE else max(1, max_catchup)
     recent = recent_fire_times(schedule, now, due, keep)
     if not recent:  # ``due`` itself is after now: nothing was missed
         return Catchup(run_for=due, next_due=None, missed=0)
-    return Catchup(run_for=recent[0], next_due=None, missed=max(0, total - len(recent)))
+    missed = max(0, total - len(recent))
+    detail = (
+        f"{why}folded into {recent[0].isoformat()} (misfire policy run_once)"
+        if policy == RUN_ONCE
+        else f"{why}beyond misfire_max_catchup ({max_catchup}) (misfire policy run_all)"
+    )
+    return Catchup(recent[0], None, missed, _missed(schedule, due, recent[0], missed, fate, detail))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Delete old run history in small batches, so pruning never holds long locks.
+"""Delete old run history (and the ledger's records of occurrences that did not run) in small
+batches, so pruning never holds long locks.
 
 Each batch is its own short transaction: select up to ``batch_size`` ids of finished runs
 older than the cutoff (an index range on ``finished_at``), delete exactly those ids, commit.
@@ -12,12 +13,12 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 
 from .db import db_now
-from .models import ACTIVE_RUN_STATUSES, JobRun
+from .models import ACTIVE_RUN_STATUSES, JobRun, Occurrence
 
 log = logging.getLogger("schedapp.prune")
 
@@ -72,7 +73,8 @@ def prune_runs(
         status__in=ACTIVE_RUN_STATUSES
     )
     if dry_run:
-        return PruneResult(old.count(), 0, cutoff.isoformat(), time.monotonic() - started)
+        count = old.count() + Occurrence.objects.filter(recorded_at__lt=cutoff).count()
+        return PruneResult(count, 0, cutoff.isoformat(), time.monotonic() - started)
     deleted = batches = 0
     while max_batches is None or batches < max_batches:
         with transaction.atomic():
@@ -88,6 +90,7 @@ def prune_runs(
             break
         if pause:
             time.sleep(pause)
+    deleted += _prune_occurrences(cutoff, batch_size, pause)
     result = PruneResult(deleted, batches, cutoff.isoformat(), time.monotonic() - started)
     log.info(
         "pruned %d run(s) finished before %s in %d batch(es)",
@@ -97,3 +100,24 @@ def prune_runs(
         extra={"action": "prune", "deleted": deleted},
     )
     return result
+
+
+def _prune_occurrences(cutoff: datetime, batch_size: int, pause: float) -> int:
+    """The ledger's records of occurrences that did not run, kept as long as the runs: a
+    timeline reads both, so one outliving the other would tell half the story."""
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                Occurrence.objects.filter(recorded_at__lt=cutoff)
+                .order_by("recorded_at")
+                .values_list("id", flat=True)[:batch_size]
+            )
+            if not ids:
+                return deleted
+            count, _ = Occurrence.objects.filter(id__in=ids).delete()
+        deleted += count
+        if len(ids) < batch_size:
+            return deleted
+        if pause:
+            time.sleep(pause)

@@ -19,7 +19,7 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .. import policies
+from .. import ledger, policies
 from ..db import beat_transaction
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
@@ -211,6 +211,7 @@ def _apply_misfires(
     skipped = 0
     quarantined: list[Quarantined] = []
     to_run: list[dict] = []
+    decided: list[tuple[int, policies.MissedRange]] = []
     for row in rows:
         try:
             schedule = schedule_of(row)
@@ -221,6 +222,7 @@ def _apply_misfires(
                 row["misfire_policy"],
                 row["misfire_max_catchup"],
                 row["misfire_grace"],
+                row.get("catchup_window"),
             )
         except Exception as exc:  # a row the beat cannot understand: set it aside, go on
             quarantined.append(quarantine_locked(row["id"], unschedulable(exc)))
@@ -232,14 +234,19 @@ def _apply_misfires(
             row["misfire_policy"],
             extra={"action": "misfire", "job": row["id"]},
         )
+        decided.extend((row["id"], r) for r in plan.ranges)
         if plan.run_for is None:
-            assert plan.next_due is not None
+            # No next occurrence: its expires_at passed while it was away. It is done, as
+            # after a last run (policies.plan_after_success), not an assertion failing the
+            # claim of every job, every tick.
+            nxt = plan.next_due
+            done = nxt is None
             Job.objects.filter(id=row["id"], token=row["token"]).update(
-                state=JobState.SCHEDULED,
+                state=JobState.SUCCEEDED if done else JobState.SCHEDULED,
                 claimed_by="",
                 lease_expires_at=None,
-                scheduled_for=plan.next_due,
-                next_run_at=plan.next_due + policies.compute_jitter(row["jitter"], rng),
+                scheduled_for=row["scheduled_for"] if done else nxt,
+                next_run_at=None if done else nxt + policies.compute_jitter(row["jitter"], rng),
                 missed_runs=F("missed_runs") + plan.missed,
             )
             skipped += 1
@@ -249,6 +256,7 @@ def _apply_misfires(
         )
         row["scheduled_for"] = plan.run_for
         to_run.append(row)
+    ledger.record(decided, beat)
     insert_runs(beat, to_run, now)
     return skipped, quarantined
 
@@ -320,10 +328,15 @@ def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
             .order_by("id")
             .values_list("id", "token")
         )
-        unstarted = list(
-            JobRun.objects.filter(pairs(locked, "job_id"), status=RunStatus.DISPATCHED)
-            .values_list("job_id", "token")
-        ) if locked else []
+        unstarted = (
+            list(
+                JobRun.objects.filter(
+                    pairs(locked, "job_id"), status=RunStatus.DISPATCHED
+                ).values_list("job_id", "token")
+            )
+            if locked
+            else []
+        )
         if not unstarted:
             return 0
         released = Job.objects.filter(pairs(unstarted)).update(

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from django.db.models.functions import Now
 
+from .. import ledger, policies
 from ..db import notify_due
 from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
 
@@ -29,6 +30,8 @@ def resume_locked(job: Job, now: datetime, first_run: Callable[[Job, datetime], 
         job.unstarted_dispatches = 0  # a person's action: an ordinary wait again
         if job.next_run_at is None:
             first_run(job, now)
+        else:
+            _decide_paused(job, now)
     job.save(
         update_fields=[
             "state",
@@ -37,6 +40,7 @@ def resume_locked(job: Job, now: datetime, first_run: Callable[[Job, datetime], 
             "unstarted_dispatches",
             "next_run_at",
             "scheduled_for",
+            "missed_runs",
             "updated_at",
         ]
     )
@@ -44,6 +48,40 @@ def resume_locked(job: Job, now: datetime, first_run: Callable[[Job, datetime], 
         notify_due(job.next_run_at)
     elif lease is not None and lease <= now:
         notify_due(now)  # wake a beat to reap it
+
+
+def _decide_paused(job: Job, now: datetime) -> None:
+    """Occurrences that passed while the job was paused, decided now by its misfire policy
+    (and catch-up window) and recorded as ``paused``, so the ledger says why they did not
+    run. The claim would decide the same a moment later, recorded only as ``misfired``. A
+    schedule that cannot be computed is left to the claim, which quarantines it."""
+    if job.scheduled_for is None or job.next_run_at is None or job.run_at is not None:
+        return
+    late = policies.misfire_after(job.misfire_policy, job.misfire_grace)
+    if job.retry_count or now - job.next_run_at <= late:
+        return  # not a misfire (a retry waits for its backoff, as in the claim)
+    try:
+        plan = policies.plan_misfire(
+            job.schedule,
+            job.scheduled_for,
+            now,
+            job.misfire_policy,
+            job.misfire_max_catchup,
+            job.misfire_grace,
+            getattr(job, "catchup_window", None),
+            fate=policies.PAUSED,
+        )
+    except Exception:
+        return
+    job.missed_runs += plan.missed
+    if plan.run_for is None and plan.next_due is None:  # its expires_at passed meanwhile
+        job.state, job.next_run_at = JobState.SUCCEEDED, None
+    elif plan.run_for is None:
+        job.scheduled_for = plan.next_due
+        job.next_run_at = plan.next_due + policies.compute_jitter(job.jitter)
+    else:
+        job.scheduled_for = job.next_run_at = plan.run_for
+    ledger.record([(job.pk, r) for r in plan.ranges], "resume")
 
 
 def run_now_locked(job: Job, now: datetime) -> None:
@@ -102,6 +140,10 @@ def cancel_locked(job: Job, *, terminate: bool) -> list[str]:
         error="cancelled while running: its task was revoked and "
         + ("terminated (SIGTERM)" if terminate else "may run on to its end"),
     )
+    if not active and job.next_run_at is not None and job.scheduled_for is not None:
+        ledger.record_one(
+            job.pk, job.scheduled_for, policies.CANCELLED, "the job was cancelled", "cancel"
+        )
     job.state = JobState.CANCELLED
     job.token += 1
     job.claimed_by, job.lease_expires_at, job.next_run_at = "", None, None

@@ -9,12 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DataError, IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
+from .. import ledger
 from ..db import beat_transaction
 from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from ..policies import QUARANTINED
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +96,14 @@ def quarantine_locked(job_id: int, reason: str) -> Quarantined:
         last_error=storable(f"quarantined: {reason}", ERROR_CHARS),
         updated_at=Now(),
     )
-    JobRun.objects.filter(job_id=job_id, status__in=ACTIVE_RUN_STATUSES).update(
+    in_flight = JobRun.objects.filter(job_id=job_id, status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.FAILED,
         finished_at=Now(),
         error=storable(f"quarantined: {reason}", ERROR_CHARS),
     )
     name = Job.objects.filter(id=job_id).values_list("name", flat=True).first()
+    if not in_flight:  # with a run in flight, the occurrence's fate is that run's
+        _record_pending(job_id, reason)
     log.error(
         "%s quarantined (now dead): %s",
         job_label(job_id, name),
@@ -107,6 +111,22 @@ def quarantine_locked(job_id: int, reason: str) -> Quarantined:
         extra={"action": "quarantine", "job": job_id},
     )
     return Quarantined(job_id, reason)
+
+
+def _record_pending(job_id: int, reason: str) -> None:
+    """The occurrence the job was waiting for, in the ledger as quarantined: unless its
+    stored time is what cannot be read (then there is no occurrence to name)."""
+    try:
+        at = Job.objects.filter(id=job_id).values_list("scheduled_for", flat=True).first()
+    except Exception:  # a value Python cannot read: no occurrence to name
+        return
+    if at is None:
+        return
+    try:
+        with transaction.atomic():  # a savepoint: the quarantine stands if this cannot land
+            ledger.record_one(job_id, at, QUARANTINED, storable(reason, 2000), "quarantine")
+    except DatabaseError as exc:
+        log.warning("job %s: its pending occurrence not recorded (%s)", job_id, first_line(exc))
 
 
 def quarantine_job(job_id: int, reason: str, token: int | None = None) -> Quarantined | None:

@@ -46,6 +46,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "store",
             "store.*",
             "models",
+            "ledger",
             "celeryapp",
             "option_rules",
             "validation",
@@ -56,6 +57,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "copyrows",
             "prune",
             "nodes",
+            "explain",
         ),
     ),
     # The Python API and the jobs that reach it from code and from other schedulers.

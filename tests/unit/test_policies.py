@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from schedapp.policies import (
     MISFIRE_POLICIES,
+    MISFIRED,
     NEXT_OCCURRENCE,
+    OUTSIDE_WINDOW,
     RUN_ALL,
     RUN_ONCE,
     RUN_RECENT,
@@ -462,6 +464,75 @@ def test_property_plan_misfire_agrees_with_enumerated_occurrences(
     else:
         kept = max(1, max_catchup)
         assert plan == Catchup(missed[-min(kept, len(missed))], None, max(0, len(missed) - kept))
+    assert_ranges_are_the_unrun(plan, missed)
+
+
+def assert_ranges_are_the_unrun(plan: Catchup, occurrences: list[datetime]) -> None:
+    """The ledger's ranges hold exactly the occurrences the plan does not run, each once,
+    oldest first, each range's ends being occurrences and its count exact."""
+    unrun = [o for o in occurrences if plan.run_for is None or o < plan.run_for]
+    covered = []
+    for r in plan.ranges:
+        inside = [o for o in occurrences if r.first <= o <= r.last]
+        assert inside and inside[0] == r.first and inside[-1] == r.last, r
+        assert r.count == len(inside), r
+        covered.extend(inside)
+    assert covered == unrun
+    assert sum(r.count for r in plan.ranges) == plan.missed
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    schedule_and_step=st.sampled_from(SCHEDULES),
+    start=st.datetimes(
+        min_value=datetime(2000, 1, 1), max_value=datetime(2040, 12, 31), timezones=st.just(UTC)
+    ),
+    periods=st.floats(0, 40),
+    policy=st.sampled_from(MISFIRE_POLICIES),
+    max_catchup=st.integers(0, 50),
+    grace_periods=st.floats(0, 3),
+    window_periods=st.floats(0, 45),
+)
+def test_property_a_catch_up_window_misses_what_is_older_and_the_policy_decides_the_rest(
+    schedule_and_step, start, periods, policy, max_catchup, grace_periods, window_periods
+):
+    schedule, step = schedule_and_step
+    due = next_fire_time(schedule, start)
+    now = due + periods * step
+    grace = grace_periods * step
+    window = max(grace, window_periods * step, SECOND)  # the API refuses one under the grace
+    occurrences = [due, *fire_times(schedule, due, now)]
+
+    plan = plan_misfire(schedule, due, now, policy, max_catchup, grace, window)
+
+    # Then what is older than the window is missed as such, and never runs
+    old = [o for o in occurrences if o < now - window]
+    outside = [r for r in plan.ranges if r.fate == OUTSIDE_WINDOW]
+    assert sum(r.count for r in outside) == len(old)
+    assert plan.run_for is None or plan.run_for >= now - window
+    # And the rest is what the policy decides with the first occurrence inside the window
+    rest = [o for o in occurrences if o >= now - window]
+    if rest:
+        alone = plan_misfire(schedule, rest[0], now, policy, max_catchup, grace)
+        assert (plan.run_for, plan.next_due) == (alone.run_for, alone.next_due)
+        assert plan.missed == alone.missed + len(old)
+    else:
+        assert plan.run_for is None and plan.next_due == next_fire_time(schedule, occurrences[-1])
+    assert_ranges_are_the_unrun(plan, occurrences)
+
+
+def test_a_job_back_after_a_year_of_minutes_records_one_range_per_reason():
+    # Given an every-minute job away a year, with a one-day catch-up window
+    due, now = utc("10:00:00"), utc("10:00:00") + 365 * DAY + 30 * SECOND
+    plan = plan_misfire(EVERY_MINUTE, due, now, RUN_ONCE, 1, MINUTE, DAY)
+    # Then two records say it all, with exact counts
+    assert [(r.fate, r.count) for r in plan.ranges] == [
+        (OUTSIDE_WINDOW, 364 * 24 * 60 + 1),  # due to due + 364 days, both included
+        (MISFIRED, 24 * 60 - 1),
+    ]
+    assert plan.run_for == now - 30 * SECOND
+    folded = f"folded into {plan.run_for.isoformat()} (misfire policy run_once)"
+    assert plan.ranges[1].detail == folded
 
 
 # --- plan_after_success / plan_after_failure -------------------------------------------------

@@ -1,0 +1,365 @@
+"""What happened to a job's occurrences: the ledger read back as answers.
+
+An occurrence that ran is its runs (``JobRun`` rows with its ``scheduled_for``, one per
+attempt); one that did not is an ``Occurrence`` record (a range with an exact count) saying
+why. ``explain(job, at)`` answers "what happened at 08:00?", ``timeline`` lists a job's
+occurrences newest first, ``not_run`` is the fleet's view of what did not run lately. The
+admin's timeline and fleet pages and ``manage.py schedapp_explain`` show these, nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from django.db.models import Count, Sum
+
+from .conf import get_settings
+from .db import db_now
+from .models import Fate, Job, JobRun, JobState, Occurrence, RunStatus
+from .schedules import fire_times, next_fire_time, recent_fire_times
+
+RAN = "ran"  # an entry's fate when the occurrence was dispatched (its attempts say how it went)
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of an occurrence: a dispatch, and what became of it."""
+
+    run_id: int
+    attempt: int
+    token: int
+    status: str
+    dispatched_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    claimed_by: str
+    worker: str
+    error: str
+    stale: bool
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of a job's timeline: an occurrence that ran (``fate`` ``ran``, with its
+    attempts), or occurrences that did not (``first`` to ``last``, ``count`` of them)."""
+
+    first: datetime
+    last: datetime
+    count: int
+    fate: str
+    detail: str = ""
+    decided_by: str = ""
+    recorded_at: datetime | None = None
+    attempts: tuple[Attempt, ...] = ()
+
+    @property
+    def outcome(self) -> str:
+        """The last attempt's status (succeeded, failed, running, ...); '' when none ran."""
+        return self.attempts[-1].status if self.attempts else ""
+
+    @property
+    def lag(self) -> timedelta | None:
+        """From the nominal time to the first dispatch (jitter and backoff included)."""
+        return self.attempts[0].dispatched_at - self.first if self.attempts else None
+
+    @property
+    def started_lag(self) -> timedelta | None:
+        """From the nominal time to the first start on a worker."""
+        started = [a.started_at for a in self.attempts if a.started_at is not None]
+        return started[0] - self.first if started else None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What happened at ``at``: ``entry`` if the ledger holds it, and ``text`` for people."""
+
+    job_id: int
+    at: datetime
+    nominal: bool  # whether ``at`` is an occurrence of the job's schedule
+    text: str
+    entry: Entry | None = None
+    before: datetime | None = None  # the occurrences around ``at`` (the nearest ones)
+    after: datetime | None = None
+
+
+def _job(job: Job | int | str) -> Job:
+    if isinstance(job, Job):
+        return job
+    if isinstance(job, int) or (isinstance(job, str) and job.isdigit()):
+        found = Job.objects.filter(pk=int(job)).first()
+        if found is not None:
+            return found
+    found = Job.objects.filter(name=str(job)).first()
+    if found is None:
+        raise Job.DoesNotExist(f"no job with id or name {job!r}")
+    return found
+
+
+def aware(at: datetime, zone: str) -> datetime:
+    """``at`` as an aware UTC time; a naive one is read in ``zone`` (the job's own)."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=ZoneInfo(zone))
+    return at.astimezone(UTC)
+
+
+def _attempts(runs: Iterable[JobRun]) -> dict[datetime, list[Attempt]]:
+    grouped: dict[datetime, list[Attempt]] = {}
+    for r in runs:
+        grouped.setdefault(r.scheduled_for, []).append(
+            Attempt(
+                r.pk,
+                r.attempt,
+                r.token,
+                r.status,
+                r.dispatched_at,
+                r.started_at,
+                r.finished_at,
+                r.claimed_by,
+                r.worker,
+                r.error,
+                r.stale,
+            )
+        )
+    for attempts in grouped.values():
+        attempts.sort(key=lambda a: a.token)
+    return grouped
+
+
+def _entry(o: Occurrence) -> Entry:
+    return Entry(o.scheduled_for, o.last, o.count, o.fate, o.detail, o.decided_by, o.recorded_at)
+
+
+_RUN_FIELDS = (
+    "id",
+    "attempt",
+    "token",
+    "status",
+    "scheduled_for",
+    "dispatched_at",
+    "started_at",
+    "finished_at",
+    "claimed_by",
+    "worker",
+    "error",
+    "stale",
+)
+
+
+def timeline(
+    job: Job | int | str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    fates: Sequence[str] = (),
+    limit: int = 100,
+) -> list[Entry]:
+    """A job's occurrences, newest first: those that ran, with their attempts, and the
+    records of those that did not. ``fates`` keeps only those (``ran`` for the ones that
+    ran). Reads at most ``limit`` occurrences of each kind through the job's indexes."""
+    job = _job(job)
+    entries: list[Entry] = []
+    if not fates or RAN in fates:
+        runs = JobRun.objects.filter(job=job).only(*_RUN_FIELDS).order_by("-id")
+        if since is not None:
+            runs = runs.filter(scheduled_for__gte=since)
+        if until is not None:
+            runs = runs.filter(scheduled_for__lte=until)
+        # the newest runs by id: a few attempts per occurrence at most, so 4x the limit
+        grouped = _attempts(runs[: limit * 4])
+        entries += [Entry(at, at, 1, RAN, attempts=tuple(a)) for at, a in grouped.items()]
+    other = [f for f in fates if f != RAN]
+    if not fates or other:
+        records = Occurrence.objects.filter(job=job).order_by("-scheduled_for")
+        if other:
+            records = records.filter(fate__in=other)
+        if since is not None:
+            records = records.filter(last__gte=since)
+        if until is not None:
+            records = records.filter(scheduled_for__lte=until)
+        entries += [_entry(o) for o in records[:limit]]
+    entries.sort(key=lambda e: e.first, reverse=True)
+    return entries[:limit]
+
+
+def explain(job: Job | int | str, at: datetime) -> Answer:
+    """What happened at ``at`` (a naive time is in the job's zone): it ran (its attempts),
+    it did not and why, it is pending, it is not an occurrence of the schedule (and the
+    nearest ones are), or the ledger has no record (before it began, or pruned)."""
+    job = _job(job)
+    at = aware(at, job.timezone)
+    runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
+    attempts = _attempts(runs).get(at)
+    if attempts:
+        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts))
+        return Answer(job.pk, at, True, _ran_text(job, entry), entry)
+    nominal, before, after = _around(job, at)
+    record = (
+        Occurrence.objects.filter(job=job, scheduled_for__lte=at, last__gte=at)
+        .order_by("-scheduled_for")
+        .first()
+    )
+    if record is not None and nominal:
+        entry = _entry(record)
+        return Answer(job.pk, at, True, _not_run_text(job, at, entry), entry, before, after)
+    if not nominal:
+        near = ", ".join(_local(job, t) for t in (before, after) if t is not None)
+        text = f"{_local(job, at)} is not an occurrence of job {job.name!r}'s schedule"
+        text += f"; the nearest: {near}." if near else "."
+        return Answer(job.pk, at, False, text, None, before, after)
+    return Answer(job.pk, at, True, _pending_or_unknown(job, at), None, before, after)
+
+
+def _around(job: Job, at: datetime) -> tuple[bool, datetime | None, datetime | None]:
+    """Whether ``at`` is an occurrence, and the occurrences just before and after it."""
+    try:
+        schedule = job.schedule
+        nominal = recent_fire_times(schedule, at, at, 1) == [at]
+        earlier = recent_fire_times(schedule, at - _TICK, at - timedelta(days=400), 1)
+        after = next_fire_time(schedule, at)
+    except Exception:  # a row the beat quarantined may hold any schedule
+        return False, None, None
+    return nominal, (earlier[-1] if earlier else None), after
+
+
+def _local(job: Job, t: datetime | None) -> str:
+    if t is None:
+        return "-"
+    try:
+        local = t.astimezone(ZoneInfo(job.timezone))
+    except Exception:  # an unreadable zone: say it in UTC
+        local = t.astimezone(UTC)
+    return local.isoformat(sep=" ", timespec="seconds")
+
+
+def _ms(delta: timedelta | None) -> str:
+    if delta is None:
+        return "-"
+    seconds = delta.total_seconds()
+    return f"{seconds * 1000:.0f} ms" if abs(seconds) < 10 else f"{seconds:.1f} s"
+
+
+def _ran_text(job: Job, entry: Entry) -> str:
+    parts = []
+    for a in entry.attempts:
+        line = f"attempt {a.attempt} (token {a.token}) dispatched by {a.claimed_by or '?'} "
+        line += f"{_ms(a.dispatched_at - entry.first)} after its time"
+        if a.started_at is not None:
+            line += f", started on {a.worker or '?'} {_ms(a.started_at - entry.first)} after"
+        line += f": {a.status}"
+        if a.stale:
+            line += " (stale: its lease had been lost)"
+        if a.error:
+            line += f" ({a.error.splitlines()[0][:200]})"
+        parts.append(line)
+    return f"{_local(job, entry.first)} ran: " + "; ".join(parts) + "."
+
+
+def _not_run_text(job: Job, at: datetime, entry: Entry) -> str:
+    label = Fate(entry.fate).label if entry.fate in Fate.values else entry.fate
+    text = f"{_local(job, at)} did not run: {label}"
+    if entry.detail:
+        text += f" ({entry.detail})"
+    if entry.count > 1:
+        text += (
+            f"; one of {entry.count} occurrences from {_local(job, entry.first)} to "
+            f"{_local(job, entry.last)}"
+        )
+    when = f" at {_local(job, entry.recorded_at)}" if entry.recorded_at else ""
+    return text + f"; decided by {entry.decided_by or '?'}{when}."
+
+
+def _pending_or_unknown(job: Job, at: datetime) -> str:
+    when = _local(job, at)
+    current = job.scheduled_for
+    if current is not None and at == current:
+        if job.state == JobState.SCHEDULED:
+            return f"{when} has not run yet: it is due at {_local(job, job.next_run_at)}."
+        if job.state == JobState.PAUSED:
+            return f"{when} has not run yet: the job is paused."
+        if job.state == JobState.RUNNING:
+            return f"{when} is being dispatched (claimed by {job.claimed_by or '?'})."
+    if (
+        current is not None
+        and at > current
+        and job.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING)
+    ):
+        return f"{when} has not come yet: the job is at {_local(job, current)}."
+    if at < job.created_at:
+        return f"{when} is before the job existed (created {_local(job, job.created_at)})."
+    retention = get_settings().RUN_RETENTION
+    return (
+        f"no record of {when}: the job was {job.state} then, or it is older than the history "
+        f"kept (SCHEDAPP_RUN_RETENTION, {retention}), or from before the ledger began."
+    )
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What did not run in the fleet since ``since``: occurrences by fate, runs by outcome."""
+
+    since: datetime
+    occurrences_by_fate: dict[str, int] = field(default_factory=dict)
+    runs_by_status: dict[str, int] = field(default_factory=dict)
+    records: list[tuple[int, str, Entry]] = field(default_factory=list)  # (job id, name, entry)
+
+
+NOT_SUCCEEDED = (RunStatus.FAILED, RunStatus.LOST, RunStatus.SKIPPED, RunStatus.CANCELLED)
+
+
+def not_run(since: datetime | None = None, limit: int = 200) -> FleetView:
+    """The fleet's occurrences that did not run, recorded since ``since`` (default: the last
+    day), counted by fate, and the runs that ended otherwise than succeeded, by status. Reads
+    the records' time index and the runs' dispatch index: never the whole history."""
+    since = since or db_now() - timedelta(days=1)
+    records = Occurrence.objects.filter(recorded_at__gte=since)
+    by_fate = {
+        row["fate"]: row["n"] or 0
+        for row in records.values("fate").annotate(n=Sum("count")).order_by()
+    }
+    runs = JobRun.objects.filter(dispatched_at__gte=since, status__in=NOT_SUCCEEDED)
+    by_status = {
+        row["status"]: row["n"] for row in runs.values("status").annotate(n=Count("id")).order_by()
+    }
+    latest = records.select_related("job").order_by("-recorded_at", "-id")[:limit]
+    listed = [(o.job_id, o.job.name, _entry(o)) for o in latest]
+    return FleetView(since, by_fate, by_status, listed)
+
+
+def unaccounted(job: Job | int | str, start: datetime, end: datetime) -> list[datetime]:
+    """Occurrences of the job in [start, end] with neither a run nor a record: what the
+    ledger promises never exists for a time the job was scheduled. For tests and audits: it
+    lists occurrences one by one, so give it a bounded range."""
+    job = _job(job)
+    occurrences = list(fire_times(job.schedule, start - _TICK, end, limit=100_000))
+    ran = set(
+        JobRun.objects.filter(job=job, scheduled_for__gte=start, scheduled_for__lte=end)
+        .values_list("scheduled_for", flat=True)
+        .distinct()
+    )
+    ranges = list(
+        Occurrence.objects.filter(job=job, last__gte=start, scheduled_for__lte=end).values_list(
+            "scheduled_for", "last"
+        )
+    )
+    return [
+        t
+        for t in occurrences
+        if t not in ran and not any(first <= t <= last for first, last in ranges)
+    ]
+
+
+__all__ = [
+    "RAN",
+    "Answer",
+    "Attempt",
+    "Entry",
+    "FleetView",
+    "aware",
+    "explain",
+    "not_run",
+    "timeline",
+    "unaccounted",
+]
