@@ -23,7 +23,9 @@ A supervisor restarts what died. Every execution is recorded by the task itself.
 The oracle (bench/chaos_oracle.py) then demands: every duplicate execution blamed on a fault
 that could cause it (a kill, or a freeze or partition at least a lease long, of the worker that
 held the lease that was lost, in the window before the job was claimed again), no occurrence
-lost; and no job stuck with an expired lease, every dead job out of retries, no stale
+lost; every occurrence expected in the window with exactly one fate in the occurrence
+ledger (a run row, or a record of why it did not run), none recorded as not run that executed;
+and no job stuck with an expired lease, every dead job out of retries, no stale
 completion applied. Exit status 0 means every check passed. ``--out`` writes the figures of a
 run as JSON; several seeds run one process each and their table goes to
 bench/results/chaos.json.
@@ -42,7 +44,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -465,10 +467,17 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
         expected.extend(
             (job.pk, t.isoformat()) for t in fire_times(job_schedule(job), first, until=until)
         )
+    # The occurrence ledger: what was dispatched (a run row), what was recorded as not run.
+    from schedapp.models import Occurrence
+
+    dispatched = set(JobRun.objects.values_list("job_id", "scheduled_for"))
+    not_run = list(Occurrence.objects.values_list("job_id", "scheduled_for", "last"))
     return {
         "executions": executions,
         "claims": dict(claims),
         "expected": expected,
+        "dispatched": dispatched,
+        "not_run": not_run,
         "never_ran": never_ran,
         "names": {pk: j.name for pk, j in jobs.items()},
         "clock_offset": offset,
@@ -543,10 +552,21 @@ def check_history(
         lost = [(names[j], t) for j, t in verdict.lost]
         problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
     problems += bookkeeping_problems()
+    as_time = datetime.fromisoformat
+    fates = oracle.fate_problems(
+        [(job, as_time(at)) for job, at in history["expected"]],
+        history["dispatched"],
+        history["not_run"],
+        [replace(e, occurrence=as_time(e.occurrence)) for e in history["executions"]],
+    )
+    if fates:
+        problems.append(f"{len(fates)} ledger problem(s), e.g. {fates[:5]}")
     figures = oracle.summary(verdict, faults)
     figures["occurrences"] = len(history["expected"])
     figures["clock_offset_ms"] = round(history["clock_offset"] * 1000, 3)
     figures["duplicate_lines"] = [oracle.describe(d, t0) for d in verdict.duplicates]
+    figures["ledger_problems"] = len(fates)
+    figures["ledger_records"] = len(history["not_run"])
     figures["passed"] = not problems
     return figures, problems
 
@@ -661,6 +681,7 @@ def print_table(runs: list[dict[str, Any]]) -> str:
         "attributed",
         "unexplained",
         "lost",
+        "ledger problems",
         "passed",
         "faults per kind",
     ]
@@ -675,6 +696,7 @@ def print_table(runs: list[dict[str, Any]]) -> str:
             r["attributed"],
             r["unexplained"],
             r["lost"],
+            r.get("ledger_problems", "-"),
             "yes" if r["passed"] else "NO",
             per_kind or "-",
         ]

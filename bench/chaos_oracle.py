@@ -188,6 +188,38 @@ def lost_occurrences(
     return [key for key in expected if key not in ran]
 
 
+def fate_problems(
+    expected: Iterable[tuple[int, Any]],
+    dispatched: Iterable[tuple[int, Any]],
+    not_run: Iterable[tuple[int, Any, Any]],
+    executions: Iterable[Execution],
+) -> list[str]:
+    """The occurrence ledger checked against what happened: every expected occurrence has
+    exactly one fate (dispatched: a run row; or not run: a record whose range holds it), one
+    recorded as not run never executed, and one that executed was dispatched. ``not_run``
+    holds (job, first, last) ranges; times compare as the caller gives them (one type)."""
+    ran = {(e.job, e.occurrence) for e in executions}
+    sent = set(dispatched)
+    ranges: dict[int, list[tuple[Any, Any]]] = defaultdict(list)
+    for job, first, last in not_run:
+        ranges[job].append((first, last))
+    problems = []
+    for job, at in expected:
+        skipped = [r for r in ranges.get(job, ()) if r[0] <= at <= r[1]]
+        fates = int((job, at) in sent) + len(skipped)
+        if fates == 0:
+            problems.append(f"job {job} occurrence {at}: no fate recorded")
+        elif fates > 1:
+            problems.append(f"job {job} occurrence {at}: {fates} fates recorded")
+        if skipped and (job, at) in ran:
+            problems.append(f"job {job} occurrence {at}: recorded as not run, but it executed")
+    problems += [
+        f"job {job} occurrence {at}: executed with no run recorded"
+        for job, at in sorted(ran - sent, key=str)
+    ]
+    return problems
+
+
 def judge(
     executions: Sequence[Execution],
     faults: Sequence[Fault],

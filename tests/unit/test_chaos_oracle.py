@@ -12,6 +12,7 @@ from bench.chaos_oracle import (
     blame,
     can_lose_lease,
     counts_as_attempt,
+    fate_problems,
     find_duplicates,
     judge,
     lost_occurrences,
@@ -270,3 +271,37 @@ def test_attempts_are_counted_as_schedapp_counts_them_toward_max_retries():
     early = [("failed", False, True), ("lost", False, False), ("lost", False, False)]
     early.append(("failed", False, True))
     assert sum(counts_as_attempt(*run) for run in early) == 2
+
+
+# --- the occurrence ledger against what happened --------------------------------------------
+
+
+def test_every_occurrence_with_one_fate_and_consistent_executions_passes():
+    expected = [(1, 10), (1, 20), (1, 30), (1, 40)]
+    dispatched = [(1, 10), (1, 40)]
+    not_run = [(1, 20, 30)]  # one range: 20 and 30
+    runs = [
+        execution(1, "worker1", 0.0, occurrence=10),
+        execution(2, "worker1", 1.0, occurrence=40),
+    ]
+    assert fate_problems(expected, dispatched, not_run, runs) == []
+
+
+@pytest.mark.parametrize(
+    ("dispatched", "not_run", "executed", "problem"),
+    [
+        ([(1, 10)], [], [(1, 10)], "occurrence 20: no fate recorded"),
+        ([(1, 10), (1, 20)], [(1, 20, 20)], [(1, 10)], "occurrence 20: 2 fates recorded"),
+        ([(1, 10)], [(1, 20, 20)], [(1, 10), (1, 20)], "20: recorded as not run, but it executed"),
+        ([(1, 10)], [(1, 20, 20)], [(1, 10), (1, 15)], "15: executed with no run recorded"),
+    ],
+)
+def test_the_ledger_check_names_what_is_missing_doubled_or_contradicted(
+    dispatched, not_run, executed, problem
+):
+    executions = [
+        execution(i, "worker1", float(i), job=j, occurrence=at)
+        for i, (j, at) in enumerate(executed)
+    ]
+    problems = fate_problems([(1, 10), (1, 20)], dispatched, not_run, executions)
+    assert any(problem in p for p in problems), problems
