@@ -55,6 +55,9 @@ class Entry:
     decided_by: str = ""
     recorded_at: datetime | None = None
     attempts: tuple[Attempt, ...] = ()
+    # "scheduled", or "manual" for a run at a time that is no occurrence of the schedule (a
+    # run now): read off the schedule, not recorded, until runs carry their kind.
+    kind: str = "scheduled"
 
     @property
     def outcome(self) -> str:
@@ -169,7 +172,10 @@ def timeline(
             runs = runs.filter(scheduled_for__lte=until)
         # the newest runs by id: a few attempts per occurrence at most, so 4x the limit
         grouped = _attempts(runs[: limit * 4])
-        entries += [Entry(at, at, 1, RAN, attempts=tuple(a)) for at, a in grouped.items()]
+        entries += [
+            Entry(at, at, 1, RAN, attempts=tuple(a), kind=_kind(job, at))
+            for at, a in grouped.items()
+        ]
     other = [f for f in fates if f != RAN]
     if not fates or other:
         records = Occurrence.objects.filter(job=job).order_by("-scheduled_for")
@@ -193,7 +199,7 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
     attempts = _attempts(runs).get(at)
     if attempts:
-        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts))
+        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=_kind(job, at))
         return Answer(job.pk, at, True, _ran_text(job, entry), entry)
     nominal, before, after = _around(job, at)
     record = (
@@ -210,6 +216,14 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
         text += f"; the nearest: {near}." if near else "."
         return Answer(job.pk, at, False, text, None, before, after)
     return Answer(job.pk, at, True, _pending_or_unknown(job, at), None, before, after)
+
+
+def _kind(job: Job, at: datetime) -> str:
+    try:
+        nominal = recent_fire_times(job.schedule, at, at, 1) == [at]
+    except Exception:  # a row the beat quarantined may hold any schedule
+        return "scheduled"
+    return "scheduled" if nominal else "manual"
 
 
 def _around(job: Job, at: datetime) -> tuple[bool, datetime | None, datetime | None]:
@@ -254,7 +268,8 @@ def _ran_text(job: Job, entry: Entry) -> str:
         if a.error:
             line += f" ({a.error.splitlines()[0][:200]})"
         parts.append(line)
-    return f"{_local(job, entry.first)} ran: " + "; ".join(parts) + "."
+    manual = " (a manual run: no occurrence of the schedule)" if entry.kind == "manual" else ""
+    return f"{_local(job, entry.first)} ran{manual}: " + "; ".join(parts) + "."
 
 
 def _not_run_text(job: Job, at: datetime, entry: Entry) -> str:

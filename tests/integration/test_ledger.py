@@ -192,3 +192,12 @@ def test_records_are_pruned_with_the_runs():
     Occurrence.objects.filter(job=job).update(recorded_at=db_now() - timedelta(days=40))
     result = prune_runs(timedelta(days=30))
     assert result.deleted == 1 and not Occurrence.objects.exists()
+
+
+def test_a_run_now_shows_as_a_manual_run_in_the_timeline():
+    job = api.schedule("project.tasks.record", cron="0 8 * * *", name="daily")
+    api.run_now(job)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    [entry] = explain.timeline(job)
+    assert (entry.fate, entry.kind, entry.first) == ("ran", "manual", run.scheduled_for)
+    assert "a manual run" in explain.explain(job, run.scheduled_for).text
