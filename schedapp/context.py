@@ -20,9 +20,26 @@ class RunInfo:
     job_id: int
     run_id: int
     token: int
-    scheduled_for: datetime
+    scheduled_for: datetime  # the occurrence this run is for (its nominal time)
     attempt: int
     idempotency_key: str  # the same for every attempt and re-dispatch of one occurrence
+
+    @functools.cached_property
+    def data_interval(self) -> tuple[datetime, datetime]:
+        """(the occurrence before this one, this one): what a run that processes "the data
+        since the last run" covers, the same on every attempt. Read from the job's schedule
+        when first asked (one query), not carried by every message."""
+        from .explain import data_interval
+
+        return data_interval(self.job_id, self.scheduled_for)
+
+    @functools.cached_property
+    def kind(self) -> str:
+        """``scheduled``, ``retry`` (a later attempt) or ``manual`` (a run now, at a time that
+        is no occurrence of the schedule). Read when first asked."""
+        from .explain import run_kind
+
+        return "retry" if self.attempt > 1 else run_kind(self.job_id, self.scheduled_for, 1)
 
 
 def current_run() -> RunInfo | None:

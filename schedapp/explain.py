@@ -226,6 +226,26 @@ def _kind(job: Job, at: datetime) -> str:
     return "scheduled" if nominal else "manual"
 
 
+def run_kind(job: Job | int | str, scheduled_for: datetime, attempt: int) -> str:
+    """``retry`` past the first attempt, ``manual`` for a time that is no occurrence of the
+    schedule (a run now), else ``scheduled``."""
+    return "retry" if attempt > 1 else _kind(_job(job), scheduled_for)
+
+
+def data_interval(job: Job | int | str, scheduled_for: datetime) -> tuple[datetime, datetime]:
+    """The interval an occurrence covers, as Airflow's data interval: from the occurrence
+    before it (or itself, for the first or a one-off) to it. A manual run's starts at the
+    occurrence before the time it was asked for."""
+    job = _job(job)
+    try:
+        earlier = recent_fire_times(
+            job.schedule, scheduled_for - _TICK, scheduled_for - timedelta(days=400), 1
+        )
+    except Exception:  # a row the beat quarantined may hold any schedule
+        earlier = []
+    return (earlier[-1] if earlier else scheduled_for), scheduled_for
+
+
 def _around(job: Job, at: datetime) -> tuple[bool, datetime | None, datetime | None]:
     """Whether ``at`` is an occurrence, and the occurrences just before and after it."""
     try:
@@ -373,8 +393,10 @@ __all__ = [
     "Entry",
     "FleetView",
     "aware",
+    "data_interval",
     "explain",
     "not_run",
+    "run_kind",
     "timeline",
     "unaccounted",
 ]

@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from project.models import Execution
-from schedapp import api
+from schedapp import api, explain
 from schedapp.db import db_now
-from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.models import Job, JobRun, JobState, Occurrence, RunStatus
 from schedapp.schedules import fire_times, parse_cron
 from schedapp.testing.processes import wait_until
 
@@ -118,6 +118,13 @@ def test_each_misfire_policy_after_all_beats_were_down(fleet):
             fire_times(schedule, later[0] - timedelta(seconds=2), limit=len(later))
         )
         assert set(later) <= set(times)
+        # And the ledger gives every occurrence across the outage one fate: ran, or a
+        # record of why not, whose counts are exactly the misses; none of those executed
+        assert explain.unaccounted(job, times[0], later[-1]) == [], job.name
+        records = list(Occurrence.objects.filter(job=job))
+        assert sum(r.count for r in records) == job.missed_runs, job.name
+        assert not [t for t in times for r in records if r.scheduled_for <= t <= r.last]
+        assert {r.fate for r in records} <= {"misfired"}
 
 
 def test_jitter_spreads_two_thousand_same_second_jobs_over_ten_seconds(fleet):

@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from schedapp import api, explain, lease, ledger
+from schedapp.context import RunInfo
 from schedapp.db import db_now
 from schedapp.lease import admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobState, Occurrence
@@ -201,3 +202,15 @@ def test_a_run_now_shows_as_a_manual_run_in_the_timeline():
     [entry] = explain.timeline(job)
     assert (entry.fate, entry.kind, entry.first) == ("ran", "manual", run.scheduled_for)
     assert "a manual run" in explain.explain(job, run.scheduled_for).text
+
+
+def test_a_run_knows_its_data_interval_and_kind():
+    job = api.schedule("project.tasks.record", cron="0 8 * * *", timezone="Europe/Paris")
+    at = job.scheduled_for
+    info = RunInfo(job.pk, 1, 1, at, 1, "key")
+    # The interval runs from the occurrence before (08:00 the day before) to this one
+    assert info.data_interval == (at - timedelta(days=1), at)
+    assert info.kind == "scheduled"
+    assert RunInfo(job.pk, 2, 2, at, 2, "key").kind == "retry"
+    manual = RunInfo(job.pk, 3, 3, at + timedelta(minutes=7), 1, "key")
+    assert manual.kind == "manual" and manual.data_interval == (at, at + timedelta(minutes=7))
