@@ -31,6 +31,9 @@ class Settings:
     DEFAULT_MISFIRE_POLICY: str = "run_once"
     DEFAULT_MISFIRE_GRACE: timedelta = timedelta(seconds=60)
     DEFAULT_MISFIRE_MAX_CATCHUP: int = 100
+    # A new job's catch-up window (a duration or seconds; None: no window): an occurrence
+    # missed longer ago than it is recorded as missed and not run. At least the misfire grace.
+    DEFAULT_CATCHUP_WINDOW: timedelta | None = None
     # Celery task names a job may run (glob patterns). The default allows every registered
     # task except Celery's own internals; the task must also be registered with the app.
     ALLOWED_TASKS: tuple[str, ...] = ("*",)
@@ -79,9 +82,17 @@ class Settings:
     RESULT_RETENTION: timedelta | None = None
 
 
-def _coerce(value: Any, default: Any) -> Any:
-    if isinstance(default, timedelta) and isinstance(value, int | float):
-        return timedelta(seconds=value)
+# Durations whose default is None: seconds given as a number are read as a duration too.
+_OPTIONAL_DURATIONS = frozenset({"DEFAULT_CATCHUP_WINDOW"})
+
+
+def _coerce(value: Any, default: Any, name: str = "") -> Any:
+    duration = isinstance(default, timedelta) or name in _OPTIONAL_DURATIONS
+    if duration and isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return timedelta(seconds=value)
+        except (OverflowError, ValueError):  # NaN, or too large: the settings check says so
+            return value
     if isinstance(default, tuple) and isinstance(value, list | tuple):
         return tuple(value)
     return value
@@ -93,5 +104,6 @@ def get_settings() -> Settings:
     for f in fields(Settings):
         if hasattr(django_settings, f"SCHEDAPP_{f.name}"):
             default = f.default if f.default is not MISSING else None
-            values[f.name] = _coerce(getattr(django_settings, f"SCHEDAPP_{f.name}"), default)
+            given = getattr(django_settings, f"SCHEDAPP_{f.name}")
+            values[f.name] = _coerce(given, default, f.name)
     return Settings(**values)

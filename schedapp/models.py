@@ -56,14 +56,18 @@ def _default_max_catchup() -> int:
     return get_settings().DEFAULT_MISFIRE_MAX_CATCHUP
 
 
+def _default_catchup_window() -> timedelta | None:
+    return get_settings().DEFAULT_CATCHUP_WINDOW
+
+
 # The values a job's columns may hold beyond what the API checks: what PostgreSQL would take
 # but Python cannot read back, or schedapp cannot go on from (DESIGN 25, migration 0016).
 # A time is finite and within Python's years 1-9999, a day inside them (a local time in any
 # zone still fits); a duration is not negative and fits Python's timedelta (at most 999,999,999
 # days; PostgreSQL counts a month as 30 days, psycopg a year as 365: hence the margin); the
 # counters the claim adds to (token, retry_count, missed_runs) have room to be added to.
-# A duration's upper bound is PostgreSQL's alone (migration 0016 adds it as
-# schedapp_job_durations_readable, outside Django's constraints): SQLite stores a duration as
+# A duration's upper bound is PostgreSQL's alone (migrations 0016 and 0019 add it as
+# schedapp_job_<column>_readable, outside Django's constraints): SQLite stores a duration as
 # 64-bit microseconds, at most 106,751,991 days, and cannot even be given this one.
 TIME_MIN = datetime(1, 1, 2, tzinfo=UTC)
 TIME_MAX = datetime(9999, 12, 30, tzinfo=UTC)
@@ -81,7 +85,16 @@ TIME_COLUMNS = (
     "created_at",
     "updated_at",
 )
-DURATION_COLUMNS = ("interval", "retry_backoff", "retry_backoff_max", "misfire_grace")
+DURATION_COLUMNS = (
+    "interval",
+    "retry_backoff",
+    "retry_backoff_max",
+    "misfire_grace",
+    "catchup_window",
+)
+# Durations that must be more than 0 (the others: not negative): a zero interval never moves
+# on, and a zero catch-up window would refuse every occurrence the claim finds late.
+POSITIVE_DURATIONS = ("interval", "catchup_window")
 
 
 class JSONType(models.Func):
@@ -159,13 +172,14 @@ def _value_constraints() -> list[models.CheckConstraint]:
             )
         )
     for column in DURATION_COLUMNS:  # (their upper bound: DURATION_MAX)
-        lowest = {f"{column}__gt" if column == "interval" else f"{column}__gte": timedelta(0)}
+        positive = column in POSITIVE_DURATIONS
+        lowest = {f"{column}__gt" if positive else f"{column}__gte": timedelta(0)}
         checks.append(
             models.CheckConstraint(
                 name=f"schedapp_job_{column}_in_range",
                 condition=Q(**{f"{column}__isnull": True}) | Q(**lowest),
                 violation_error_message=f"{column} must be "
-                + ("more than 0." if column == "interval" else "a duration, not negative."),
+                + ("more than 0." if positive else "a duration, not negative."),
             )
         )
     return checks
@@ -296,6 +310,15 @@ class Job(models.Model):
     )
     misfire_grace = models.DurationField(default=_default_misfire_grace)
     misfire_max_catchup = models.PositiveIntegerField(default=_default_max_catchup)
+    # NULL (no window) in the database when not written: an older release's rows during a
+    # rolling deploy keep today's behaviour.
+    catchup_window = models.DurationField(
+        null=True,
+        blank=True,
+        default=_default_catchup_window,
+        help_text="An occurrence missed longer ago than this is recorded as missed and not "
+        "run, whatever the misfire policy; at least the misfire grace. Empty: no window.",
+    )
 
     # When the next attempt is due (occurrence + jitter, or now + backoff), and the occurrence
     # it belongs to: recurring jobs compute the next occurrence from it, so there is no drift.

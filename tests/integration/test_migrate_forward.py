@@ -16,6 +16,7 @@ import pytest
 from django.apps.registry import Apps
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import override_settings
 
 from schedapp import lease
 from schedapp.db import db_now
@@ -178,8 +179,9 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
     ids = fill(released)
     before = snapshot()
 
-    # When it migrates to the latest migration
-    migrate_to(latest())
+    # When it migrates to the latest migration (with a default catch-up window for new jobs)
+    with override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=1)):
+        migrate_to(latest())
 
     # Then every row is there with every column it had, unchanged
     after = snapshot()
@@ -188,6 +190,8 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
         assert len(after[table]) == len(rows), table
         for old, new in zip(rows, after[table], strict=True):
             assert {name: new.get(name, "<dropped>") for name in old} == old, table
+    # ... and no job has a catch-up window: the default is for new jobs, not existing ones
+    assert {row["catchup_window"] for row in after["schedapp_job"]} == {None}
 
     # And the current code claims the due rows of every schedule kind ...
     claimed = {run.job_id: run for run in lease.claim_due_jobs("beat-new", 10).runs}
@@ -236,3 +240,27 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
         "held": "scheduled",
         "waiting": "running",
     }
+
+
+def test_the_catch_up_window_migration_can_be_run_again_over_its_own_work():
+    """It is not atomic: run again after a failure part way, it keeps what is there."""
+    import importlib
+
+    from django.apps import apps as current
+
+    migration = importlib.import_module("schedapp.migrations.0019_h1_catchup_window")
+    # Given the latest schema (column and constraints there), when each step runs again
+    with connection.schema_editor(atomic=False) as editor:
+        migration.add_column(current, editor)
+        migration.add_constraints(current, editor)
+    # Then nothing failed, and the constraints are there and valid, once each
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, convalidated FROM pg_constraint "
+            "WHERE conrelid = 'schedapp_job'::regclass AND conname LIKE %s ORDER BY 1",
+            ["schedapp_job_catchup_window_%"],
+        )
+        assert cursor.fetchall() == [
+            ("schedapp_job_catchup_window_in_range", True),
+            ("schedapp_job_catchup_window_readable", True),
+        ]
