@@ -24,6 +24,7 @@ from .db import db_now, notify_due
 from .exceptions import JobStateError, ScheduleError
 from .fields import (
     JOB_FIELDS,
+    NONE_IS_A_VALUE,
     SCHEDULE_DETAIL_FIELDS,
     SCHEDULE_FIELDS,
     JobChanges,
@@ -96,13 +97,15 @@ def schedule(
     ``when_retries_exhausted`` (``"dead"``, the default, or ``"next_occurrence"``: an
     occurrence whose retries are spent is recorded as failed and the job waits for its next
     one, as under Celery beat), ``misfire_policy``, ``misfire_grace``,
-    ``misfire_max_catchup`` and ``description`` (free text for people); Celery's semantics:
+    ``misfire_max_catchup``, ``catchup_window`` (an occurrence missed longer ago than it is
+    recorded as missed and not run; not shorter than ``misfire_grace``; None: no window) and
+    ``description`` (free text for people); Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,
-    soft_time_limit). Any left out (or
-    None) takes its default. ``source`` records who created the job (``"api"``, ``"admin"``,
-    ``"declared"``, ``"imported"``).
+    soft_time_limit). Any left out (or None, but for ``catchup_window``) takes its default.
+    ``source`` records who created the job (``"api"``, ``"admin"``, ``"declared"``,
+    ``"imported"``).
 
     ``unregistered_ok``: accept a task the Celery app of this process does not register (the
     allowlist still applies), for a web process that imports fewer task modules than the
@@ -177,8 +180,8 @@ def update(job: JobRef, *, unregistered_ok: bool = False, **changes: Unpack[JobC
     """Change a job's fields. A new schedule replaces the old one (give only the new kind)
     and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
     from its next occurrence. None gives an option the default ``schedule`` would (clears
-    ``expires_at``, resets ``max_retries``), as ``schedule`` reads None. ``unregistered_ok``
-    as for ``schedule``."""
+    ``expires_at``, resets ``max_retries``), as ``schedule`` reads None; ``catchup_window``'s
+    None removes the window. ``unregistered_ok`` as for ``schedule``."""
     unknown = set(changes) - set(JOB_FIELDS)
     if unknown:
         raise ValidationError({f: [f"unknown option {f!r}."] for f in sorted(unknown)})
@@ -323,7 +326,7 @@ def duplicate(job: JobRef, *, name: str | None = None) -> Job:
     is usually made to be edited, and an active one would fire beside the original."""
     source = get(job)
     fields = {f: getattr(source, f) for f in JOB_FIELDS if f not in ("task", "name")}
-    fields = {k: v for k, v in fields.items() if v not in (None, "") or k in SCHEDULE_FIELDS}
+    fields = {k: v for k, v in fields.items() if v not in (None, "") or k in NONE_IS_A_VALUE}
     if source.run_at is not None:
         fields["run_at"] = max(source.run_at, db_now())  # a one-off in the past runs now
     with transaction.atomic():

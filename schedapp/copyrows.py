@@ -44,6 +44,7 @@ COPY_COLUMNS = (
     "misfire_grace",
     "misfire_policy",
     "when_retries_exhausted",
+    "catchup_window",
     "source",
     "next_run_at",
     "scheduled_for",
@@ -146,6 +147,10 @@ def _interval_text(value: timedelta) -> str:
     return str(value).replace(",", "")  # psycopg's text form: "1 day 0:00:03"
 
 
+def _optional_interval_text(value: timedelta | None) -> str:
+    return _NULL if value is None else _interval_text(value)
+
+
 class TextRows(CopyRows):
     format = "text"
     header = trailer = ""
@@ -215,7 +220,7 @@ class TextRows(CopyRows):
             f"{v['lease_seconds']}\t{v['misfire_max_catchup']}\t"
             f"{_interval_text(v['retry_backoff'])}\t{_interval_text(v['retry_backoff_max'])}\t"
             f"{_interval_text(v['misfire_grace'])}\t{v['misfire_policy']}\t"
-            f"{v['when_retries_exhausted']}\t"
+            f"{v['when_retries_exhausted']}\t{_optional_interval_text(v['catchup_window'])}\t"
         )
 
 
@@ -362,6 +367,7 @@ class BinaryRows(CopyRows):
                 _b_interval(v["misfire_grace"]),
                 _b_text(v["misfire_policy"]),
                 _b_text(v["when_retries_exhausted"]),
+                _NULL_B if v["catchup_window"] is None else _b_interval(v["catchup_window"]),
             )
         )
 

@@ -12,6 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
+# Fields where None, given, is the value and not "the default": a schedule field's None is
+# "not this kind of schedule"; a catch-up window's is "no window", which a job must be able
+# to say when SCHEDAPP_DEFAULT_CATCHUP_WINDOW sets one.
+NONE_IS_A_VALUE = (*SCHEDULE_FIELDS, "catchup_window")
 # The fields of one schedule kind beyond its main one, and of any recurring schedule.
 SCHEDULE_DETAIL_FIELDS = ("cron_day_or", "latitude", "longitude", "not_before", "expires_at")
 # The columns of Celery's semantics (migration 0007), which the claim and the bulk COPY carry.
@@ -44,7 +48,8 @@ class JobOptions(TypedDict, total=False):
 
     The one list of a job's fields: ``JOB_FIELDS`` is read from it, and the API, the admin
     form, declared jobs and the importer all take their field list from ``JOB_FIELDS``.
-    None means "the default" for every option but the schedule ones.
+    None means "the default" for every option but ``NONE_IS_A_VALUE``'s (the schedule ones,
+    and ``catchup_window``, where None is no window).
     """
 
     args: Iterable[Any]
@@ -74,6 +79,7 @@ class JobOptions(TypedDict, total=False):
     misfire_policy: str | None
     misfire_grace: timedelta | float | None
     misfire_max_catchup: int | None
+    catchup_window: timedelta | float | None
 
 
 class JobChanges(JobOptions, total=False):
@@ -101,13 +107,14 @@ _WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, "timezone")
 
 def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """``defaults`` overridden by what the caller gave (``task`` included); None means "the
-    default" for every field but the schedule ones (there: "not this kind of schedule")."""
+    default" for every field but ``NONE_IS_A_VALUE``'s (there: "not this kind of schedule",
+    "no catch-up window")."""
     if None not in given.values():  # the common case, merged in one step
         return {**defaults, "task": None, **given}
     values = dict(defaults)
     values["task"] = None
     for key, value in given.items():
-        if value is None and key in defaults and key not in SCHEDULE_FIELDS:
+        if value is None and key in defaults and key not in NONE_IS_A_VALUE:
             continue
         values[key] = value
     return values

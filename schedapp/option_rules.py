@@ -39,6 +39,7 @@ OPTION_FIELDS = (
     "misfire_grace",
     "misfire_policy",
     "when_retries_exhausted",
+    "catchup_window",
 )
 
 
@@ -148,6 +149,16 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
     ):
         errors.append(("retry_backoff_max", "must not be shorter than retry_backoff."))
 
+    window = values["catchup_window"]
+    if window is None:  # no window
+        out["catchup_window"] = None
+    else:
+        problem, duration = _window_problem(window, out.get("misfire_grace"))
+        if problem:
+            errors.append(("catchup_window", problem))
+        else:
+            out["catchup_window"] = duration
+
     policy = values["misfire_policy"]
     if policy not in MISFIRE_POLICIES:
         errors.append(
@@ -167,6 +178,25 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
     else:
         out["when_retries_exhausted"] = exhausted
     return Options(out, tuple(errors))
+
+
+def _window_problem(value: Any, grace: timedelta | None) -> tuple[str | None, timedelta | None]:
+    """(what is wrong, the window): a catch-up window is more than 0, at most a year, and not
+    shorter than the misfire grace: the claim only looks at occurrences missed beyond the
+    grace, so a shorter window could never act."""
+    duration = _duration(value)
+    if duration is None:
+        return "must be a duration (timedelta or seconds), or None for no window.", None
+    if duration <= timedelta(0):
+        return "must be more than 0 (None: no window).", None
+    if duration > MAX_DELAY:
+        return "must be at most a year.", None
+    if grace is not None and duration < grace:
+        return (
+            f"must not be shorter than misfire_grace ({grace}): only occurrences missed by "
+            "more than the grace are looked at, so a shorter window could never act."
+        ), None
+    return None, duration
 
 
 def _duration(value: Any) -> timedelta | None:

@@ -57,6 +57,7 @@ FORM_FIELDS = [
     "misfire_policy",
     "misfire_grace",
     "misfire_max_catchup",
+    "catchup_window",
     "message_options",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
@@ -101,9 +102,13 @@ class JobForm(forms.ModelForm):
             "expires_at": "Ends at",
             "lease_seconds": "Lease (seconds)",
             "jitter": "Jitter (seconds)",
+            "catchup_window": "Catch-up window",
         }
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
+            "catchup_window": "Optional: an occurrence missed longer ago than this (e.g. "
+            "'3600' seconds or '01:00:00') is recorded as missed and not run; at least the "
+            "misfire grace. Empty: no window.",
             "run_at": "One-off: wall-clock time in the job's time zone.",
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
             "occurrences are aligned to; empty: its first occurrence.",

@@ -74,6 +74,7 @@ _EDITABLE = (
                 "misfire_policy",
                 "misfire_grace",
                 "misfire_max_catchup",
+                "catchup_window",
             ),
             "classes": ("collapse",),
         },

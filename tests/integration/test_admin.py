@@ -53,6 +53,7 @@ def form_data(**overrides: object) -> dict[str, object]:
         "when_retries_exhausted": "dead",
         "misfire_grace": "00:01:00",
         "misfire_max_catchup": "100",
+        "catchup_window": "",
     }
     data.update(overrides)
     return data
@@ -202,6 +203,27 @@ def test_adding_a_job_in_the_form_schedules_it_through_the_api(admin_client):
         ({"interval": "300"}, "cron", {"cron": "0 0 * * 1-5", "interval": 300}),
         ({"cron": ""}, "cron", {}),
         ({"lease_seconds": "0"}, "lease_seconds", {"cron": "0 0 * * *", "lease_seconds": 0}),
+        ({"catchup_window": "0"}, "catchup_window", {"cron": "0 0 * * *", "catchup_window": 0}),
+        (
+            {"catchup_window": "-01:00:00"},
+            "catchup_window",
+            {"cron": "0 0 * * *", "catchup_window": -3600},
+        ),
+        (
+            {"catchup_window": "00:00:30"},
+            "catchup_window",
+            {"cron": "0 0 * * *", "catchup_window": 30},
+        ),
+        (
+            {"catchup_window": "367 00:00:00"},
+            "catchup_window",
+            {"cron": "0 0 * * *", "catchup_window": timedelta(days=367)},
+        ),
+        (
+            {"catchup_window": "00:05:00", "misfire_grace": "00:10:00"},
+            "catchup_window",
+            {"cron": "0 0 * * *", "catchup_window": 300, "misfire_grace": 600},
+        ),
     ],
 )
 def test_the_form_refuses_what_the_api_refuses_with_the_same_message(
@@ -216,6 +238,33 @@ def test_the_form_refuses_what_the_api_refuses_with_the_same_message(
     expected = api_error(name="via-api", **spec)[field]
     assert errors[field] == expected, errors
     assert not Job.objects.filter(name="nightly-report").exists()
+
+
+def test_a_catch_up_window_is_set_shown_and_cleared_in_the_form(admin_client):
+    # When the operator adds a job with a window of an hour, typed as seconds
+    response = admin_client.post(reverse(ADD), form_data(catchup_window="3600"))
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert job.catchup_window == timedelta(hours=1)
+    # Then the job page shows it with the misfire fields
+    page = admin_client.get(change_url(job)).content.decode()
+    misfires = page[page.index("Retries and misfires") :]
+    assert re.search(r'name="catchup_window"[^>]*value="01:00:00"', misfires), misfires[:3000]
+    # And emptied, the job has no window again; a value that is no duration is a field error
+    response = admin_client.post(change_url(job), form_data(catchup_window=""))
+    assert response.status_code == 302, form_errors(response)
+    assert Job.objects.get(pk=job.pk).catchup_window is None
+    response = admin_client.post(change_url(job), form_data(catchup_window="an hour"))
+    assert form_errors(response) == {"catchup_window": ["Enter a valid duration."]}
+
+
+@override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=2))
+def test_the_add_form_offers_the_default_window_and_emptied_it_means_none(admin_client):
+    page = admin_client.get(reverse(ADD)).content.decode()
+    assert re.search(r'name="catchup_window"[^>]*value="02:00:00"', page)
+    response = admin_client.post(reverse(ADD), form_data(catchup_window=""))
+    assert response.status_code == 302, form_errors(response)
+    assert Job.objects.get(name="nightly-report").catchup_window is None
 
 
 def test_a_disallowed_task_is_refused_in_the_form_and_by_the_api(admin_client):

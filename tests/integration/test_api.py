@@ -32,6 +32,15 @@ def errors_of(call) -> dict[str, list[str]]:
     return info.value.message_dict
 
 
+def errors_among_jobs(call) -> dict[str, list[str]]:
+    """The errors of a call that fails, whatever else the database holds."""
+    count = Job.objects.count()
+    with pytest.raises(ValidationError) as info:
+        call()
+    assert Job.objects.count() == count
+    return info.value.message_dict
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field", "fragment"),
     [
@@ -68,6 +77,21 @@ def errors_of(call) -> dict[str, list[str]]:
         ({"run_at": SOON, "name": ""}, "name", "non-empty"),
         ({"run_at": SOON, "queue": "has space"}, "queue", "without spaces"),
         ({"run_at": SOON, "surprise": 1}, "surprise", "unknown option"),
+        ({"run_at": SOON, "catchup_window": 0}, "catchup_window", "more than 0"),
+        ({"run_at": SOON, "catchup_window": timedelta(0)}, "catchup_window", "more than 0"),
+        ({"run_at": SOON, "catchup_window": -3600}, "catchup_window", "more than 0"),
+        ({"run_at": SOON, "catchup_window": 1e-7}, "catchup_window", "more than 0"),
+        ({"run_at": SOON, "catchup_window": 30}, "catchup_window", "shorter than misfire_grace"),
+        (
+            {"run_at": SOON, "catchup_window": 120, "misfire_grace": 121},
+            "catchup_window",
+            "shorter than misfire_grace (0:02:01)",
+        ),
+        ({"run_at": SOON, "catchup_window": "1h"}, "catchup_window", "must be a duration"),
+        ({"run_at": SOON, "catchup_window": True}, "catchup_window", "must be a duration"),
+        ({"run_at": SOON, "catchup_window": float("nan")}, "catchup_window", "must be a duration"),
+        ({"run_at": SOON, "catchup_window": 1e300}, "catchup_window", "must be a duration"),
+        ({"run_at": SOON, "catchup_window": timedelta(days=366)}, "catchup_window", "a year"),
     ],
 )
 def test_bad_input_is_rejected_naming_the_field(kwargs, field, fragment):
@@ -182,6 +206,62 @@ def test_update_with_none_gives_an_option_the_default_schedule_would_have_given_
     assert Job.objects.get(pk=job.pk).max_retries == fresh.max_retries
 
 
+def test_a_catch_up_window_is_stored_as_given_and_none_is_no_window():
+    # Given jobs with a window as a timedelta, as seconds (int and float), and none
+    given = {"delta": timedelta(hours=2), "int": 3600, "float": 90.5, "none": None}
+    jobs = {k: api.schedule(TASK, interval=60, name=k, catchup_window=v) for k, v in given.items()}
+    plain = api.schedule(TASK, interval=60, name="plain")
+    # Then each is stored as a duration (None: no window, also the default)
+    stored = dict(Job.objects.values_list("name", "catchup_window"))
+    assert stored == {
+        "delta": timedelta(hours=2),
+        "int": timedelta(hours=1),
+        "float": timedelta(seconds=90.5),
+        "none": None,
+        "plain": None,
+    }
+    assert jobs["int"].catchup_window == timedelta(hours=1) and plain.catchup_window is None
+    # A window as long as the grace is accepted: the grace is the window's lower bound
+    same = api.schedule(TASK, interval=60, name="same", misfire_grace=600, catchup_window=600)
+    assert same.catchup_window == same.misfire_grace == timedelta(minutes=10)
+
+
+def test_update_changes_or_removes_a_catch_up_window_and_checks_it_against_the_grace():
+    job = api.schedule(TASK, interval=60, name="windowed", catchup_window=3600)
+    assert api.update(job, catchup_window=7200).catchup_window == timedelta(hours=2)
+    # None removes the window (it is not "the default" here: no window is a value)
+    assert api.update(job, catchup_window=None).catchup_window is None
+    assert Job.objects.get(pk=job.pk).catchup_window is None
+    api.update(job, catchup_window=600)
+    # A grace raised past the window is refused, naming the window, and changes nothing
+    with pytest.raises(ValidationError) as info:
+        api.update(job, misfire_grace=900)
+    assert list(info.value.message_dict) == ["catchup_window"]
+    assert "shorter than misfire_grace" in info.value.message_dict["catchup_window"][0]
+    row = Job.objects.get(pk=job.pk)
+    assert (row.catchup_window, row.misfire_grace) == (timedelta(minutes=10), timedelta(minutes=1))
+    # ... while both raised together are fine
+    both = api.update(job, misfire_grace=900, catchup_window=900)
+    assert (both.catchup_window, both.misfire_grace) == (timedelta(minutes=15),) * 2
+
+
+@override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=1800)
+def test_the_default_window_applies_to_new_jobs_unless_one_says_none():
+    # Given a default window of half an hour (seconds, as the setting may be given)
+    job = api.schedule(TASK, interval=60, name="default")
+    none = api.schedule(TASK, interval=60, name="none", catchup_window=None)
+    assert job.catchup_window == timedelta(minutes=30)
+    assert none.catchup_window is None  # a job can still say "no window"
+    # Then an update of something else keeps each, and a copy of the one without keeps none
+    assert api.update(none, priority=3).catchup_window is None
+    assert api.update(job, priority=3).catchup_window == timedelta(minutes=30)
+    assert api.duplicate(none).catchup_window is None
+    assert api.duplicate(job).catchup_window == timedelta(minutes=30)
+    # And a job whose grace the default window is shorter than is told so, naming the window
+    messages = errors_among_jobs(lambda: api.schedule(TASK, interval=60, misfire_grace=3600))
+    assert "shorter than misfire_grace" in messages["catchup_window"][0]
+
+
 def test_pause_resume_cancel_requeue_and_run_now():
     job = api.schedule(TASK, run_at=SOON, name="one")
     assert api.pause(job).state == JobState.PAUSED
@@ -228,15 +308,22 @@ def test_requeue_brings_a_dead_job_back_with_its_retry_count_reset():
 
 def test_duplicate_copies_task_schedule_and_policy():
     job = api.schedule(
-        TASK, cron="*/5 * * * *", kwargs={"label": "x"}, name="orig", max_retries=7, priority=3
+        TASK,
+        cron="*/5 * * * *",
+        kwargs={"label": "x"},
+        name="orig",
+        max_retries=7,
+        priority=3,
+        catchup_window=timedelta(hours=6),
     )
     copy = api.duplicate(job)
     assert copy.pk != job.pk and copy.name.startswith("orig (copy")
-    assert (copy.cron, copy.kwargs, copy.max_retries, copy.priority) == (
+    assert (copy.cron, copy.kwargs, copy.max_retries, copy.priority, copy.catchup_window) == (
         "*/5 * * * *",
         {"label": "x"},
         7,
         3,
+        timedelta(hours=6),
     )
 
 

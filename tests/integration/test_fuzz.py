@@ -266,6 +266,7 @@ SPEC_FIELDS = {
     "when_retries_exhausted": st.one_of(st.sampled_from(["dead", "next_occurrence"]), st.text()),
     "misfire_grace": durations,
     "misfire_max_catchup": st.one_of(st.integers(1, 100), numbers),
+    "catchup_window": st.one_of(st.none(), st.integers(60, 86400), durations),
     "surprise": numbers,
 }
 # A valid spec (half the time: the task may be bad), with up to three fields replaced or added.

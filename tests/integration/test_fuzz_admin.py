@@ -80,6 +80,7 @@ fields = {
     "when_retries_exhausted": st.one_of(text, st.sampled_from(["dead", "next_occurrence"])),
     "misfire_grace": text,
     "misfire_max_catchup": text,
+    "catchup_window": st.one_of(text, st.sampled_from(["00:00:30", "01:00:00", "366 00:00:00"])),
 }
 
 

@@ -249,6 +249,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "retry_backoff": timedelta(days=1, seconds=3),
         "retry_backoff_max": timedelta(days=2),
         "misfire_grace": 0.25,
+        "catchup_window": timedelta(days=1, seconds=3, microseconds=7),  # days stay days
         "timezone": "America/Argentina/Buenos_Aires",
         "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": "é \\ \"t\""}},
         "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
@@ -263,6 +264,39 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         k: v for k, v in single_row.items() if k not in ignore
     }
     assert bulk_row["args"][0] == "a\\b" and bulk_row["queue"] == "q\\1"
+
+
+@override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=1))
+def test_catch_up_windows_are_written_as_schedule_writes_them(writer):
+    # Given specs with no window said (the default: an hour), none, and a window in seconds
+    windows = {"default": {}, "none": {"catchup_window": None}, "float": {"catchup_window": 90.5}}
+    specs = [{"task": TASK, "interval": 60, "name": name, **w} for name, w in windows.items()]
+    # When they are scheduled in bulk
+    api.schedule_many(specs)
+    # Then each holds the window api.schedule would have given it
+    stored = dict(Job.objects.values_list("name", "catchup_window"))
+    assert stored == {
+        "default": timedelta(hours=1),
+        "none": None,
+        "float": timedelta(seconds=90.5),
+    }
+    for name, w in windows.items():
+        single = api.schedule(TASK, interval=60, name=f"single-{name}", **w)
+        assert single.catchup_window == stored[name], name
+
+
+def test_a_bad_catch_up_window_rejects_the_lot_naming_spec_and_field(writer):
+    specs = [
+        once(0, catchup_window=3600),
+        once(1, catchup_window=0),
+        once(2, catchup_window=30),  # shorter than the default grace (60 s)
+        once(3, catchup_window="an hour"),
+    ]
+    errors = refused(specs)
+    assert sorted(errors) == ["1.catchup_window", "2.catchup_window", "3.catchup_window"]
+    assert "more than 0" in errors["1.catchup_window"][0]
+    assert "shorter than misfire_grace" in errors["2.catchup_window"][0]
+    assert "must be a duration" in errors["3.catchup_window"][0]
 
 
 def test_unnamed_jobs_get_names_unique_within_the_call(writer):

@@ -64,6 +64,7 @@ def due(count: int) -> list[Job]:
     SCHEDAPP_DEFAULT_MISFIRE_POLICY="skip",
     SCHEDAPP_DEFAULT_MISFIRE_GRACE=30.5,
     SCHEDAPP_DEFAULT_MISFIRE_MAX_CATCHUP=12,
+    SCHEDAPP_DEFAULT_CATCHUP_WINDOW=90,  # optional, and seconds too
 )
 def test_a_new_job_takes_the_default_settings_and_its_own_arguments_over_them():
     job = api.schedule(TASK, interval=60, name="defaults")
@@ -72,11 +73,13 @@ def test_a_new_job_takes_the_default_settings_and_its_own_arguments_over_them():
     assert job.retry_backoff_max == timedelta(minutes=10)
     assert job.misfire_policy == "skip" and job.misfire_grace == timedelta(seconds=30.5)
     assert job.misfire_max_catchup == 12
+    assert job.catchup_window == timedelta(seconds=90)
     stored = Job.objects.get(pk=job.pk)
     assert (stored.lease_seconds, stored.retry_backoff) == (120, timedelta(seconds=5))
 
     own = api.schedule(TASK, interval=60, name="own", max_retries=1, misfire_policy="run_all")
     assert (own.max_retries, own.misfire_policy, own.lease_seconds) == (1, "run_all", 120)
+    assert api.schedule(TASK, interval=60, name="x", catchup_window=None).catchup_window is None
 
 
 # --- the beat -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -409,12 +410,37 @@ def test_the_projects_settings_raise_no_settings_error():
         ("DEFAULT_MAX_RETRIES", -1, "SCHEDAPP_DEFAULT_MAX_RETRIES: -1 is negative"),
         ("DEFAULT_MISFIRE_POLICY", "bogus", "SCHEDAPP_DEFAULT_MISFIRE_POLICY: 'bogus' is not one"),
         ("DEFAULT_LEASE_SECONDS", 0, "SCHEDAPP_DEFAULT_LEASE_SECONDS"),
+        ("DEFAULT_CATCHUP_WINDOW", 0, "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be more than 0"),
+        ("DEFAULT_CATCHUP_WINDOW", -60.0, "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be more than 0"),
+        ("DEFAULT_CATCHUP_WINDOW", "1h", "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be a duration"),
+        ("DEFAULT_CATCHUP_WINDOW", True, "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be a duration"),
+        (
+            "DEFAULT_CATCHUP_WINDOW",
+            float("nan"),
+            "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be a duration",
+        ),
+        (
+            "DEFAULT_CATCHUP_WINDOW",
+            timedelta(days=400),
+            "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be at most a year",
+        ),
+        (  # shorter than SCHEDAPP_DEFAULT_MISFIRE_GRACE (a minute): it could never act
+            "DEFAULT_CATCHUP_WINDOW",
+            30,
+            "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must not be shorter than misfire_grace (0:01:00)",
+        ),
     ],
 )
 def test_a_setting_schedapp_cannot_work_with_is_an_error_naming_it(setting, value, says):
     with override_settings(**{f"SCHEDAPP_{setting}": value}):
         (error,) = [m for m in run_checks() if m.id == "schedapp.E030"]
     assert says in error.msg
+
+
+@pytest.mark.parametrize("window", [None, 60, 3600.5, timedelta(days=365)])
+def test_a_default_window_of_none_or_a_duration_not_under_the_grace_is_fine(window):
+    with override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=window):
+        assert [m for m in run_checks() if m.id == "schedapp.E030"] == []
 
 
 def test_a_bad_housekeeping_cron_is_an_error_only_while_housekeeping_is_on():
