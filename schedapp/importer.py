@@ -46,6 +46,9 @@ Mapping, with Celery's semantics:
   dead. ``schedapp_import --retries N --on-exhausted dead`` asks for schedapp's own policy
   instead (``with_failure_policy``). A one-off (``ClockedSchedule``, ``one_off``) has no next
   occurrence: failed, it goes dead (a dead letter; it never fires again, as under Celery).
+* Celery beat has no catch-up window: every imported job (and every job declared through
+  ``beat_schedule``) gets ``catchup_window=None`` (``CELERY_WINDOW``), whatever
+  ``SCHEDAPP_DEFAULT_CATCHUP_WINDOW`` says.
 
 django-celery-beat is never a dependency: it is imported only when asked for.
 """
@@ -96,6 +99,10 @@ BEAT_SCHEDULE = "CELERY_BEAT_SCHEDULE"
 DJANGO_CELERY_BEAT = "django-celery-beat"
 # Celery beat's handling of a failed run: no retry of the occurrence, the next one comes anyway.
 CELERY_FAILURES: dict[str, Any] = {"max_retries": 0, "when_retries_exhausted": NEXT_OCCURRENCE}
+# Celery beat has no catch-up window: an imported job has none, whatever
+# SCHEDAPP_DEFAULT_CATCHUP_WINDOW says (a crontab's deadline, its misfire grace, could exceed
+# that window and make the job invalid).
+CELERY_WINDOW: dict[str, Any] = {"catchup_window": None}
 
 
 @dataclass
@@ -389,6 +396,7 @@ def map_beat_entry(
             return item
     item.spec.update(schedule)
     item.spec.update(CELERY_FAILURES)
+    item.spec.update(CELERY_WINDOW)
     item.spec["args"] = list(fields["args"])
     item.spec["kwargs"] = dict(fields["kwargs"])
     options = dict(fields["options"])
@@ -545,6 +553,7 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
     if getattr(row, "description", ""):  # for people: what the task is for
         item.spec["description"] = row.description
     item.spec.update(CELERY_FAILURES)
+    item.spec.update(CELERY_WINDOW)
     message: dict[str, Any] = {}
     for key in ("exchange", "routing_key", "priority"):  # priority: the message's
         if getattr(row, key, None) not in (None, ""):

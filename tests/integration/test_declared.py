@@ -182,3 +182,59 @@ def test_a_declared_interval_keeps_its_not_before_on_every_later_sync():
             assert (report.updated, report.unchanged) == ({}, ["weekly-start"])
     job.refresh_from_db()
     assert (job.not_before, job.interval_anchor, job.next_run_at, job.updated_at) == first
+
+
+def test_a_declared_catch_up_window_is_synced_like_any_field():
+    # Given a declaration with a window in seconds, and an @periodic one with a timedelta
+    @declared.periodic(interval=60, name="windowed-periodic", catchup_window=timedelta(hours=2))
+    @shared_task(name="project.tasks.test_declared_windowed")
+    def windowed() -> None:
+        pass
+
+    jobs = {"windowed": {**JOBS["every-minute"], "catchup_window": 3600}}
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        assert sorted(declared.sync_declared_jobs().created) == ["windowed", "windowed-periodic"]
+        assert not declared.sync_declared_jobs().changed  # the same window: nothing to do
+    stored = dict(Job.objects.values_list("name", "catchup_window"))
+    assert stored == {"windowed": timedelta(hours=1), "windowed-periodic": timedelta(hours=2)}
+    before = snapshot()["windowed"]
+    # When the window changes, only it is updated: the next run stays
+    with override_settings(SCHEDAPP_JOBS={"windowed": {**jobs["windowed"], "catchup_window": 60}}):
+        assert declared.sync_declared_jobs().updated == {"windowed": ["catchup_window"]}
+    job = Job.objects.get(name="windowed")
+    assert (job.catchup_window, job.next_run_at) == (timedelta(minutes=1), before[2])
+    # And left out again, it is the default: no window
+    with override_settings(SCHEDAPP_JOBS={"windowed": JOBS["every-minute"]}):
+        assert declared.sync_declared_jobs().updated == {"windowed": ["catchup_window"]}
+    assert Job.objects.get(name="windowed").catchup_window is None
+
+
+@override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=1))
+def test_a_declaration_may_say_no_window_where_the_default_is_one():
+    jobs = {"default": JOBS["every-minute"], "none": {**JOBS["nightly"], "catchup_window": None}}
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        declared.sync_declared_jobs()
+        assert sorted(declared.sync_declared_jobs().unchanged) == ["default", "none"]
+    stored = dict(Job.objects.values_list("name", "catchup_window"))
+    assert stored == {"default": timedelta(hours=1), "none": None}
+
+
+@pytest.mark.parametrize(
+    ("window", "says"),
+    [
+        (0, "more than 0"),
+        (-60, "more than 0"),
+        (30, "shorter than misfire_grace"),
+        ("1 hour", "must be a duration"),
+    ],
+)
+def test_a_bad_declared_window_names_job_and_field(window, says):
+    spec = {**JOBS["every-minute"], "catchup_window": window}
+    with pytest.raises(ValidationError) as caught:
+        declared.declared_values("bad-window", spec)
+    assert list(caught.value.message_dict) == ["bad-window.catchup_window"]
+    assert says in caught.value.message_dict["bad-window.catchup_window"][0]
+    with override_settings(SCHEDAPP_JOBS={"bad-window": spec}):
+        report = declared.sync_declared_jobs()
+    assert report.errors["bad-window"][0].startswith("bad-window.catchup_window: ")
+    assert not Job.objects.filter(name="bad-window").exists()

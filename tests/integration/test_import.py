@@ -318,6 +318,18 @@ def test_django_celery_beat_crontabs_take_the_deadline_too(periodic_tasks):
     assert set(policies.values()) == {"run_once"}  # intervals, solar, one-offs
 
 
+@override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(minutes=2))
+def test_imported_jobs_have_no_catch_up_window_as_under_celery_whatever_the_default(
+    periodic_tasks,
+):
+    """Celery beat has no window; the default one is shorter than the crontab's deadline
+    (its misfire grace), which would make the job invalid had it been given."""
+    with override_settings(CELERY_BEAT_CRON_STARTING_DEADLINE=300):
+        out, err = run("--from-django-celery-beat")
+    assert "6 created" in out and "NOT MAPPED dcb-cron" not in err
+    assert set(Job.objects.values_list("catchup_window", flat=True)) == {None}
+
+
 def test_both_sources_in_one_step(periodic_tasks):
     with override_settings(
         CELERY_BEAT_SCHEDULE={"beat-one": {"task": "project.tasks.noop", "schedule": 30}}

@@ -38,6 +38,8 @@ def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options(
         # Celery beat's failures: no retry, the next occurrence comes anyway
         "max_retries": 0,
         "when_retries_exhausted": "next_occurrence",
+        # Celery beat has no catch-up window: none, whatever the default says
+        "catchup_window": None,
     }
     assert item.notes == []
 
