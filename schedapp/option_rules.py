@@ -1,5 +1,5 @@
-"""The rules of a job's options (queue, priority, retries, backoff, misfire policy) and of its
-Celery message options (``message_options``, as ``apply_async`` takes them).
+"""The rules of a job's options (queue, priority, retries, backoff, misfire policy, catch-up
+window) and of its Celery message options (``message_options``, as ``apply_async`` takes them).
 
 Each verdict depends on the given values only, so bulk scheduling judges one combination
 once and shares the ``Options`` object between every job that has it (usually the defaults).
