@@ -424,6 +424,10 @@ def test_the_projects_settings_raise_no_settings_error():
             timedelta(days=400),
             "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be at most a year",
         ),
+        # any duration setting: a number that is no duration is named, not raised from
+        ("DEFAULT_MISFIRE_GRACE", float("nan"), "SCHEDAPP_DEFAULT_MISFIRE_GRACE: must be a dur"),
+        ("DEFAULT_RETRY_BACKOFF", 1e300, "SCHEDAPP_DEFAULT_RETRY_BACKOFF: must be a duration"),
+        ("DEFAULT_RETRY_BACKOFF", True, "SCHEDAPP_DEFAULT_RETRY_BACKOFF: must be a duration"),
         (  # shorter than SCHEDAPP_DEFAULT_MISFIRE_GRACE (a minute): it could never act
             "DEFAULT_CATCHUP_WINDOW",
             30,
