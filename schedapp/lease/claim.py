@@ -222,7 +222,7 @@ def _apply_misfires(
                 row["misfire_policy"],
                 row["misfire_max_catchup"],
                 row["misfire_grace"],
-                row.get("catchup_window"),
+                row["catchup_window"],
             )
         except Exception as exc:  # a row the beat cannot understand: set it aside, go on
             quarantined.append(quarantine_locked(row["id"], unschedulable(exc)))

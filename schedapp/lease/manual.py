@@ -68,7 +68,7 @@ def _decide_paused(job: Job, now: datetime) -> None:
             job.misfire_policy,
             job.misfire_max_catchup,
             job.misfire_grace,
-            getattr(job, "catchup_window", None),
+            job.catchup_window,
             fate=policies.PAUSED,
         )
     except Exception:

@@ -48,6 +48,7 @@ _CLAIM_FIELDS = (
     "misfire_policy",
     "misfire_max_catchup",
     "misfire_grace",
+    "catchup_window",
     *CELERY_FIELDS,
 )
 

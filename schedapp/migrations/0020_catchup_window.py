@@ -107,7 +107,7 @@ def drop_constraints(apps, schema_editor):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("schedapp", "0018_versioned_functions")]
+    dependencies = [("schedapp", "0019_occurrence_ledger")]
 
     operations = [
         migrations.SeparateDatabaseAndState(
