@@ -181,7 +181,7 @@ def plan_misfire(
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
     outside: tuple[MissedRange, ...] = ()
-    if window is not None and now - window > due:
+    if window is not None and now - due > window:  # (never now - window: it may overflow)
         cutoff = now - window
         old = count_fire_times(schedule, due, cutoff - _TICK)
         outside = _missed(

@@ -846,3 +846,12 @@ def test_property_carry_on_policy_never_kills_a_recurring_job(
     else:  # the next occurrence, exactly as after a success, the failure recorded
         assert plan == replace(plan_after_success(job, fixed_rng(draw)), failed_occurrence=True)
         assert plan.scheduled_for == next_fire_time(schedule, TEN)
+
+
+def test_a_window_longer_than_time_itself_catches_everything_up():
+    """A window written behind the API's back (a million years): ``now - window`` would
+    overflow; a window longer than the lateness is no window."""
+    due, now = utc("10:00:00"), utc("10:05:30")
+    plan = plan_misfire(EVERY_MINUTE, due, now, RUN_ONCE, 1, MINUTE, timedelta(days=365_000_000))
+    assert plan == Catchup(utc("10:05:00"), None, 5)
+    assert [r.fate for r in plan.ranges] == [MISFIRED]
