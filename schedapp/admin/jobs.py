@@ -419,6 +419,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
             "last_error": first_line,
             "schedule": job_schedule_text(job),
             "runs_url": f"{reverse('admin:schedapp_jobrun_changelist')}?job={job.pk}",
+            "timeline_url": reverse("admin:schedapp_job_timeline", args=[job.pk]),
         }
 
     def changeform_view(

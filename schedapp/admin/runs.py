@@ -34,6 +34,11 @@ COLOURS = {
     "failed": "#ba2121",
     "lost": "#8e24aa",
     "skipped": "#777777",
+    # occurrences' fates (the ledger)
+    "ran": "#417690",
+    "misfired": "#c05600",
+    "outside_window": "#8d6e00",
+    "quarantined": "#ba2121",
 }
 RECENT_RUNS_ON_JOB_PAGE = 5
 # The runs search lists the runs of at most this many jobs whose name matches (the newest).
@@ -86,7 +91,12 @@ def runs_summary(job: Job) -> str:
         else "none yet"
     )
     return format_html(
-        '<p><a href="{}" id="schedapp-runs-link">All runs of this job</a></p>{}', url, table
+        '<p><a href="{}" id="schedapp-runs-link">All runs of this job</a> · <a href="{}" '
+        'id="schedapp-timeline-link">Its timeline: every occurrence, what ran and what did not'
+        "</a></p>{}",
+        url,
+        reverse("admin:schedapp_job_timeline", args=[job.pk]),
+        table,
     )
 
 

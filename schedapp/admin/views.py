@@ -1,6 +1,7 @@
-"""The job admin's own pages: the buttons of the job page, the schedule preview, the overview.
+"""The job admin's own pages: the buttons of the job page, the schedule preview, the overview,
+a job's occurrence timeline and the fleet's "what did not run".
 
-All three are admin views (``admin_site.admin_view``: staff login, CSRF on POST) registered by
+All are admin views (``admin_site.admin_view``: staff login, CSRF on POST) registered by
 ``JobAdmin.get_urls`` under ``/admin/schedapp/job/``.
 """
 
@@ -25,6 +26,7 @@ from django.urls import path, reverse
 from .. import overview
 from ..models import JobState
 from .forms import preview_from_query
+from .ledger import fleet_page, timeline_page
 from .operations import BY_SLUG, apply_operation
 from .runs import badge
 
@@ -45,6 +47,10 @@ class JobViewsMixin:
         return [
             path("overview/", wrap(self.overview_view), name="schedapp_job_overview"),
             path("preview/", wrap(self.preview_view), name="schedapp_job_preview"),
+            path("not-run/", wrap(self.not_run_view), name="schedapp_job_not_run"),
+            path(
+                "<path:object_id>/timeline/", wrap(self.timeline_view), name="schedapp_job_timeline"
+            ),
             path(
                 "<path:object_id>/do/<slug:slug>/",
                 wrap(self.operation_view),
@@ -106,6 +112,46 @@ class JobViewsMixin:
             "dead_url": f"{changelist}?state__exact={JobState.DEAD}",
             "runs_url": reverse("admin:schedapp_jobrun_changelist"),
             "nodes_url": reverse("admin:schedapp_node_changelist"),
+            "not_run_url": reverse("admin:schedapp_job_not_run"),
             "node_groups": [("Beats", data.beats, "beats"), ("Workers", data.workers, "workers")],
         }
         return TemplateResponse(request, "admin/schedapp/overview.html", context)
+
+    def timeline_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """A job's occurrences, newest first, and "what happened at ...?" (GET; reads)."""
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404("no such job")
+        if not self.has_view_or_change_permission(request, job):
+            raise PermissionDenied
+        page = timeline_page(job, request.GET)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Timeline of {job.name}",
+            "original": f"Timeline of {job.name}",
+            "add": False,
+            "has_view_permission": True,
+            "opts": self.model._meta,
+            "job": job,
+            "page": page,
+            "change_url": reverse("admin:schedapp_job_change", args=[job.pk]),
+            "runs_url": f"{reverse('admin:schedapp_jobrun_changelist')}?job={job.pk}",
+            "not_run_url": reverse("admin:schedapp_job_not_run"),
+        }
+        return TemplateResponse(request, "admin/schedapp/job/timeline.html", context)
+
+    def not_run_view(self, request: HttpRequest) -> HttpResponse:
+        """What did not run in the fleet lately, and the runs that did not succeed."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "What did not run",
+            "original": "What did not run",
+            "add": False,
+            "has_view_permission": True,
+            "opts": self.model._meta,
+            "fleet": fleet_page(request.GET),
+            "overview_url": reverse("admin:schedapp_job_overview"),
+        }
+        return TemplateResponse(request, "admin/schedapp/not_run.html", context)
