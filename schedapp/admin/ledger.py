@@ -181,12 +181,12 @@ def timeline_page(job: Job, query: QueryDict) -> TimelinePage:
     if query.get("until"):
         try:
             page.until = parse_time(query["until"], job.timezone)
-        except ValueError:
+        except (ValueError, OverflowError):  # not a time, or beyond what datetime holds
             page.errors.append(f"{query['until']!r} is not a time: showing the newest.")
     if page.asked:
         try:
             at = parse_time(page.asked, job.timezone)
-        except ValueError:
+        except (ValueError, OverflowError):  # not a time, or beyond what datetime holds
             page.errors.append(
                 f"{page.asked!r} is not a time: write 2026-12-03 08:00, or 08:00 for the "
                 f"latest 08:00 (in the job's zone, {job.timezone})."

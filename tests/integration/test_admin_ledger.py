@@ -203,6 +203,9 @@ def test_what_happened_at_answers_and_marks_the_row(admin_client, story):
     assert "is not an occurrence" in off and 'id="schedapp-asked"' not in off
     bad = timeline(admin_client, story.job, at="yesterday-ish")
     assert "is not a time" in bad and 'class="errornote"' in bad and len(rows(bad)) == 4
+    for edge in ("0001-01-01 00:00", "9999-12-31 23:59-14:00", "24:00"):
+        assert "is not a time" in timeline(admin_client, story.job, at=edge), edge
+    assert "is not a time" in timeline(admin_client, story.job, until="0001-01-01T00:30+01:00")
 
 
 def test_a_clock_time_alone_asks_about_the_latest_one():
