@@ -20,7 +20,7 @@ from django.utils.html import format_html
 
 from .. import explain
 from ..db import db_now
-from ..display import preview_text, safe_zone, seconds_text
+from ..display import safe_zone, seconds_text
 from ..models import Fate, Job
 from .runs import badge
 
@@ -64,6 +64,13 @@ def parse_time(text: str, zone: str, now: datetime | None = None) -> datetime:
     return at.astimezone(UTC)
 
 
+def _nominal(t: datetime, zone: str) -> tuple[str, str]:
+    """An occurrence in the job's zone: its wall time, and the zone with its UTC offset."""
+    local = t.astimezone(safe_zone(zone))
+    offset = local.strftime("%z")
+    return f"{local:%a %Y-%m-%d %H:%M:%S}", f"{local.tzname()}, UTC{offset[:3]}:{offset[3:]}"
+
+
 def _iso(t: datetime) -> str:
     return t.astimezone(UTC).isoformat()
 
@@ -80,7 +87,7 @@ def _lag(delta: timedelta | None) -> str:
     if delta is None:
         return "-"
     seconds = delta.total_seconds()
-    return ("-" if seconds < 0 else "") + seconds_text(abs(seconds))
+    return ("-" if seconds < 0 else "+") + seconds_text(abs(seconds))
 
 
 @dataclass(frozen=True)
@@ -98,8 +105,8 @@ class AttemptRow:
 @dataclass(frozen=True)
 class Row:
     entry: explain.Entry
-    nominal: str
-    last: str  # a range's last occurrence ('' for one)
+    nominal: tuple[str, str]  # wall time; zone and offset
+    last: tuple[str, str] | None  # a range's last occurrence
     fate: str  # a badge
     outcome: str  # a badge, or ''
     dispatched: str
@@ -133,8 +140,8 @@ def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
     final = entry.attempts[-1] if entry.attempts else None
     return Row(
         entry=entry,
-        nominal=preview_text(entry.first, zone),
-        last=preview_text(entry.last, zone) if entry.last != entry.first else "",
+        nominal=_nominal(entry.first, zone),
+        last=_nominal(entry.last, zone) if entry.last != entry.first else None,
         fate=fate_badge(entry.fate),
         outcome=badge(entry.outcome, entry.outcome) if entry.outcome else "",
         dispatched=_clock(first.dispatched_at if first else None, day, tz),
@@ -243,8 +250,11 @@ def _server_time(t: datetime | None) -> str:
     if t is None:
         return "-"
     local = django_tz.localtime(t)
+    text = f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+    if local.tzname() in ("UTC", "GMT") and not local.utcoffset():
+        return text
     offset = local.strftime("%z")
-    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} (UTC{offset[:3]}:{offset[3:]})"
+    return f"{text} (UTC{offset[:3]}:{offset[3:]})"
 
 
 def fleet_page(query: QueryDict) -> dict[str, Any]:
