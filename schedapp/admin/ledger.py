@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from django.http import QueryDict
 from django.urls import reverse
 from django.utils import timezone as django_tz
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .. import explain
 from ..db import db_now
@@ -31,6 +31,7 @@ FLEET_MAX_HOURS = 24.0 * 90  # the window's records are counted: keep it a windo
 FLEET_HOUR_CHOICES = ((1.0, "1 hour"), (6.0, "6 hours"), (24.0, "24 hours"), (168.0, "7 days"))
 _TICK = timedelta(microseconds=1)
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?$")
+_ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d[\d:.]*(?:[+-]\d\d:\d\d|Z)?)")
 
 FATE_WORDS = {explain.RAN: "ran", **{f.value: f.value.replace("_", " ") for f in Fate}}
 FATE_TITLES = {explain.RAN: "Dispatched (its attempts say how it went)", **dict(Fate.choices)}
@@ -42,6 +43,20 @@ def fate_badge(fate: str) -> str:
         '<span title="{}">{}</span>',
         FATE_TITLES.get(fate, fate),
         badge(fate, FATE_WORDS.get(fate, fate)),
+    )
+
+
+def detail_html(text: str) -> str:
+    """A record's detail, escaped, each ISO time in it kept on one line (a browser breaks a
+    line after any hyphen: '2026-12-' then '03T08:00')."""
+    parts = _ISO_TIME.split(text)
+    return format_html_join(
+        "",
+        "{}",
+        (
+            (format_html('<span class="nowrap">{}</span>', p) if i % 2 else p,)
+            for i, p in enumerate(parts)
+        ),
     )
 
 
@@ -117,6 +132,7 @@ class Row:
     attempts: tuple[AttemptRow, ...]
     asked: bool
     recorded: str
+    detail: str  # escaped markup
 
 
 def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
@@ -152,6 +168,7 @@ def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
         attempts=attempts,
         asked=asked is not None and (entry.first, entry.fate) == (asked.first, asked.fate),
         recorded=_clock(entry.recorded_at, day, tz) if entry.recorded_at else "",
+        detail=detail_html(entry.detail) if entry.detail else "-",
     )
 
 
@@ -292,7 +309,7 @@ def fleet_page(query: QueryDict) -> dict[str, Any]:
             _server_time(e.first),
             _server_time(e.last) if e.last != e.first else "",
             e.count,
-            e.detail,
+            detail_html(e.detail) if e.detail else "-",
             e.decided_by,
             _server_time(e.recorded_at),
         )

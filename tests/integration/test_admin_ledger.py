@@ -173,7 +173,7 @@ def test_the_timeline_shows_each_occurrence_its_attempts_and_what_did_not_run(ad
     assert "29 occurrences" in misfired and local(story.misfired_first) in misfired
     assert local(story.retried - EVERY) in misfired.split("to</small>")[1]
     assert "decided by beat-1" in misfired
-    assert f"folded into {story.retried.isoformat()}" in misfired
+    assert f'folded into <span class="nowrap">{story.retried.isoformat()}</span>' in misfired
     assert "9 occurrences" in paused and "decided by resume" in paused
     assert "passed while the job was paused" in paused
 
