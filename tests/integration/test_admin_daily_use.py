@@ -183,6 +183,7 @@ def test_the_nodes_page_marks_alive_and_missing_nodes_and_reads_stats_as_words(a
     assert "{" not in alive and '"active"' not in html
 
 
+@pytest.mark.exhaustive  # 5 s: a beat started to read its banner
 def test_the_beat_banner_names_the_beat_id_it_works_under_and_its_real_longest_sleep():
     """``celery beat`` prints its banner from a scheduler it builds for the banner alone
     (``service.get_scheduler(lazy=True)``), then builds the one that runs."""

@@ -212,7 +212,11 @@ def test_a_forked_process_forgets_the_connection_it_inherited_and_leaves_the_par
     assert forget_inherited_connections() == 0  # the parent inherited nothing
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["redis-fast-path", "kombu-publish"])
+@pytest.mark.parametrize(
+    "fast",
+    [True, pytest.param(False, marks=pytest.mark.exhaustive)],  # 5 s each: one path by default
+    ids=["redis-fast-path", "kombu-publish"],
+)
 def test_a_beat_whose_clock_is_an_hour_behind_dates_expires_by_the_database(
     broker_url, fast, monkeypatch
 ):

@@ -74,6 +74,7 @@ def test_a_lease_renewal_whose_connection_goes_silent_is_given_up_and_the_next_o
     assert Job.objects.get(pk=run.job_id).lease_expires_at > before
 
 
+@pytest.mark.exhaustive  # 12 s (a silent claim, then the back-off); the door and renewal stay
 def test_a_beat_tick_whose_claim_goes_silent_backs_off_and_the_next_tick_claims(pg_proxy):
     with override_settings(SCHEDAPP_DB_TIMEOUT=2), django_through(pg_proxy):
         scheduler = beat.LeaseScheduler(celery_app(), lazy=True)

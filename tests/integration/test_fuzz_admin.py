@@ -84,6 +84,7 @@ fields = {
 }
 
 
+@pytest.mark.exhaustive  # 5 s; the form's rules are the API's, which the default run tests
 @FUZZ
 @given(changes=st.fixed_dictionaries({}, optional=fields))
 def test_the_add_form_never_crashes_or_half_writes(admin_client, changes):
