@@ -21,6 +21,7 @@ import pytest
 from django.conf import settings
 
 from schedapp.testing.pgproxy import PgProxy, django_through, spawn_proxy
+from schedapp.testing.pgproxy.connection import Connection
 from tests.claiming import in_thread
 
 TABLE = f"pgproxy_probe_{os.getpid()}"
@@ -421,6 +422,29 @@ def test_a_connection_marked_closed_forwards_nothing_before_its_sockets_shut(
         proxied.close()
         stmt.join(10)
         assert isinstance(out.get("error"), psycopg.OperationalError), out
+
+
+def test_a_reset_marks_every_victim_closed_before_it_shuts_any(
+    pg_proxy: PgProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two open connections (CI once saw the second answer a statement sent in the
+    # moment after the first was shut, before the reset reached the second)
+    with via(pg_proxy, autocommit=True) as a, via(pg_proxy, autocommit=True) as b:
+        round_trip(a)
+        round_trip(b)
+        proxied = pg_proxy._snapshot()
+        seen: list[list[bool]] = []
+        shut = Connection.close
+
+        def close(self: Connection) -> None:
+            seen.append([c.closed for c in proxied])
+            shut(self)
+
+        monkeypatch.setattr(Connection, "close", close)
+        # When the database goes down for them
+        pg_proxy.down(1.0)
+    # Then both were marked closed (forwarding nothing) before the first was shut
+    assert seen and seen[0] == [True, True]
 
 
 def test_reset_all_breaks_open_connections_and_clear_disarms(pg_proxy: PgProxy) -> None:

@@ -228,6 +228,9 @@ class PgProxy:
     def reset_all(self, app: str | None = None) -> int:
         """Close every current (matching) connection now; returns how many."""
         conns = [c for c in self._snapshot() if c.matches(app)]
+        with self._cond:  # all marked first: none forwards while the others are being shut
+            for conn in conns:
+                conn.closed = True
         for conn in conns:
             conn.close()
         with self._cond:
