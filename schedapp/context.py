@@ -39,7 +39,7 @@ class RunInfo:
         is no occurrence of the schedule). Read when first asked."""
         from .explain import run_kind
 
-        return "retry" if self.attempt > 1 else run_kind(self.job_id, self.scheduled_for, 1)
+        return run_kind(self.job_id, self.scheduled_for, self.attempt)
 
 
 def current_run() -> RunInfo | None:

@@ -19,7 +19,7 @@ from django.db.models import Count, Sum
 from .conf import get_settings
 from .db import db_now
 from .models import Fate, Job, JobRun, JobState, Occurrence, RunStatus
-from .schedules import fire_times, next_fire_time, recent_fire_times
+from .schedules import Schedule, fire_times, next_fire_time, recent_fire_times
 
 RAN = "ran"  # an entry's fate when the occurrence was dispatched (its attempts say how it went)
 _TICK = timedelta(microseconds=1)
@@ -218,9 +218,19 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     return Answer(job.pk, at, True, _pending_or_unknown(job, at), None, before, after)
 
 
+def _is_occurrence(schedule: Schedule, at: datetime) -> bool:
+    return recent_fire_times(schedule, at, at, 1) == [at]
+
+
+def _previous(schedule: Schedule, at: datetime) -> datetime | None:
+    """The occurrence before ``at``, looked for over the year before it (a bounded walk)."""
+    earlier = recent_fire_times(schedule, at - _TICK, at - timedelta(days=400), 1)
+    return earlier[-1] if earlier else None
+
+
 def _kind(job: Job, at: datetime) -> str:
     try:
-        nominal = recent_fire_times(job.schedule, at, at, 1) == [at]
+        nominal = _is_occurrence(job.schedule, at)
     except Exception:  # a row the beat quarantined may hold any schedule
         return "scheduled"
     return "scheduled" if nominal else "manual"
@@ -238,24 +248,19 @@ def data_interval(job: Job | int | str, scheduled_for: datetime) -> tuple[dateti
     occurrence before the time it was asked for."""
     job = _job(job)
     try:
-        earlier = recent_fire_times(
-            job.schedule, scheduled_for - _TICK, scheduled_for - timedelta(days=400), 1
-        )
+        earlier = _previous(job.schedule, scheduled_for)
     except Exception:  # a row the beat quarantined may hold any schedule
-        earlier = []
-    return (earlier[-1] if earlier else scheduled_for), scheduled_for
+        earlier = None
+    return (earlier or scheduled_for), scheduled_for
 
 
 def _around(job: Job, at: datetime) -> tuple[bool, datetime | None, datetime | None]:
     """Whether ``at`` is an occurrence, and the occurrences just before and after it."""
     try:
         schedule = job.schedule
-        nominal = recent_fire_times(schedule, at, at, 1) == [at]
-        earlier = recent_fire_times(schedule, at - _TICK, at - timedelta(days=400), 1)
-        after = next_fire_time(schedule, at)
+        return _is_occurrence(schedule, at), _previous(schedule, at), next_fire_time(schedule, at)
     except Exception:  # a row the beat quarantined may hold any schedule
         return False, None, None
-    return nominal, (earlier[-1] if earlier else None), after
 
 
 def _local(job: Job, t: datetime | None) -> str:
