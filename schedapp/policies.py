@@ -243,6 +243,17 @@ def _plan_policy(
     return Catchup(recent[0], None, missed, _missed(schedule, due, recent[0], missed, fate, detail))
 
 
+def waiting_after(
+    plan: Catchup, occurrence: datetime, jitter: int, rng: Rng = random.random
+) -> tuple[str, datetime, datetime | None]:
+    """A job whose misfire plan runs nothing now: its state, occurrence and due time. It waits
+    for the plan's next occurrence (plus jitter) or, with none left (its expires_at passed
+    while it was away), it is done, as after a last run (``plan_after_success``)."""
+    if plan.next_due is None:
+        return "succeeded", occurrence, None
+    return "scheduled", plan.next_due, plan.next_due + compute_jitter(jitter, rng)
+
+
 @dataclass(frozen=True)
 class JobFacts:
     """The part of a job the after-run rules read."""

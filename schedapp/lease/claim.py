@@ -236,17 +236,16 @@ def _apply_misfires(
         )
         decided.extend((row["id"], r) for r in plan.ranges)
         if plan.run_for is None:
-            # No next occurrence: its expires_at passed while it was away. It is done, as
-            # after a last run (policies.plan_after_success), not an assertion failing the
-            # claim of every job, every tick.
-            nxt = plan.next_due
-            done = nxt is None
+            # (with no next occurrence it is done: never an assertion failing every claim)
+            state, occurrence, due = policies.waiting_after(
+                plan, row["scheduled_for"], row["jitter"], rng
+            )
             Job.objects.filter(id=row["id"], token=row["token"]).update(
-                state=JobState.SUCCEEDED if done else JobState.SCHEDULED,
+                state=state,
                 claimed_by="",
                 lease_expires_at=None,
-                scheduled_for=row["scheduled_for"] if done else nxt,
-                next_run_at=None if done else nxt + policies.compute_jitter(row["jitter"], rng),
+                scheduled_for=occurrence,
+                next_run_at=due,
                 missed_runs=F("missed_runs") + plan.missed,
             )
             skipped += 1

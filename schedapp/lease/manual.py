@@ -74,11 +74,10 @@ def _decide_paused(job: Job, now: datetime) -> None:
     except Exception:
         return
     job.missed_runs += plan.missed
-    if plan.run_for is None and plan.next_due is None:  # its expires_at passed meanwhile
-        job.state, job.next_run_at = JobState.SUCCEEDED, None
-    elif plan.run_for is None:
-        job.scheduled_for = plan.next_due
-        job.next_run_at = plan.next_due + policies.compute_jitter(job.jitter)
+    if plan.run_for is None:
+        job.state, job.scheduled_for, job.next_run_at = policies.waiting_after(
+            plan, job.scheduled_for, job.jitter
+        )
     else:
         job.scheduled_for = job.next_run_at = plan.run_for
     ledger.record([(job.pk, r) for r in plan.ranges], "resume")
