@@ -13,9 +13,10 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from .db import db_now
 from .models import ACTIVE_RUN_STATUSES, JobRun, Occurrence
@@ -75,22 +76,13 @@ def prune_runs(
     if dry_run:
         count = old.count() + Occurrence.objects.filter(recorded_at__lt=cutoff).count()
         return PruneResult(count, 0, cutoff.isoformat(), time.monotonic() - started)
-    deleted = batches = 0
-    while max_batches is None or batches < max_batches:
-        with transaction.atomic():
-            ids = list(old.order_by("dispatched_at").values_list("id", flat=True)[:batch_size])
-            if not ids:
-                break
-            # The conditions again with the ids: a run that changed meanwhile is left alone.
-            # JobRun has no dependants, so this is one DELETE ... WHERE id IN (...).
-            count, _by_model = old.filter(id__in=ids).delete()
-        deleted += max(count, 0)
-        batches += 1
-        if len(ids) < batch_size:
-            break
-        if pause:
-            time.sleep(pause)
-    deleted += _prune_occurrences(cutoff, batch_size, pause)
+    # The conditions again with the ids: a run that changed meanwhile is left alone.
+    # JobRun has no dependants, so each batch is one DELETE ... WHERE id IN (...).
+    deleted, batches = _delete_in_batches(old, "dispatched_at", batch_size, max_batches, pause)
+    # The ledger's records of occurrences that did not run are kept as long as the runs: a
+    # timeline reads both, so one outliving the other would tell half the story.
+    records = Occurrence.objects.filter(recorded_at__lt=cutoff)
+    deleted += _delete_in_batches(records, "recorded_at", batch_size, max_batches, pause)[0]
     result = PruneResult(deleted, batches, cutoff.isoformat(), time.monotonic() - started)
     log.info(
         "pruned %d run(s) finished before %s in %d batch(es)",
@@ -102,22 +94,22 @@ def prune_runs(
     return result
 
 
-def _prune_occurrences(cutoff: datetime, batch_size: int, pause: float) -> int:
-    """The ledger's records of occurrences that did not run, kept as long as the runs: a
-    timeline reads both, so one outliving the other would tell half the story."""
-    deleted = 0
-    while True:
+def _delete_in_batches(
+    old: QuerySet, order: str, batch_size: int, max_batches: int | None, pause: float
+) -> tuple[int, int]:
+    """Delete ``old``'s rows, oldest by ``order`` first, ``batch_size`` a short transaction,
+    at most ``max_batches`` batches; (rows deleted, batches)."""
+    deleted = batches = 0
+    while max_batches is None or batches < max_batches:
         with transaction.atomic():
-            ids = list(
-                Occurrence.objects.filter(recorded_at__lt=cutoff)
-                .order_by("recorded_at")
-                .values_list("id", flat=True)[:batch_size]
-            )
+            ids = list(old.order_by(order).values_list("id", flat=True)[:batch_size])
             if not ids:
-                return deleted
-            count, _ = Occurrence.objects.filter(id__in=ids).delete()
-        deleted += count
+                break
+            count, _by_model = old.filter(id__in=ids).delete()
+        deleted += max(count, 0)
+        batches += 1
         if len(ids) < batch_size:
-            return deleted
+            break
         if pause:
             time.sleep(pause)
+    return deleted, batches
