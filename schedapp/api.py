@@ -98,8 +98,10 @@ def schedule(
     occurrence whose retries are spent is recorded as failed and the job waits for its next
     one, as under Celery beat), ``misfire_policy``, ``misfire_grace``,
     ``misfire_max_catchup``, ``catchup_window`` (an occurrence missed longer ago than it is
-    recorded as missed and not run; not shorter than ``misfire_grace``; None: no window) and
-    ``description`` (free text for people); Celery's semantics:
+    recorded as missed and not run; not shorter than ``misfire_grace``; None: no window),
+    ``overlap`` (``"buffer_one"``, ``"skip"`` or ``"buffer_all"`` with ``max_buffer``: the
+    occurrences that come due while a run is in flight), ``fixed_delay`` (an interval counted
+    from the end of each run) and ``description`` (free text for people); Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,

@@ -45,6 +45,9 @@ COPY_COLUMNS = (
     "misfire_policy",
     "when_retries_exhausted",
     "catchup_window",
+    "overlap",
+    "max_buffer",
+    "fixed_delay",
     "source",
     "next_run_at",
     "scheduled_for",
@@ -221,6 +224,7 @@ class TextRows(CopyRows):
             f"{_interval_text(v['retry_backoff'])}\t{_interval_text(v['retry_backoff_max'])}\t"
             f"{_interval_text(v['misfire_grace'])}\t{v['misfire_policy']}\t"
             f"{v['when_retries_exhausted']}\t{_optional_interval_text(v['catchup_window'])}\t"
+            f"{v['overlap']}\t{v['max_buffer']}\t{'t' if v['fixed_delay'] else 'f'}\t"
         )
 
 
@@ -368,6 +372,9 @@ class BinaryRows(CopyRows):
                 _b_text(v["misfire_policy"]),
                 _b_text(v["when_retries_exhausted"]),
                 _NULL_B if v["catchup_window"] is None else _b_interval(v["catchup_window"]),
+                _b_text(v["overlap"]),
+                _b_int4(v["max_buffer"]),
+                _I32(1) + (b"\x01" if v["fixed_delay"] else b"\x00"),
             )
         )
 

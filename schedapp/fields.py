@@ -80,6 +80,9 @@ class JobOptions(TypedDict, total=False):
     misfire_grace: timedelta | float | None
     misfire_max_catchup: int | None
     catchup_window: timedelta | float | None
+    overlap: str | None
+    max_buffer: int | None
+    fixed_delay: bool
 
 
 class JobChanges(JobOptions, total=False):

@@ -20,7 +20,14 @@ from django.db.models.lookups import Exact
 
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
-from .policies import FATES, MAX_PRIORITY, MIN_PRIORITY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
+from .policies import (
+    FATES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    MISFIRE_POLICIES,
+    OVERLAP_POLICIES,
+    WHEN_RETRIES_EXHAUSTED,
+)
 from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
 
 
@@ -219,6 +226,15 @@ class WhenRetriesExhausted(models.TextChoices):
 assert tuple(WhenRetriesExhausted.values) == WHEN_RETRIES_EXHAUSTED
 
 
+class Overlap(models.TextChoices):
+    SKIP = "skip", "Skip occurrences that come due while a run is in flight"
+    BUFFER_ONE = "buffer_one", "Buffer one: it waits for the run (then the misfire policy)"
+    BUFFER_ALL = "buffer_all", "Buffer all (up to max_buffer): each runs after the run"
+
+
+assert tuple(Overlap.values) == OVERLAP_POLICIES
+
+
 class Job(models.Model):
     # Unique through a constraint, not unique=True: on PostgreSQL that would add a second,
     # varchar_pattern_ops index that nothing uses, and every claim rewrites every index.
@@ -318,6 +334,28 @@ class Job(models.Model):
         default=_default_catchup_window,
         help_text="An occurrence missed longer ago than this is recorded as missed and not "
         "run, whatever the misfire policy; at least the misfire grace. Empty: no window.",
+    )
+    # Decided when a run ends (policies.plan_after_success); the database defaults keep an
+    # older release's rows, during a rolling deploy, at today's behaviour.
+    overlap = models.CharField(
+        max_length=16,
+        choices=Overlap.choices,
+        default=Overlap.BUFFER_ONE,
+        db_default=Overlap.BUFFER_ONE,
+        help_text="What becomes of occurrences that come due while a run of this job is in "
+        "flight (decided when it ends).",
+    )
+    max_buffer = models.IntegerField(
+        default=100,
+        db_default=100,
+        help_text="buffer_all: at most this many of them run after the run in flight (the "
+        "most recent); older ones are dropped and recorded.",
+    )
+    fixed_delay = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="An interval counted from the end of each run (a fixed delay between runs) "
+        "rather than from its first occurrence (a fixed rate).",
     )
 
     # When the next attempt is due (occurrence + jitter, or now + backoff), and the occurrence
@@ -537,6 +575,8 @@ class Fate(models.TextChoices):
     PAUSED = "paused", "Passed while paused"
     CANCELLED = "cancelled", "Job cancelled"
     QUARANTINED = "quarantined", "Job quarantined"
+    OVERLAPPED = "overlapped", "Came due while a run was in flight (overlap policy skip)"
+    BUFFER_FULL = "buffer_full", "Dropped from a full buffer (overlap policy buffer_all)"
 
 
 assert tuple(Fate.values) == FATES

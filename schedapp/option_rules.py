@@ -1,5 +1,6 @@
 """The rules of a job's options (queue, priority, retries, backoff, misfire policy, catch-up
-window) and of its Celery message options (``message_options``, as ``apply_async`` takes them).
+window, overlap policy) and of its Celery message options (``message_options``, as
+``apply_async`` takes them).
 
 Each verdict depends on the given values only, so bulk scheduling judges one combination
 once and shares the ``Options`` object between every job that has it (usually the defaults).
@@ -16,7 +17,7 @@ from .fields import MESSAGE_OPTIONS
 from .message import RUN_HEADERS
 from .models import MAX_PRIORITY, MIN_PRIORITY
 from .payload import CONTROL_CHARS, LONE_SURROGATE, type_name
-from .policies import MAX_DELAY, MISFIRE_POLICIES, WHEN_RETRIES_EXHAUSTED
+from .policies import MAX_DELAY, MISFIRE_POLICIES, OVERLAP_POLICIES, WHEN_RETRIES_EXHAUSTED
 
 # Headers a job may not set: the protocol's own, kombu's (``compression`` names how the body
 # is compressed: a worker would decompress a body sent as it is) and schedapp's fencing headers.
@@ -40,7 +41,11 @@ OPTION_FIELDS = (
     "misfire_policy",
     "when_retries_exhausted",
     "catchup_window",
+    "overlap",
+    "max_buffer",
+    "fixed_delay",
 )
+MAX_BUFFER = 100_000  # as misfire_max_catchup: each buffered occurrence is a run to come
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
         ("jitter", 0, 7 * 86400),
         ("lease_seconds", 1, 7 * 86400),
         ("misfire_max_catchup", 1, 100_000),
+        ("max_buffer", 1, MAX_BUFFER),
     ):
         value = values[field]
         if isinstance(value, bool) or not isinstance(value, int):
@@ -166,6 +172,18 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
         )
     else:
         out["misfire_policy"] = policy
+
+    overlap = values["overlap"]
+    if overlap not in OVERLAP_POLICIES:
+        errors.append(("overlap", f"{overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}."))
+    else:
+        out["overlap"] = overlap
+    if not isinstance(values["fixed_delay"], bool):
+        errors.append(
+            ("fixed_delay", f"must be True or False, got {type_name(values['fixed_delay'])}.")
+        )
+    else:
+        out["fixed_delay"] = values["fixed_delay"]
 
     exhausted = values["when_retries_exhausted"]
     if exhausted not in WHEN_RETRIES_EXHAUSTED:

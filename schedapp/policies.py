@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from .schedules import (
+    Interval,
     Once,
     Schedule,
     count_fire_times,
@@ -60,6 +61,18 @@ DEAD = "dead"
 NEXT_OCCURRENCE = "next_occurrence"
 WHEN_RETRIES_EXHAUSTED = (DEAD, NEXT_OCCURRENCE)
 
+# What becomes of the occurrences that come due while a run of the job is in flight (its
+# ``overlap``), decided when the run ends, with Temporal's meanings: ``buffer_one`` (the
+# default, and schedapp's behaviour before overlap policies existed): the next occurrence
+# waits for the run, and if it is late beyond its grace by then, the misfire policy decides;
+# ``skip``: every occurrence that came due meanwhile is skipped, the job waits for the first
+# one after the run; ``buffer_all``: each of them runs, one after another, the oldest first,
+# at most ``max_buffer`` of them (the most recent; older ones are dropped).
+OVERLAP_SKIP = "skip"
+BUFFER_ONE = "buffer_one"
+BUFFER_ALL = "buffer_all"
+OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL)
+
 
 def misfire_after(policy: str, grace: timedelta) -> timedelta:
     """How late a claimed occurrence may be before its job's misfire policy decides it: the
@@ -107,7 +120,9 @@ OUTSIDE_WINDOW = "outside_window"  # older than the job's catch-up window when f
 PAUSED = "paused"  # passed while the job was paused (then the misfire policy decided)
 CANCELLED = "cancelled"  # the job was cancelled with this occurrence pending
 QUARANTINED = "quarantined"  # the job's row could not be followed; set aside for a person
-FATES = (MISFIRED, OUTSIDE_WINDOW, PAUSED, CANCELLED, QUARANTINED)
+OVERLAPPED = "overlapped"  # came due while a run was in flight (overlap policy skip)
+BUFFER_FULL = "buffer_full"  # came due while a run was in flight, beyond max_buffer
+FATES = (MISFIRED, OUTSIDE_WINDOW, PAUSED, CANCELLED, QUARANTINED, OVERLAPPED, BUFFER_FULL)
 
 _TICK = timedelta(microseconds=1)  # the finest step between two times a schedule can tell
 
@@ -272,6 +287,12 @@ class JobFacts:
     next_run_at: datetime | None = None
     ran_for: datetime | None = None
     when_retries_exhausted: str = DEAD
+    # The database's now() as the run ends (None: the overlap policy and fixed delay are not
+    # applied, as before they existed), and what the job says of overlaps and intervals.
+    now: datetime | None = None
+    overlap: str = BUFFER_ONE
+    max_buffer: int = 1
+    fixed_delay: bool = False
 
     @property
     def rescheduled(self) -> bool:
@@ -291,12 +312,21 @@ class AfterRun:
     # An occurrence whose retries were all spent and failed (the job's failed_occurrences
     # counts them), whether the job then went dead or on to its next occurrence.
     failed_occurrence: bool = False
+    # Occurrences the overlap policy decided not to run, for the ledger.
+    ranges: tuple[MissedRange, ...] = ()
+    # A fixed-delay interval's new phase: the end of the run (None: unchanged).
+    interval_anchor: datetime | None = None
 
 
 # A run's outcome moves a job only from "running"; an operator's pause or cancel made while the
 # run was in flight stands, and the run's outcome is still recorded.
 def _keep_operator_state(current: str, new: str) -> str:
     return current if current in ("paused", "cancelled") else new
+
+
+def _done(current: str) -> str:
+    """A job with no occurrence left after its run: done, unless a person cancelled it."""
+    return "cancelled" if current == "cancelled" else "succeeded"
 
 
 def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
@@ -318,8 +348,9 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
         if error is not None:
             raise error
     if isinstance(job.schedule, Once) or nxt is None:
-        state = "cancelled" if job.state == "cancelled" else "succeeded"
-        return AfterRun(state, job.scheduled_for, None, None, 0)
+        return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
+    if job.now is not None and (job.fixed_delay or nxt <= job.now):
+        return _after_overlap(job, nxt, job.now, rng)
     return AfterRun(
         _keep_operator_state(job.state, "scheduled"),
         nxt,
@@ -327,6 +358,46 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
         None,
         0,
     )
+
+
+def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> AfterRun:
+    """A recurring job's next occurrence ``nxt`` came due while its run was in flight (before
+    ``now``, as the run ends), or its interval counts from the end of each run: the job's
+    ``overlap`` (``OVERLAP_POLICIES``) or ``fixed_delay`` decides. Costs bounded lookups
+    (``count_fire_times``, at most ``max_buffer`` listed), never a walk over the overlap."""
+    state = _keep_operator_state(job.state, "scheduled")
+    schedule = job.schedule
+    if job.fixed_delay and isinstance(schedule, Interval):
+        # The interval's phase moves to the end of this run: the next one is a whole
+        # interval after it, and no occurrence came due meanwhile.
+        after = next_fire_time(replace(schedule, anchor=now), now)
+        if after is None:  # its expires_at comes first: done, as after a last run
+            return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
+        jittered = after + compute_jitter(job.jitter, rng)
+        return AfterRun(state, after, jittered, None, 0, interval_anchor=now)
+    if job.overlap == BUFFER_ONE or nxt > now:
+        return AfterRun(state, nxt, nxt + compute_jitter(job.jitter, rng), None, 0)
+    total = count_fire_times(schedule, nxt, now)
+    ran = job.ran_for or job.scheduled_for
+    why = f"came due while the run for {ran.isoformat()} was in flight"
+    if job.overlap == OVERLAP_SKIP:
+        latest = recent_fire_times(schedule, now, nxt, 1)
+        end = latest[-1] if latest else nxt
+        after = next_fire_time(schedule, end)
+        ranges = _missed(
+            schedule, nxt, end + _TICK, total, OVERLAPPED, f"{why} (overlap policy skip)"
+        )
+        if after is None:  # its expires_at passed meanwhile: done, as after a last run
+            return AfterRun(_done(job.state), job.scheduled_for, None, None, 0, ranges=ranges)
+        jittered = after + compute_jitter(job.jitter, rng)
+        return AfterRun(state, after, jittered, None, 0, ranges=ranges)
+    # buffer_all: the buffered occurrences run one after another from now, oldest first.
+    keep = recent_fire_times(schedule, now, nxt, max(1, job.max_buffer))
+    first = keep[0] if keep else nxt
+    dropped = max(0, total - len(keep))
+    detail = f"{why}, beyond max_buffer ({job.max_buffer}) (overlap policy buffer_all)"
+    ranges = _missed(schedule, nxt, first, dropped, BUFFER_FULL, detail)
+    return AfterRun(state, first, None, timedelta(0), 0, ranges=ranges)
 
 
 def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:

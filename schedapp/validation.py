@@ -38,7 +38,7 @@ from .payload import (
     type_name,
 )
 from .schedule_checks import PLAIN_TYPES, ScheduleChecks, remember
-from .schedules import Schedule
+from .schedules import Interval, Schedule
 
 NAME_MAX = 200
 _KNOWN_FIELDS = frozenset(JOB_FIELDS)
@@ -147,6 +147,7 @@ class JobValidator:
         _check_name(values.get("name"), checked)
         _check_description(values.get("description"), checked)
         self._check_options(values, checked)
+        _check_fixed_delay(checked)
         return checked
 
     # --- task --------------------------------------------------------------------------------
@@ -293,6 +294,15 @@ def stored_schedule(values: Mapping[str, Any]) -> Schedule:
 
 def _add(errors: dict[str, list[str]], field: str, message: str) -> None:
     errors.setdefault(field, []).append(message)
+
+
+def _check_fixed_delay(checked: Checked) -> None:
+    """A fixed delay counts an interval from the end of each run: a cron, solar or one-off
+    schedule has no interval to count."""
+    assert checked.options is not None
+    if checked.options.values.get("fixed_delay") and checked.schedule is not None:
+        if not isinstance(checked.schedule, Interval):
+            _add(checked.errors, "fixed_delay", "needs an interval schedule (interval=...).")
 
 
 def _check_name(name: Any, checked: Checked) -> None:

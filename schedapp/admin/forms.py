@@ -39,6 +39,7 @@ FORM_FIELDS = [
     "cron_day_or",
     "interval",
     "interval_anchor",
+    "fixed_delay",
     "run_at",
     "solar_event",
     "latitude",
@@ -58,6 +59,8 @@ FORM_FIELDS = [
     "misfire_grace",
     "misfire_max_catchup",
     "catchup_window",
+    "overlap",
+    "max_buffer",
     "message_options",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
@@ -103,6 +106,9 @@ class JobForm(forms.ModelForm):
             "lease_seconds": "Lease (seconds)",
             "jitter": "Jitter (seconds)",
             "catchup_window": "Catch-up window",
+            "overlap": "Overlap policy",
+            "max_buffer": "Buffer at most",
+            "fixed_delay": "Count from the end of each run",
         }
         help_texts = {
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
@@ -110,6 +116,13 @@ class JobForm(forms.ModelForm):
             "'3600' seconds or '01:00:00') is recorded as missed and not run; at least the "
             "misfire grace. Empty: no window.",
             "run_at": "One-off: wall-clock time in the job's time zone.",
+            "fixed_delay": "Checked: the interval is a fixed delay, counted from the end of "
+            "each run; unchecked: a fixed rate, occurrences every interval from the first.",
+            "overlap": "Occurrences that come due while a run is in flight: skip them, buffer "
+            "one (the next waits; if late beyond the misfire grace by then, the misfire policy "
+            "decides), or buffer all (each runs after it, oldest first).",
+            "max_buffer": "Buffer all: at most this many wait (the most recent); older ones "
+            "are dropped and recorded.",
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
             "occurrences are aligned to; empty: its first occurrence.",
             "args": 'A JSON list, e.g. [1, "two"].',

@@ -52,6 +52,7 @@ _EDITABLE = (
                 "cron_day_or",
                 "interval",
                 "interval_anchor",
+                "fixed_delay",
                 "run_at",
                 "solar_event",
                 "latitude",
@@ -64,7 +65,7 @@ _EDITABLE = (
     ),
     ("Delivery", {"fields": ("priority", "queue", "message_options", "lease_seconds", "jitter")}),
     (
-        "Retries and misfires",
+        "Retries, misfires and overlaps",
         {
             "fields": (
                 "max_retries",
@@ -75,6 +76,8 @@ _EDITABLE = (
                 "misfire_grace",
                 "misfire_max_catchup",
                 "catchup_window",
+                "overlap",
+                "max_buffer",
             ),
             "classes": ("collapse",),
         },
@@ -118,7 +121,7 @@ _STATUS = (
 # other fields of the Schedule section (time zone, window) apply to every kind.
 SCHEDULE_KINDS = (
     ("cron", "A cron expression", ("cron", "cron_day_or")),
-    ("interval", "Every interval", ("interval", "interval_anchor")),
+    ("interval", "Every interval", ("interval", "interval_anchor", "fixed_delay")),
     ("once", "Once, at a time", ("run_at",)),
     ("solar", "At a solar event", ("solar_event", "latitude", "longitude")),
 )

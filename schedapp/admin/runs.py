@@ -38,6 +38,8 @@ COLOURS = {
     "ran": "#417690",
     "misfired": "#c05600",
     "outside_window": "#8d6e00",
+    "overlapped": "#6d6d6d",
+    "buffer_full": "#8d6e00",
     "quarantined": "#ba2121",
 }
 RECENT_RUNS_ON_JOB_PAGE = 5

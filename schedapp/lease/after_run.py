@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .. import policies
+from .. import ledger, policies
 from ..db import notify_due
 from ..models import Job, JobRun, JobState, RunStatus
 from ..schedules import Schedule
@@ -22,14 +22,23 @@ def job_schedule(job: Job) -> Schedule:
 
 def lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any] | None]:
     """The job row, locked first as everywhere, then what an outcome reads of its run."""
-    job = Job.objects.select_for_update().filter(id=job_id).first()
+    # The database's now() read with the lock: what the overlap policy compares the next
+    # occurrence with (``job_facts``), in the same round trip.
+    job = Job.objects.select_for_update().annotate(database_now=Now()).filter(id=job_id).first()
     run = JobRun.objects.filter(job_id=job_id, token=token).values("status", "scheduled_for")
     return job, run.first()
 
 
-def job_facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
+def job_facts(
+    job: Job, ran_for: datetime | None = None, now: datetime | None = None
+) -> policies.JobFacts:
     """What the after-run rules read; ``ran_for`` is the occurrence the run was for (the job
-    was rescheduled while the run was in flight if its ``scheduled_for`` differs)."""
+    was rescheduled while the run was in flight if its ``scheduled_for`` differs), ``now``
+    the database's clock as the run ends (by default, as ``lock_job_and_run`` read it)."""
+    if job.overlap not in policies.OVERLAP_POLICIES:  # written behind the API's back
+        raise ValueError(
+            f"overlap {job.overlap!r} is not one of {', '.join(policies.OVERLAP_POLICIES)}"
+        )
     return policies.JobFacts(
         schedule=job_schedule(job),
         state=job.state,
@@ -42,6 +51,10 @@ def job_facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
         retry_backoff_max=job.retry_backoff_max,
         jitter=job.jitter,
         when_retries_exhausted=job.when_retries_exhausted,
+        now=now or getattr(job, "database_now", None),
+        overlap=job.overlap,
+        max_buffer=job.max_buffer,
+        fixed_delay=job.fixed_delay,
     )
 
 
@@ -72,8 +85,11 @@ def write_after_run(
         changes["token"] = F("token") + 1
     if plan.failed_occurrence:
         changes["failed_occurrences"] = F("failed_occurrences") + 1
+    if plan.interval_anchor is not None:
+        changes["interval_anchor"] = plan.interval_anchor
     updated = Job.objects.filter(id=job_id, token=token).update(**changes)
     assert updated == 1, "the row is locked by this transaction"
+    ledger.record([(job_id, r) for r in plan.ranges], "run end")
     if plan.state == JobState.SCHEDULED:
         # Beats sleep until the next due time they know of; this one may be sooner.
         notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)

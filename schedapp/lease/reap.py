@@ -66,6 +66,7 @@ def _expired() -> Any:
     """The leases that expired, oldest first, as a queryset that locks them (SKIP LOCKED)."""
     return (
         Job.objects.select_for_update(skip_locked=True)
+        .annotate(database_now=Now())  # what job_facts compares a next occurrence with
         .filter(state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now())
         .order_by("lease_expires_at")
     )

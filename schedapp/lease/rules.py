@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from ..policies import BUFFER_ONE
+
 # Job states and run statuses as the models spell them (``models.JobState``, ``RunStatus``).
 RUNNING = "running"
 PAUSED = "paused"
@@ -280,14 +282,29 @@ def completion(
     return Completion.APPLIED
 
 
+def end_decides(overlap: str, fixed_delay: bool, next_passed: bool) -> bool:
+    """Whether the time a run ends decides what its job does next: a fixed-delay interval
+    counts from it, and an overlap policy other than ``buffer_one`` decides the occurrences
+    that came due before it (``next_passed``: the next occurrence is not after the database's
+    now()). ``policies.plan_after_success`` computes those; the one-call success leaves them."""
+    return fixed_delay or (overlap != BUFFER_ONE and next_passed)
+
+
 def fast_success(
-    job: LeaseJob | None, run_status: str | None, token: int, *, same_schedule: bool
+    job: LeaseJob | None,
+    run_status: str | None,
+    token: int,
+    *,
+    same_schedule: bool,
+    end_decides: bool = False,
 ) -> bool:
     """Whether the one-call success (``schedapp_succeed_run``) applies: only the common case,
-    an applied success of a running run whose job still has the schedule its claim saw;
-    anything else (False) takes the general path, which tells the cases apart."""
+    an applied success of a running run whose job still has the schedule its claim saw, and
+    whose next occurrence does not depend on when it ended (``end_decides``); anything else
+    (False) takes the general path, which tells the cases apart."""
     return (
         same_schedule
+        and not end_decides
         and run_status == RUNNING
         and completion(job, run_status, token, STARTED) is Completion.APPLIED
     )

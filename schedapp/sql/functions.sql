@@ -153,8 +153,10 @@ $$;
 -- The common success in one call: job, token, the occurrence and schedule the claim saw, the
 -- next occurrence (computed in Python), one-off?, cron (prefixed with "&" under Celery's day
 -- rule: both day fields must match), timezone, interval, anchor. Returns false, writing
--- nothing, for anything but the common case: the general path tells those apart.
-CREATE OR REPLACE FUNCTION schedapp_succeed_run_v2(
+-- nothing, for anything but the common case: the general path tells those apart. Not common
+-- (v3): a fixed-delay interval, and a next occurrence that came due during the run of a job
+-- whose overlap policy is not buffer_one (policies.plan_after_success decides those).
+CREATE OR REPLACE FUNCTION schedapp_succeed_run_v3(
     p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
     p_once boolean, p_cron text, p_timezone text, p_interval interval,
     p_anchor timestamptz
@@ -164,13 +166,14 @@ DECLARE
     next_run timestamptz;
 BEGIN
     SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", interval_anchor,
-           jitter, cron_day_or, solar_event, not_before, expires_at INTO j
+           jitter, cron_day_or, solar_event, not_before, expires_at, overlap, fixed_delay INTO j
     FROM schedapp_job WHERE id = p_job FOR UPDATE;
     -- Anything but the common case (the run still running under the current token, the
     -- schedule the claim saw; not solar, no start or expiry window) goes to the general path.
     IF NOT FOUND OR j.token <> p_token OR j.state NOT IN ('running', 'paused')
        OR j.scheduled_for IS DISTINCT FROM p_scheduled_for
-       OR j.solar_event <> '' OR j.not_before IS NOT NULL OR j.expires_at IS NOT NULL THEN
+       OR j.solar_event <> '' OR j.not_before IS NOT NULL OR j.expires_at IS NOT NULL
+       OR j.fixed_delay OR (j.overlap <> 'buffer_one' AND p_next <= now()) THEN
         RETURN false;
     END IF;
     IF p_once THEN
@@ -208,9 +211,9 @@ END
 $$;
 
 
--- Several successes in one call: the arguments of schedapp_succeed_run_v2, as arrays. Returns
+-- Several successes in one call: the arguments of schedapp_succeed_run_v3, as arrays. Returns
 -- each success's (1-based) index and whether the common path applied it.
-CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v1(
+CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v2(
     p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamptz[], p_next timestamptz[],
     p_once boolean[], p_cron text[], p_timezone text[], p_interval interval[],
     p_anchor timestamptz[]
@@ -223,7 +226,7 @@ BEGIN
     -- locked in id order, as renewals lock them, so two such transactions cannot deadlock.
     FOR i IN SELECT s.i FROM generate_subscripts(p_jobs, 1) AS s (i) ORDER BY p_jobs[s.i] LOOP
         idx := i;
-        applied := schedapp_succeed_run_v2(
+        applied := schedapp_succeed_run_v3(
             p_jobs[i], p_tokens[i], p_scheduled_for[i], p_next[i], p_once[i], p_cron[i],
             p_timezone[i], p_interval[i], p_anchor[i]
         );

@@ -49,6 +49,7 @@ _CLAIM_FIELDS = (
     "misfire_max_catchup",
     "misfire_grace",
     "catchup_window",
+    "fixed_delay",
     *CELERY_FIELDS,
 )
 
@@ -85,6 +86,7 @@ def _claim(
         row["late"] = (
             row["run_at"] is None
             and row["retry_count"] == 0
+            and not row["fixed_delay"]  # its one pending occurrence runs when found
             and now - row["next_run_at"]
             > misfire_after(row["misfire_policy"], row["misfire_grace"])
         )

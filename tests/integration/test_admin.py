@@ -54,6 +54,8 @@ def form_data(**overrides: object) -> dict[str, object]:
         "misfire_grace": "00:01:00",
         "misfire_max_catchup": "100",
         "catchup_window": "",
+        "overlap": "buffer_one",
+        "max_buffer": "100",
     }
     data.update(overrides)
     return data
@@ -248,7 +250,7 @@ def test_a_catch_up_window_is_set_shown_and_cleared_in_the_form(admin_client):
     assert job.catchup_window == timedelta(hours=1)
     # Then the job page shows it with the misfire fields
     page = admin_client.get(change_url(job)).content.decode()
-    misfires = page[page.index("Retries and misfires") :]
+    misfires = page[page.index("Retries, misfires and overlaps") :]
     assert re.search(r'name="catchup_window"[^>]*value="01:00:00"', misfires), misfires[:3000]
     # And emptied, the job has no window again; a value that is no duration is a field error
     response = admin_client.post(change_url(job), form_data(catchup_window=""))
@@ -397,3 +399,22 @@ def test_form_redisplay_after_an_error_keeps_the_preview(admin_client):
     page = response.content.decode()
     preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
     assert len(re.findall(r"<li>[^<]*04:15:00 UTC", preview)) == 5
+
+
+def test_the_overlap_policy_and_a_fixed_delay_are_set_in_the_form(admin_client):
+    # When the operator adds an interval job that skips overlaps, counted from each run's end
+    data = form_data(cron="", interval="300", overlap="skip", max_buffer="5", fixed_delay="on")
+    response = admin_client.post(reverse(ADD), data)
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert (job.overlap, job.max_buffer, job.fixed_delay) == ("skip", 5, True)
+    # Then a fixed delay with a cron, an unknown policy and an empty buffer are refused, each
+    # on its field, as the API refuses them
+    response = admin_client.post(change_url(job), form_data(fixed_delay="on"))
+    assert form_errors(response) == {"fixed_delay": ["needs an interval schedule (interval=...)."]}
+    response = admin_client.post(
+        change_url(job), form_data(interval="300", cron="", overlap="allow_all", max_buffer="0")
+    )
+    errors = form_errors(response)
+    assert set(errors) == {"overlap", "max_buffer"}, errors
+    assert "allow_all" in errors["overlap"][0]

@@ -71,6 +71,8 @@ def test_the_change_form_edits_celerys_fields_and_message_options(admin_client):
         "when_retries_exhausted": "dead",
         "misfire_grace": "60",
         "misfire_max_catchup": "100",
+        "overlap": "skip",
+        "max_buffer": "100",
     }  # cron_day_or unticked: Celery's AND of the day fields
     response = admin_client.post(url, form)
     assert response.status_code == 302, response.content.decode()[:3000]

@@ -267,6 +267,9 @@ SPEC_FIELDS = {
     "misfire_grace": durations,
     "misfire_max_catchup": st.one_of(st.integers(1, 100), numbers),
     "catchup_window": st.one_of(st.none(), st.integers(60, 86400), durations),
+    "overlap": st.one_of(st.sampled_from(["skip", "buffer_one", "buffer_all"]), st.text()),
+    "max_buffer": st.one_of(st.integers(0, 200), numbers),
+    "fixed_delay": st.one_of(st.booleans(), numbers),
     "surprise": numbers,
 }
 # A valid spec (half the time: the task may be bad), with up to three fields replaced or added.

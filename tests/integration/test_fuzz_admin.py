@@ -81,6 +81,9 @@ fields = {
     "misfire_grace": text,
     "misfire_max_catchup": text,
     "catchup_window": st.one_of(text, st.sampled_from(["00:00:30", "01:00:00", "366 00:00:00"])),
+    "overlap": st.one_of(text, st.sampled_from(["skip", "buffer_all"])),
+    "max_buffer": st.one_of(text, st.sampled_from(["0", "1", "100001"])),
+    "fixed_delay": st.one_of(text, st.sampled_from(["on", ""])),
 }
 
 

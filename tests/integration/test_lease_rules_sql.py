@@ -31,6 +31,7 @@ from schedapp.db import db_now
 from schedapp.lease import complete_run, rules
 from schedapp.message import task_id_for
 from schedapp.models import Job, JobRun
+from schedapp.policies import OVERLAP_POLICIES
 from schedapp.store import PostgreSQLStore, portable
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
@@ -66,6 +67,9 @@ class Case:
     started: bool = False
     stale: bool = False
     same_schedule: bool = True
+    overlap: str = "buffer_one"
+    fixed_delay: bool = False
+    next_passed: bool = False  # the next occurrence the success passes is not after now()
 
     @property
     def token(self) -> int:
@@ -111,6 +115,18 @@ SUCCESS_CASES = enumerate_cases(
     run=(None, *RUN_STATUSES),
     same_schedule=(True, False),
 )
+# The common case of a success under every overlap policy and interval kind, the next
+# occurrence before or after now(): whether the one call applies (rules.end_decides).
+END_CASES = enumerate_cases(
+    state=("running", "paused"),
+    current=(True,),
+    lease=("just alive",),
+    unstarted=(0,),
+    run=("running",),
+    overlap=OVERLAP_POLICIES,
+    fixed_delay=(False, True),
+    next_passed=(False, True),
+)
 
 def lease_at(label: str, now: datetime) -> datetime | None:
     offset = dict(LEASES)[label]
@@ -143,6 +159,8 @@ def build(cases: list[Case], now: datetime) -> list[int]:
                 "lease_expires_at": lease_at(c.lease, now),
                 "unstarted_dispatches": c.unstarted,
                 "claimed_by": "beat-1",
+                "overlap": c.overlap,
+                "fixed_delay": c.fixed_delay,
             }
         )
         for i, c in enumerate(cases)
@@ -358,11 +376,13 @@ def success_args(job_id: int, case: Case) -> list[Any]:
     as the claim saw it (or, in a case without the same schedule, an occurrence earlier)."""
     job = Job.objects.get(pk=job_id)
     seen = job.scheduled_for if case.same_schedule else job.scheduled_for - timedelta(seconds=60)
+    # An occurrence in the past came due during the run (the template's is a minute ahead).
+    nxt = db_now() - timedelta(seconds=1) if case.next_passed else seen + job.interval
     return [
         job_id,
         case.token,
         seen,
-        seen + job.interval,
+        nxt,
         False,
         "",
         "",
@@ -401,7 +421,11 @@ def expect_success(now: datetime, fast: bool) -> Callable:
         accepted = rules.completion(lease_job, case.run, case.token, rules.STARTED)
         if fast:
             applies = rules.fast_success(
-                lease_job, case.run, case.token, same_schedule=case.same_schedule
+                lease_job,
+                case.run,
+                case.token,
+                same_schedule=case.same_schedule,
+                end_decides=rules.end_decides(case.overlap, case.fixed_delay, case.next_passed),
             )
             accepted = rules.Completion.APPLIED if applies else None
         job, run = dict(job), None if run is None else dict(run)
@@ -425,6 +449,21 @@ def test_the_postgresql_success_applies_as_the_table(now):
 
     problems = sweep(SUCCESS_CASES, now, call, expect_success(now, fast=True), {})
     assert not problems, report(problems, len(SUCCESS_CASES))
+
+
+def test_the_postgresql_success_leaves_what_the_end_of_a_run_decides(now):
+    """Overlap policies and fixed delay: the one call declines exactly what
+    ``rules.end_decides`` leaves to ``policies.plan_after_success``."""
+    store = PostgreSQLStore()
+
+    def call(ids: list[int]) -> list[Any]:
+        args = [success_args(i, c) for i, c in zip(ids, END_CASES, strict=True)]
+        return [attempt(store.succeed_run, a) for a in args]
+
+    problems = sweep(END_CASES, now, call, expect_success(now, fast=True), {})
+    assert not problems, report(problems, len(END_CASES))
+    declined = [c for c in END_CASES if rules.end_decides(c.overlap, c.fixed_delay, c.next_passed)]
+    assert 0 < len(declined) < len(END_CASES)
 
 
 def test_the_general_completion_accepts_as_the_table(now):

@@ -250,8 +250,10 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "retry_backoff_max": timedelta(days=2),
         "misfire_grace": 0.25,
         "catchup_window": timedelta(days=1, seconds=3, microseconds=7),  # days stay days
+        "overlap": "buffer_all",
+        "max_buffer": 7,
         "timezone": "America/Argentina/Buenos_Aires",
-        "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": "é \\ \"t\""}},
+        "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": 'é \\ "t"'}},
         "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
     }
     with transaction.atomic():
@@ -275,11 +277,7 @@ def test_catch_up_windows_are_written_as_schedule_writes_them(writer):
     api.schedule_many(specs)
     # Then each holds the window api.schedule would have given it
     stored = dict(Job.objects.values_list("name", "catchup_window"))
-    assert stored == {
-        "default": timedelta(hours=1),
-        "none": None,
-        "float": timedelta(seconds=90.5),
-    }
+    assert stored == {"default": timedelta(hours=1), "none": None, "float": timedelta(seconds=90.5)}
     for name, w in windows.items():
         single = api.schedule(TASK, interval=60, name=f"single-{name}", **w)
         assert single.catchup_window == stored[name], name
@@ -297,6 +295,38 @@ def test_a_bad_catch_up_window_rejects_the_lot_naming_spec_and_field(writer):
     assert "more than 0" in errors["1.catchup_window"][0]
     assert "shorter than misfire_grace" in errors["2.catchup_window"][0]
     assert "must be a duration" in errors["3.catchup_window"][0]
+
+
+def test_overlap_policies_and_fixed_delays_are_written_as_schedule_writes_them(writer):
+    specs = [
+        {"task": TASK, "interval": 60, "name": "default"},
+        {"task": TASK, "interval": 60, "name": "skip", "overlap": "skip", "fixed_delay": True},
+        {
+            "task": TASK,
+            "cron": "0 * * * *",
+            "name": "all",
+            "overlap": "buffer_all",
+            "max_buffer": 3,
+        },
+    ]
+    api.schedule_many(specs)
+    stored = {
+        n: (o, b, f)
+        for n, o, b, f in Job.objects.values_list("name", "overlap", "max_buffer", "fixed_delay")
+    }
+    assert stored == {
+        "default": ("buffer_one", 100, False),
+        "skip": ("skip", 100, True),
+        "all": ("buffer_all", 3, False),
+    }
+    errors = refused(
+        [
+            {"task": TASK, "cron": "0 * * * *", "name": "a", "fixed_delay": True},
+            {"task": TASK, "interval": 60, "name": "b", "overlap": "allow_all"},
+            {"task": TASK, "interval": 60, "name": "c", "max_buffer": 0},
+        ]
+    )
+    assert sorted(errors) == ["0.fixed_delay", "1.overlap", "2.max_buffer"]
 
 
 def test_unnamed_jobs_get_names_unique_within_the_call(writer):

@@ -26,6 +26,9 @@ VALID = {
     "misfire_policy": "run_once",
     "when_retries_exhausted": "dead",
     "catchup_window": None,
+    "overlap": "buffer_one",
+    "max_buffer": 100,
+    "fixed_delay": False,
 }
 assert set(VALID) == set(OPTION_FIELDS)
 
@@ -106,3 +109,43 @@ def test_an_invalid_grace_is_said_once_and_the_window_is_judged_alone():
     result = verdict(misfire_grace=-5, catchup_window=30)
     assert [field for field, _ in result.errors] == ["misfire_grace"]
     assert result.values["catchup_window"] == timedelta(seconds=30)
+
+
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["skip", "buffer_one", "buffer_all", "allow_all", "SKIP", "buffer one"]),
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(overlap=anything, max_buffer=anything, fixed_delay=anything)
+def test_property_overlap_options_are_kept_exactly_when_valid_and_refused_by_name(
+    overlap, max_buffer, fixed_delay
+):
+    result = verdict(overlap=overlap, max_buffer=max_buffer, fixed_delay=fixed_delay)
+    wanted = {
+        "overlap": overlap in ("skip", "buffer_one", "buffer_all"),
+        "max_buffer": type(max_buffer) is int and 1 <= max_buffer <= 100_000,
+        "fixed_delay": type(fixed_delay) is bool,
+    }
+    refused = {field for field, _ in result.errors}
+    assert refused == {field for field, ok in wanted.items() if not ok}
+    for field, ok in wanted.items():
+        given_value = {"overlap": overlap, "max_buffer": max_buffer, "fixed_delay": fixed_delay}
+        if ok:
+            assert result.values[field] == given_value[field]
+        else:
+            assert field not in result.values
+
+
+def test_an_overlap_refusal_names_the_policies():
+    assert verdict(overlap="allow_all").errors == (
+        ("overlap", "'allow_all' is not one of skip, buffer_one, buffer_all."),
+    )
+    assert verdict(max_buffer=0).errors == (
+        ("max_buffer", "0 is out of range; expected 1 to 100000."),
+    )

@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedapp.policies import (
+    BUFFER_FULL,
     MISFIRE_POLICIES,
     MISFIRED,
     NEXT_OCCURRENCE,
     OUTSIDE_WINDOW,
+    OVERLAPPED,
     RUN_ALL,
     RUN_ONCE,
     RUN_RECENT,
@@ -23,6 +25,7 @@ from schedapp.policies import (
     AfterRun,
     Catchup,
     JobFacts,
+    MissedRange,
     compute_backoff,
     compute_jitter,
     misfire_after,
@@ -855,3 +858,108 @@ def test_a_window_longer_than_time_itself_catches_everything_up():
     plan = plan_misfire(EVERY_MINUTE, due, now, RUN_ONCE, 1, MINUTE, timedelta(days=365_000_000))
     assert plan == Catchup(utc("10:05:00"), None, 5)
     assert [r.fate for r in plan.ranges] == [MISFIRED]
+
+
+# --- overlap policies and fixed delay (decided when a run ends) ------------------------------
+
+OVERLAP_SCHEDULES = [
+    Interval(5 * MINUTE, anchor=utc("00:02:30")),
+    parse_cron("*/5 * * * *", "UTC"),
+    parse_cron("*/15 1-3 * * *", "Europe/Paris"),  # hour-restricted: gaps between runs
+    parse_cron("30 2 * * *", "Europe/Paris"),  # daily, across both DST changes of 2026
+]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    schedule=st.sampled_from(OVERLAP_SCHEDULES),
+    start=st.datetimes(
+        min_value=datetime(2026, 3, 25), max_value=datetime(2026, 11, 1), timezones=st.just(UTC)
+    ),
+    ran_for=st.timedeltas(min_value=timedelta(0), max_value=3 * DAY),
+    overlap=st.sampled_from(["skip", "buffer_one", "buffer_all"]),
+    max_buffer=st.integers(1, 12),
+)
+def test_property_every_occurrence_that_came_due_during_a_run_has_one_fate(
+    schedule, start, ran_for, overlap, max_buffer
+):
+    occurrence = next_fire_time(schedule, start)
+    now = occurrence + ran_for  # the run ends; ``now`` is the database's clock then
+    job = facts(
+        schedule=schedule, scheduled_for=occurrence, now=now, overlap=overlap, max_buffer=max_buffer
+    )
+    plan = plan_after_success(
+        job, rng_must_not_be_called if overlap == "buffer_all" else random.random
+    )
+    # Independently: the occurrences after the one that ran, up to the run's end, one by one.
+    came_due = list(fire_times(schedule, occurrence, now))
+    recorded = [
+        t
+        for r in plan.ranges
+        for t in fire_times(schedule, r.first - timedelta(microseconds=1), r.last)
+    ]
+    assert sum(r.count for r in plan.ranges) == len(recorded)  # exact counts
+    if overlap == "buffer_one" or not came_due:  # the next one waits, as before overlaps
+        assert plan.ranges == ()
+        assert plan.scheduled_for == next_fire_time(schedule, occurrence)
+        return
+    if overlap == "skip":
+        assert recorded == came_due and {r.fate for r in plan.ranges} == {OVERLAPPED}
+        assert plan.scheduled_for == next_fire_time(schedule, now)  # the first after the run
+        assert plan.scheduled_for > now and plan.delay is None
+        return
+    kept = came_due[-max_buffer:]
+    assert plan.scheduled_for == kept[0] and plan.delay == timedelta(0)  # due at once
+    assert recorded == came_due[: len(came_due) - len(kept)]
+    assert all(r.fate == BUFFER_FULL for r in plan.ranges)
+    # The next run ends later: the rest of the buffer (and what came due meanwhile) is there.
+    later = replace(job, scheduled_for=kept[0], now=now + MINUTE)
+    then = plan_after_success(later, rng_must_not_be_called)
+    assert then.ranges == () or then.ranges[0].first > kept[0]
+    if len(kept) > 1:
+        assert then.scheduled_for == kept[1]
+
+
+def test_a_skipped_overlap_is_one_range_with_its_count_and_why():
+    job = facts(schedule=Interval(MINUTE), scheduled_for=TEN, now=utc("10:03:30"), overlap="skip")
+    plan = plan_after_success(job, fixed_rng(0.5))
+    assert plan.ranges == (
+        MissedRange(
+            utc("10:01:00"),
+            utc("10:03:00"),
+            3,
+            OVERLAPPED,
+            f"came due while the run for {TEN.isoformat()} was in flight (overlap policy skip)",
+        ),
+    )
+    assert (plan.state, plan.scheduled_for, plan.next_run_at) == (
+        "scheduled",
+        utc("10:04:00"),
+        utc("10:04:00"),
+    )
+
+
+def test_a_skip_past_the_jobs_end_finishes_it():
+    schedule = Interval(MINUTE, expires=utc("10:02:00"))
+    job = facts(schedule=schedule, scheduled_for=TEN, now=utc("10:05:00"), overlap="skip")
+    plan = plan_after_success(job, rng_must_not_be_called)
+    assert plan.state == "succeeded" and plan.next_run_at is None
+    assert [(r.first, r.count) for r in plan.ranges] == [(utc("10:01:00"), 2)]
+
+
+@pytest.mark.parametrize("overlap", ["skip", "buffer_one", "buffer_all"])
+def test_a_fixed_delay_counts_the_interval_from_the_end_of_the_run(overlap):
+    job = facts(
+        scheduled_for=TEN, now=utc("12:30:00"), fixed_delay=True, overlap=overlap, jitter=10
+    )
+    plan = plan_after_success(job, fixed_rng(0.5))
+    assert plan == AfterRun(
+        "scheduled", utc("13:30:00"), utc("13:30:05"), None, 0, interval_anchor=utc("12:30:00")
+    )
+
+
+def test_without_the_databases_clock_a_success_plans_as_before_overlaps():
+    job = facts(scheduled_for=TEN, overlap="skip", fixed_delay=True)
+    assert plan_after_success(job, rng_must_not_be_called) == AfterRun(
+        "scheduled", utc("11:00:00"), utc("11:00:00"), None, 0
+    )

@@ -128,7 +128,10 @@
           if (kind === chooser.value) { return; }
           kinds[kind].forEach(function (name) {
             Array.prototype.forEach.call(inputs(name), function (input) {
-              if (input.type === "checkbox" || input.type === "hidden") { return; }
+              // cron's day rule keeps its default (absent means checked); a fixed delay
+              // belongs to an interval only, and is cleared with it
+              if (input.type === "checkbox") { if (name === "fixed_delay") { input.checked = false; } return; }
+              if (input.type === "hidden") { return; }
               input.value = "";
             });
           });
