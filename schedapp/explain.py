@@ -9,6 +9,7 @@ admin's timeline and fleet pages and ``manage.py schedapp_explain`` show these, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -132,8 +133,30 @@ def _attempts(runs: Iterable[JobRun]) -> dict[datetime, list[Attempt]]:
     return grouped
 
 
-def _entry(o: Occurrence) -> Entry:
-    return Entry(o.scheduled_for, o.last, o.count, o.fate, o.detail, o.decided_by, o.recorded_at)
+def _entry(o: Occurrence, zone: str) -> Entry:
+    detail = _in_zone(o.detail, zone)
+    return Entry(o.scheduled_for, o.last, o.count, o.fate, detail, o.decided_by, o.recorded_at)
+
+
+# An occurrence a record's detail names, as the deciding process wrote it (UTC, ISO 8601).
+_UTC_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?[+-]\d\d:\d\d")
+
+
+def _in_zone(text: str, zone: str) -> str:
+    """A detail's times in the job's zone, as every other time of its timeline: the detail is
+    written once, in UTC, by whichever process decided, and read in the zone of its reader."""
+    if not text:
+        return text
+    try:
+        tz = ZoneInfo(zone)
+    except Exception:  # an unreadable zone: leave the times as written
+        return text
+
+    def local(match: re.Match[str]) -> str:
+        at = datetime.fromisoformat(match.group(0)).astimezone(tz)
+        return at.isoformat(sep=" ", timespec="seconds" if not at.microsecond else "auto")
+
+    return _UTC_TIME.sub(local, text)
 
 
 _RUN_FIELDS = (
@@ -185,7 +208,7 @@ def timeline(
             records = records.filter(last__gte=since)
         if until is not None:
             records = records.filter(scheduled_for__lte=until)
-        entries += [_entry(o) for o in records[:limit]]
+        entries += [_entry(o, job.timezone) for o in records[:limit]]
     entries.sort(key=lambda e: e.first, reverse=True)
     return entries[:limit]
 
@@ -208,7 +231,7 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
         .first()
     )
     if record is not None and nominal:
-        entry = _entry(record)
+        entry = _entry(record, job.timezone)
         return Answer(job.pk, at, True, _not_run_text(job, at, entry), entry, before, after)
     if not nominal:
         near = ", ".join(_local(job, t) for t in (before, after) if t is not None)
@@ -344,6 +367,7 @@ class FleetView:
     occurrences_by_fate: dict[str, int] = field(default_factory=dict)
     runs_by_status: dict[str, int] = field(default_factory=dict)
     records: list[tuple[int, str, Entry]] = field(default_factory=list)  # (job id, name, entry)
+    zones: dict[int, str] = field(default_factory=dict)  # each listed job's time zone
 
 
 NOT_SUCCEEDED = (RunStatus.FAILED, RunStatus.LOST, RunStatus.SKIPPED, RunStatus.CANCELLED)
@@ -364,8 +388,9 @@ def not_run(since: datetime | None = None, limit: int = 200) -> FleetView:
         row["status"]: row["n"] for row in runs.values("status").annotate(n=Count("id")).order_by()
     }
     latest = records.select_related("job").order_by("-recorded_at", "-id")[:limit]
-    listed = [(o.job_id, o.job.name, _entry(o)) for o in latest]
-    return FleetView(since, by_fate, by_status, listed)
+    listed = [(o.job_id, o.job.name, _entry(o, o.job.timezone)) for o in latest]
+    zones = {o.job_id: o.job.timezone for o in latest}
+    return FleetView(since, by_fate, by_status, listed, zones)
 
 
 def unaccounted(job: Job | int | str, start: datetime, end: datetime) -> list[datetime]:

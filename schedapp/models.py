@@ -575,7 +575,7 @@ class Fate(models.TextChoices):
     PAUSED = "paused", "Passed while paused"
     CANCELLED = "cancelled", "Job cancelled"
     QUARANTINED = "quarantined", "Job quarantined"
-    OVERLAPPED = "overlapped", "Came due while a run was in flight (overlap policy skip)"
+    OVERLAPPED = "overlapped", "Overlapped a run in flight (overlap policy skip)"
     BUFFER_FULL = "buffer_full", "Dropped from a full buffer (overlap policy buffer_all)"
 
 

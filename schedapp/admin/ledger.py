@@ -274,6 +274,12 @@ def _server_time(t: datetime | None) -> str:
     return f"{text} (UTC{offset[:3]}:{offset[3:]})"
 
 
+def _job_time(t: datetime, zone: str) -> str:
+    """An occurrence on the fleet page: in its job's zone, as on the job's timeline."""
+    wall, where = _nominal(t, zone)
+    return f"{wall} ({where})"
+
+
 def fleet_page(query: QueryDict) -> dict[str, Any]:
     """The fleet's occurrences that did not run in the last ``hours`` (24 by default), by
     fate; the runs that ended otherwise than succeeded, by status; the latest records."""
@@ -306,8 +312,8 @@ def fleet_page(query: QueryDict) -> dict[str, Any]:
             timeline_url(job_id, e.first, e.last),
             name,
             fate_badge(e.fate),
-            _server_time(e.first),
-            _server_time(e.last) if e.last != e.first else "",
+            _job_time(e.first, view.zones.get(job_id, "UTC")),
+            _job_time(e.last, view.zones.get(job_id, "UTC")) if e.last != e.first else "",
             e.count,
             detail_html(e.detail) if e.detail else "-",
             e.decided_by,

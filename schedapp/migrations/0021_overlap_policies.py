@@ -167,7 +167,7 @@ class Migration(migrations.Migration):
                     ("paused", "Passed while paused"),
                     ("cancelled", "Job cancelled"),
                     ("quarantined", "Job quarantined"),
-                    ("overlapped", "Came due while a run was in flight (overlap policy skip)"),
+                    ("overlapped", "Overlapped a run in flight (overlap policy skip)"),
                     ("buffer_full", "Dropped from a full buffer (overlap policy buffer_all)"),
                 ],
                 max_length=16,

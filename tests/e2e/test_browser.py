@@ -438,15 +438,16 @@ def test_the_admin_a_person_lives_in_at_1400_pixels_on_a_berlin_server(
 def test_the_occurrence_ledger_pages_at_1400_pixels(live_server, browser, django_user_model):
     """A job's timeline, with "what happened at ...?" answered, and the fleet's "what did not
     run", at 1,400 px: a job with a misfired range, an occurrence failed then retried, a
-    paused range, and another job cancelled."""
+    paused range, a run so long that the next three were skipped (overlap policy skip), and
+    another job cancelled."""
     from playwright.sync_api import expect
 
     from schedapp import api
-    from tests.integration.test_admin_ledger import ledger_story, local
+    from tests.integration.test_admin_ledger import ledger_story, local, with_a_skipped_overlap
 
     # Given an operator, a job's last hours in its ledger, and a job cancelled
     django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
-    story = ledger_story("nightly-billing-reconciliation-eu-west")
+    story = with_a_skipped_overlap(ledger_story("nightly-billing-reconciliation-eu-west"))
     daily = api.schedule(
         "project.tasks.record", cron="0 8 * * *", timezone="Europe/Paris", name="daily-export"
     )
@@ -460,7 +461,7 @@ def test_the_occurrence_ledger_pages_at_1400_pixels(live_server, browser, django
     page.click("#schedapp-timeline-tool")
     page.wait_for_url(re.compile(rf"/admin/schedapp/job/{story.job.pk}/timeline/$"))
     rows = page.locator("#schedapp-timeline-table tbody tr.schedapp-entry")
-    expect(rows).to_have_count(4)
+    expect(rows).to_have_count(6)
 
     # ... and asks what happened at the occurrence that failed and was retried
     page.fill("#schedapp-at", local(story.retried)[:16])
@@ -472,8 +473,9 @@ def test_the_occurrence_ledger_pages_at_1400_pixels(live_server, browser, django
     asked = page.locator("#schedapp-asked")
     expect(asked).to_be_visible()
     expect(asked.locator("li.schedapp-attempt")).to_have_count(2)
-    expect(rows.nth(3)).to_contain_text("29 occurrences")
-    expect(rows.nth(1)).to_contain_text("9 occurrences")
+    expect(rows.nth(5)).to_contain_text("29 occurrences")
+    expect(rows.nth(3)).to_contain_text("9 occurrences")
+    expect(rows.nth(0)).to_contain_text("overlap policy skip")
     _no_sideways_scroll(page)
     scroll = page.locator("#changelist .results").evaluate("e => [e.scrollWidth, e.clientWidth]")
     assert scroll[0] <= scroll[1], scroll
@@ -484,13 +486,13 @@ def test_the_occurrence_ledger_pages_at_1400_pixels(live_server, browser, django
     page.click("#schedapp-overview-not-run")
     page.wait_for_url(re.compile(r"/admin/schedapp/job/not-run/$"))
     # Then the counts by why, the failed run, and the latest records are there
-    expect(page.locator("#schedapp-by-fate")).to_contain_text("39")
+    expect(page.locator("#schedapp-by-fate")).to_contain_text("42")
     expect(page.locator("#schedapp-by-status")).to_contain_text("failed")
     records = page.locator("tr.schedapp-record")
-    expect(records).to_have_count(3)
+    expect(records).to_have_count(4)
     _no_sideways_scroll(page)
     page.screenshot(path=str(SHOTS_DAILY / "ledger-not-run-1400.png"), full_page=True)
     # ... and a record's job leads to its timeline at that time, the record marked
-    records.nth(1).locator("a").click()
+    records.nth(2).locator("a").click()
     page.wait_for_url(re.compile(rf"/admin/schedapp/job/{story.job.pk}/timeline/\?"))
     expect(page.locator("#schedapp-asked")).to_contain_text("9 occurrences")

@@ -4,6 +4,7 @@ fleet's "what did not run", both read through ``schedapp.explain``."""
 from __future__ import annotations
 
 import html as htmllib
+import io
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -11,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -118,6 +120,29 @@ def ledger_story(name: str = "billing-report") -> Story:
     )
 
 
+def with_a_skipped_overlap(story: Story) -> Story:
+    """The story four occurrences earlier; then, under overlap policy ``skip``, the occurrence
+    after its latest ran so long that the three after it came due meanwhile: skipped, one
+    record. Its run is the new latest."""
+    job, shift = story.job, 4 * EVERY
+    _shift_back(job, shift)
+    long_run_for = story.latest - 3 * EVERY
+    Job.objects.filter(pk=job.pk).update(
+        overlap="skip",
+        misfire_grace=timedelta(hours=1),  # found late by a quarter of an hour: no misfire
+        scheduled_for=long_run_for,
+        next_run_at=long_run_for,
+    )
+    _finish(_claim_one(job), lease.SUCCEEDED)
+    return Story(
+        Job.objects.get(pk=job.pk),
+        story.misfired_first - shift,
+        story.retried - shift,
+        story.paused_first - shift,
+        long_run_for,
+    )
+
+
 @pytest.fixture
 def story() -> Story:
     return ledger_story()
@@ -173,7 +198,11 @@ def test_the_timeline_shows_each_occurrence_its_attempts_and_what_did_not_run(ad
     assert "29 occurrences" in misfired and local(story.misfired_first) in misfired
     assert local(story.retried - EVERY) in misfired.split("to</small>")[1]
     assert "decided by beat-1" in misfired
-    assert f'folded into <span class="nowrap">{story.retried.isoformat()}</span>' in misfired
+    # ... the occurrence it names in the job's zone, as every time of the timeline (the
+    # record itself says it in UTC, whoever wrote it)
+    folded_into = story.retried.astimezone(ZoneInfo(ZONE)).isoformat(sep=" ")
+    assert f'folded into <span class="nowrap">{folded_into}</span>' in misfired
+    assert story.retried.isoformat() in Occurrence.objects.get(fate="misfired").detail
     assert "9 occurrences" in paused and "decided by resume" in paused
     assert "passed while the job was paused" in paused
 
@@ -336,6 +365,10 @@ def test_the_fleet_page_counts_what_did_not_run_and_links_to_each_timeline(admin
     # The latest records, newest first, each linking to its job's timeline at that time
     records = re.findall(r'<tr class="schedapp-record">.*?</tr>', html, re.S)
     assert len(records) == 3 and "daily" in records[0]
+    # ... its occurrences in the job's zone, as on its timeline, the detail's times too
+    assert local(story.paused_first) in records[1] and "UTC+01:00" in records[1]
+    folded_into = story.latest.astimezone(ZoneInfo(ZONE)).isoformat(sep=" ")
+    assert f"folded into {folded_into}" in htmllib.unescape(re.sub(r"<[^>]+>", "", records[1]))
     link = htmllib.unescape(
         re.search(r'<a href="([^"]*)">billing-report</a>', records[1]).group(1)  # type: ignore[union-attr]
     )
@@ -361,3 +394,21 @@ def test_the_job_page_the_overview_and_the_jobs_list_link_to_the_pages(admin_cli
     assert f'<a href="{not_run}" id="schedapp-overview-not-run">' in overview
     jobs = admin_client.get(reverse("admin:schedapp_job_changelist")).content.decode()
     assert f'href="{not_run}"' in jobs
+
+
+def test_a_skipped_overlap_is_a_range_of_its_own_in_the_timeline_and_the_command(admin_client):
+    story = with_a_skipped_overlap(ledger_story())
+    found = rows(timeline(admin_client, story.job))
+    fates = [re.search(r"schedapp-fate-(\w+)", r).group(1) for r in found]  # type: ignore[union-attr]
+    assert fates == ["overlapped", "ran", "ran", "paused", "ran", "misfired"]
+    skipped = found[0]
+    assert "3 occurrences" in skipped and local(story.latest + EVERY) in skipped
+    assert "overlap policy skip" in skipped and "decided by run end" in skipped
+    # The command says the same of one of them
+    out = io.StringIO()
+    call_command(
+        "schedapp_explain", str(story.job.pk), "--at", local(story.latest + 2 * EVERY), stdout=out
+    )
+    said = out.getvalue()
+    assert "did not run: Overlapped a run in flight" in said, said
+    assert "one of 3 occurrences" in said and "decided by run end" in said
