@@ -99,8 +99,9 @@ def schedule(
     one, as under Celery beat), ``misfire_policy``, ``misfire_grace``,
     ``misfire_max_catchup``, ``catchup_window`` (an occurrence missed longer ago than it is
     recorded as missed and not run; not shorter than ``misfire_grace``; None: no window),
-    ``overlap`` (``"buffer_one"``, ``"skip"`` or ``"buffer_all"`` with ``max_buffer``: the
-    occurrences that come due while a run is in flight), ``fixed_delay`` (an interval counted
+    ``overlap`` (``"buffer_one"``, ``"skip"``, ``"buffer_all"`` with ``max_buffer``,
+    ``"cancel_other"`` or ``"terminate_other"``: the occurrences that come due while a run is
+    in flight), ``fixed_delay`` (an interval counted
     from the end of each run) and ``description`` (free text for people); Celery's semantics:
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``

@@ -30,7 +30,7 @@ from .db import (
 )
 from .declared import sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
-from .lease import claim_due_jobs, quarantine_job, release_claims, seconds_until_due
+from .lease import claim_due_jobs, quarantine_job, release_claims, seconds_until_due, supersede_due
 from .models import Node
 from .nodes import record_node
 from .settings_checks import refuse_bad_settings
@@ -288,6 +288,7 @@ class LeaseScheduler(Scheduler):
                 self._broker_down = True
                 self._maybe_update_node()
                 return self._backoff()
+        self._supersede()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
@@ -304,6 +305,37 @@ class LeaseScheduler(Scheduler):
         delay = min(delay, self._sleep_ceiling)
         self._wake_at_db = db_now.timestamp() + delay
         return delay
+
+    def _supersede(self) -> None:
+        """Cancel the runs a later occurrence supersedes (overlap policies cancel_other and
+        terminate_other): marked in the database first, then their tasks revoked. A revoke
+        the broker does not take is logged: the run then goes on to its end, and its outcome
+        moves the job on to the latest occurrence as a revoke would have."""
+        for superseded in supersede_due():
+            if not superseded.task_ids:
+                continue
+            try:
+                self.app.control.revoke(
+                    list(superseded.task_ids), terminate=superseded.terminate, signal="SIGTERM"
+                )
+            except Exception as exc:
+                log.warning(
+                    "job %s: could not revoke %s, superseded by %s: %s",
+                    superseded.job_id,
+                    list(superseded.task_ids),
+                    superseded.by.isoformat(),
+                    exc,
+                    extra={"action": "supersede_failed", "job": superseded.job_id},
+                )
+                continue
+            log.info(
+                "job %s: %s %s, superseded by the occurrence at %s",
+                superseded.job_id,
+                "terminated" if superseded.terminate else "revoked",
+                list(superseded.task_ids),
+                superseded.by.isoformat(),
+                extra={"action": "supersede", "job": superseded.job_id},
+            )
 
     @property
     def _sleep_ceiling(self) -> float:

@@ -230,6 +230,8 @@ class Overlap(models.TextChoices):
     SKIP = "skip", "Skip occurrences that come due while a run is in flight"
     BUFFER_ONE = "buffer_one", "Buffer one: it waits for the run (then the misfire policy)"
     BUFFER_ALL = "buffer_all", "Buffer all (up to max_buffer): each runs after the run"
+    CANCEL_OTHER = "cancel_other", "Cancel the run in flight (revoke); the latest then runs"
+    TERMINATE_OTHER = "terminate_other", "Terminate the run in flight (SIGTERM); the latest runs"
 
 
 assert tuple(Overlap.values) == OVERLAP_POLICIES
@@ -351,6 +353,10 @@ class Job(models.Model):
         help_text="buffer_all: at most this many of them run after the run in flight (the "
         "most recent); older ones are dropped and recorded.",
     )
+    # cancel_other / terminate_other: when the run in flight is to be cancelled (the next
+    # occurrence, set by the claim), and whether it was (by a beat, which revoked its task).
+    supersede_at = models.DateTimeField(null=True, blank=True, editable=False)
+    superseded = models.BooleanField(default=False, db_default=False, editable=False)
     fixed_delay = models.BooleanField(
         default=False,
         db_default=False,
@@ -410,6 +416,12 @@ class Job(models.Model):
                 condition=Q(state__in=["running", "paused"]),
             ),
             models.Index(fields=["state", "task"], name="schedapp_job_state_task"),
+            # Runs in flight a later occurrence is to cancel (cancel_other, terminate_other).
+            models.Index(
+                fields=["supersede_at"],
+                name="schedapp_job_supersede",
+                condition=Q(supersede_at__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["name"], name="schedapp_job_name_unique"),

@@ -67,11 +67,18 @@ WHEN_RETRIES_EXHAUSTED = (DEAD, NEXT_OCCURRENCE)
 # waits for the run, and if it is late beyond its grace by then, the misfire policy decides;
 # ``skip``: every occurrence that came due meanwhile is skipped, the job waits for the first
 # one after the run; ``buffer_all``: each of them runs, one after another, the oldest first,
-# at most ``max_buffer`` of them (the most recent; older ones are dropped).
+# at most ``max_buffer`` of them (the most recent; older ones are dropped);
+# ``cancel_other``: the next occurrence coming due cancels the run in flight (its Celery task
+# is revoked: a message not yet started is discarded, one executing runs on, Celery cannot
+# interrupt it), and the latest occurrence due runs when that run has ended or its lease
+# lapsed; ``terminate_other``: the same, the task revoked with terminate (SIGTERM, prefork).
 OVERLAP_SKIP = "skip"
 BUFFER_ONE = "buffer_one"
 BUFFER_ALL = "buffer_all"
-OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL)
+CANCEL_OTHER = "cancel_other"
+TERMINATE_OTHER = "terminate_other"
+OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL, CANCEL_OTHER, TERMINATE_OTHER)
+SUPERSEDING = (CANCEL_OTHER, TERMINATE_OTHER)  # the policies that act while a run is in flight
 
 
 def misfire_after(policy: str, grace: timedelta) -> timedelta:
@@ -120,7 +127,7 @@ OUTSIDE_WINDOW = "outside_window"  # older than the job's catch-up window when f
 PAUSED = "paused"  # passed while the job was paused (then the misfire policy decided)
 CANCELLED = "cancelled"  # the job was cancelled with this occurrence pending
 QUARANTINED = "quarantined"  # the job's row could not be followed; set aside for a person
-OVERLAPPED = "overlapped"  # came due while a run was in flight (overlap policy skip)
+OVERLAPPED = "overlapped"  # came due while a run was in flight (skip; a later one ran instead)
 BUFFER_FULL = "buffer_full"  # came due while a run was in flight, beyond max_buffer
 FATES = (MISFIRED, OUTSIDE_WINDOW, PAUSED, CANCELLED, QUARANTINED, OVERLAPPED, BUFFER_FULL)
 
@@ -293,6 +300,9 @@ class JobFacts:
     overlap: str = BUFFER_ONE
     max_buffer: int = 1
     fixed_delay: bool = False
+    # The run ending was cancelled by a later occurrence (cancel_other, terminate_other): its
+    # outcome, whatever it is, moves the job on to the latest occurrence due, never a retry.
+    superseded: bool = False
 
     @property
     def rescheduled(self) -> bool:
@@ -391,6 +401,13 @@ def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> Aft
             return AfterRun(_done(job.state), job.scheduled_for, None, None, 0, ranges=ranges)
         jittered = after + compute_jitter(job.jitter, rng)
         return AfterRun(state, after, jittered, None, 0, ranges=ranges)
+    if job.overlap in SUPERSEDING:
+        # The latest occurrence due runs now; those before it were cancelled with the run.
+        latest = recent_fire_times(schedule, now, nxt, 1)
+        run_for = latest[-1] if latest else nxt
+        detail = f"{why}, a later one ran instead (overlap policy {job.overlap})"
+        ranges = _missed(schedule, nxt, run_for, total - 1, OVERLAPPED, detail)
+        return AfterRun(state, run_for, None, timedelta(0), 0, ranges=ranges)
     # buffer_all: the buffered occurrences run one after another from now, oldest first.
     keep = recent_fire_times(schedule, now, nxt, max(1, job.max_buffer))
     first = keep[0] if keep else nxt
@@ -429,6 +446,10 @@ def plan_after_failure(
     task's own ``max_retries`` (the message carries the occurrence's retries so far) and
     raises the failure itself past them. The job's budget bounds the retries schedapp adds.
     """
+    if job.superseded and job.overlap in SUPERSEDING and not job.rescheduled:
+        plan = plan_after_success(job, rng=rng)  # a later occurrence cancelled this one
+        if plan.next_run_at is not None or plan.delay is not None:
+            return plan
     task_retry = delay is not None and job.when_retries_exhausted == NEXT_OCCURRENCE
     if job.retry_count >= job.max_retries and not task_retry:
         if job.when_retries_exhausted == NEXT_OCCURRENCE and not isinstance(job.schedule, Once):

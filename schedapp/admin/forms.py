@@ -120,7 +120,8 @@ class JobForm(forms.ModelForm):
             "each run; unchecked: a fixed rate, occurrences every interval from the first.",
             "overlap": "Occurrences that come due while a run is in flight: skip them, buffer "
             "one (the next waits; if late beyond the misfire grace by then, the misfire policy "
-            "decides), or buffer all (each runs after it, oldest first).",
+            "decides), buffer all (each runs after it, oldest first), or cancel (revoke) / "
+            "terminate (SIGTERM, prefork) the run in flight, then run the latest.",
             "max_buffer": "Buffer all: at most this many wait (the most recent); older ones "
             "are dropped and recorded.",
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "

@@ -5,10 +5,12 @@ Vocabulary: a beat *claims* due jobs (lease + new fencing token + a run row, in 
 transaction, ``claim``), a worker *admits* a run at its door (``door``), *renews* the leases it
 holds while it works (``renew``) and *completes* the run (``complete``); a beat *releases*
 claims it could not publish (``claim``) and *reaps* leases that expired (``reap``); a person
-resumes, runs now, requeues or cancels (``manual``). Every write after a claim is fenced by
-``(job_id, token)`` and its row count checked: no row means the lease was lost, and nothing
-newer is ever overwritten. The storage seam (``schedapp.store``) holds what differs between
-PostgreSQL (``schedapp/sql/``) and the portable store; only this package calls its writes.
+resumes, runs now, requeues or cancels (``manual``); under overlap policies cancel_other and
+terminate_other a beat cancels a run a later occurrence supersedes (``supersede``). Every
+write after a claim is fenced by ``(job_id, token)`` and its row count checked: no row means
+the lease was lost, and nothing newer is ever overwritten. The storage seam
+(``schedapp.store``) holds what differs between PostgreSQL (``schedapp/sql/``) and the
+portable store; only this package calls its writes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .manual import cancel_locked, requeue_locked, resume_locked, run_now_locked
 from .quarantine import ROW_ERRORS, Quarantined, job_label, quarantine_job
 from .reap import MessageExpiry, ReapResult, reap_expired_leases
 from .renew import Renewal, renew_leases
+from .supersede import Superseded, supersede_due
 
 __all__ = [
     "EXPIRED",
@@ -49,6 +52,7 @@ __all__ = [
     "Quarantined",
     "ReapResult",
     "Renewal",
+    "Superseded",
     "admit_replacement",
     "admit_run",
     "admit_run_after_successes",
@@ -68,4 +72,5 @@ __all__ = [
     "resume_locked",
     "run_now_locked",
     "seconds_until_due",
+    "supersede_due",
 ]

@@ -55,6 +55,7 @@ def job_facts(
         overlap=job.overlap,
         max_buffer=job.max_buffer,
         fixed_delay=job.fixed_delay,
+        superseded=job.superseded,
     )
 
 
@@ -78,6 +79,8 @@ def write_after_run(
         "last_run_at": Now(),
         "last_status": status,
         "updated_at": Now(),
+        "supersede_at": None,  # the run it was for has ended
+        "superseded": False,
     }
     if status != RunStatus.SUCCEEDED:
         changes["last_error"] = storable(error, ERROR_CHARS)

@@ -23,6 +23,7 @@ from .. import ledger, policies
 from ..db import beat_transaction
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
+from ..schedules import next_fire_time
 from ..store import get_store, insert_runs, pairs
 from .quarantine import (
     ROW_ERRORS,
@@ -168,6 +169,7 @@ def _claim_due_jobs(
             else:
                 _misfires_into(beat, late, now, rng, result)
             ready.extend(r for r in late if r.get("run_id"))
+        _arm_supersede(ready)
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
@@ -258,6 +260,23 @@ def _apply_misfires(
     ledger.record(decided, beat)
     insert_runs(beat, to_run, now)
     return skipped, quarantined
+
+
+def _arm_supersede(rows: list[dict]) -> None:
+    """Under cancel_other and terminate_other, the run being claimed is cancelled when the
+    next occurrence comes due: that time, written with the claim, is what a beat's
+    ``supersede_due`` looks for. Only those jobs pay: one statement each."""
+    for row in rows:
+        if row["overlap"] not in policies.SUPERSEDING:
+            continue
+        try:
+            nxt = next_fire_time(schedule_of(row), row["scheduled_for"])
+        except Exception as exc:  # the end of the run will quarantine it: not the claim
+            log.warning("job %s: no next occurrence to supersede its run: %s", row["id"], exc)
+            nxt = None
+        Job.objects.filter(id=row["id"], token=row["token"]).update(
+            supersede_at=nxt, superseded=False
+        )
 
 
 def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:

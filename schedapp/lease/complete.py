@@ -372,13 +372,19 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
     worker admitted: that run is left to finish.
     Returns the completion when the revoke moved the job, None when it only closed the run."""
     how = "revoked and terminated" if terminated else "revoked"
-    current = Job.objects.filter(id=job_id, token=token, state=JobState.RUNNING).exists()
-    if current:
+    current = (
+        Job.objects.filter(id=job_id, token=token, state=JobState.RUNNING)
+        .values_list("superseded", flat=True)
+        .first()
+    )
+    if current is not None:
+        # A revoke from a beat, under cancel_other / terminate_other, or from elsewhere.
+        why = "a later occurrence superseded it (overlap policy)" if current else "outside schedapp"
         result = complete_run(
             job_id,
             token,
             FAILED,
-            error=f"task {how} outside schedapp",
+            error=f"task {how}: {why}",
             allow_unstarted=terminated,
             only_unstarted=not terminated,
         )

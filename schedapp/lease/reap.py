@@ -113,6 +113,15 @@ def reap_locked(
     unsent = _messages_expired(
         [j for j in expired if j.id not in started], claims, message_expiry
     )
+    # A run a later occurrence superseded before it started is not sent again: the job goes
+    # on to the latest occurrence due, as when Celery drops a message past its expires.
+    unsent.update(
+        {
+            j.id: j.scheduled_for
+            for j in expired
+            if j.id not in started and j.superseded and j.overlap in policies.SUPERSEDING
+        }
+    )
     if unsent:
         JobRun.objects.filter(
             pairs([c for c in claims if c[0] in unsent], "job_id"), status=RunStatus.DISPATCHED

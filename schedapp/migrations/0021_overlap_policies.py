@@ -1,4 +1,5 @@
-"""Overlap policies and fixed delay (``Job.overlap``, ``max_buffer``, ``fixed_delay``), two
+"""Overlap policies and fixed delay (``Job.overlap``, ``max_buffer``, ``fixed_delay``, and for
+cancel_other / terminate_other ``supersede_at`` and ``superseded``; their index is 0022's), two
 fates of the occurrence ledger (``overlapped``, ``buffer_full``), and the one-call success as
 ``schedapp_succeed_run_v3`` / ``schedapp_succeed_runs_v2``.
 
@@ -149,6 +150,14 @@ class Migration(migrations.Migration):
                     ("skip", "Skip occurrences that come due while a run is in flight"),
                     ("buffer_one", "Buffer one: it waits for the run (then the misfire policy)"),
                     ("buffer_all", "Buffer all (up to max_buffer): each runs after the run"),
+                    (
+                        "cancel_other",
+                        "Cancel the run in flight (revoke); the latest then runs",
+                    ),
+                    (
+                        "terminate_other",
+                        "Terminate the run in flight (SIGTERM); the latest runs",
+                    ),
                 ],
                 db_default="buffer_one",
                 default="buffer_one",
@@ -156,6 +165,16 @@ class Migration(migrations.Migration):
                 "in flight (decided when it ends).",
                 max_length=16,
             ),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="supersede_at",
+            field=models.DateTimeField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="superseded",
+            field=models.BooleanField(db_default=False, default=False, editable=False),
         ),
         migrations.AlterField(
             model_name="occurrence",

@@ -70,7 +70,7 @@ claimed AS (
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.max_retries,
               j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
-              j.misfire_max_catchup, j.misfire_grace, j.catchup_window, j.priority,
+              j.misfire_max_catchup, j.misfire_grace, j.catchup_window, j.overlap, j.priority,
               j.cron_day_or, j.solar_event,
               j.latitude, j.longitude, j.not_before, j.expires_at,
               j.message_options::text AS message_options,

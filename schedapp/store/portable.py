@@ -49,6 +49,7 @@ _CLAIM_FIELDS = (
     "misfire_max_catchup",
     "misfire_grace",
     "catchup_window",
+    "overlap",
     "fixed_delay",
     *CELERY_FIELDS,
 )

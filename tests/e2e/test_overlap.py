@@ -114,3 +114,61 @@ def test_a_fixed_delay_job_waits_its_interval_after_each_run(fleet):
         assert after.started_at - before.finished_at >= 2 * SECOND - timedelta(milliseconds=50)
         assert after.scheduled_for - before.finished_at >= timedelta(seconds=1.9)
     assert not Occurrence.objects.filter(job=job).exists()
+
+
+def test_terminate_other_kills_the_run_in_flight_when_the_next_occurrence_comes(fleet):
+    # Given a job every 3 s whose task would take 30 s, on a prefork worker
+    job = api.schedule(
+        "project.tasks.record",
+        name="terminate-other",
+        interval=3,
+        overlap="terminate_other",
+        max_retries=3,
+        kwargs={"sleep": 30},
+    )
+    fleet.beat()
+    fleet.beat()
+    fleet.worker(concurrency=2)
+    # When three runs have started
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).count() >= 3, timeout=60)
+    # Then each run before the latest was terminated (SIGTERM) when the next came due: never
+    # finished, closed cancelled as superseded, not retried (attempt 1 each), and no two ran
+    # at once; each next run was for the occurrence that superseded it
+    wait_until(
+        lambda: JobRun.objects.filter(job=job, status=RunStatus.CANCELLED).count() >= 2, timeout=30
+    )
+    executions = list(Execution.objects.filter(job_id=job.pk).order_by("started_at"))
+    cancelled = list(JobRun.objects.filter(job=job, status=RunStatus.CANCELLED).order_by("token"))
+    assert all("superseded" in r.error and r.attempt == 1 for r in cancelled), cancelled
+    assert all(e.finished_at is None for e in executions)  # killed, none ran its 30 s
+    ends = {r.scheduled_for: r.finished_at for r in JobRun.objects.filter(job=job)}
+    for before, after in pairwise(executions):
+        assert after.scheduled_for > before.scheduled_for
+        assert after.started_at >= ends[before.scheduled_for] - timedelta(milliseconds=50)
+    assert not JobRun.objects.filter(job=job, attempt__gt=1).exists()
+
+
+def test_cancel_other_lets_the_run_end_then_runs_the_latest_occurrence(fleet):
+    # Given a job every 2 s whose task takes 5 s: Celery cannot interrupt a running task, so
+    # the revoke finds nothing to discard; the run ends, and the latest occurrence runs then
+    job = api.schedule(
+        "project.tasks.record",
+        name="cancel-other",
+        interval=2,
+        overlap="cancel_other",
+        kwargs={"sleep": 5},
+    )
+    fleet.beat()
+    fleet.worker(concurrency=2)
+    wait_until(lambda: len(finished(job)) >= 3, timeout=60)
+    runs = finished(job)
+    ended = {r.scheduled_for: r.finished_at for r in JobRun.objects.filter(job=job)}
+    for before, after in pairwise(runs):
+        assert after.started_at >= before.finished_at  # never two at once
+        # the one run after each is the latest occurrence due when it ended (in the
+        # database's clock, which recorded the end)
+        assert ended[before.scheduled_for] - 2 * SECOND < after.scheduled_for
+        assert after.scheduled_for <= ended[before.scheduled_for]
+    said = fates(job, runs[2].scheduled_for)
+    assert all(len(f) == 1 for f in said.values()), said
+    assert {f[0] for f in said.values()} == {"ran", "overlapped"}

@@ -18,9 +18,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MINUTE = timedelta(minutes=1)
 
 
-def job_running_since(minutes: float, **options) -> tuple[Job, lease.ClaimedRun]:
+def job_running_since(
+    minutes: float, *, admitted: bool = True, **options
+) -> tuple[Job, lease.ClaimedRun]:
     """A job every minute whose run, for the occurrence ``minutes`` ago, is in flight: claimed
-    and admitted. Its grace is an hour, so lateness alone never makes a misfire here."""
+    and admitted (or only dispatched). Its grace is an hour: lateness alone never makes a
+    misfire here."""
     occurrence = db_now() - timedelta(minutes=minutes)
     job = api.schedule(
         "project.tasks.record",
@@ -33,7 +36,8 @@ def job_running_since(minutes: float, **options) -> tuple[Job, lease.ClaimedRun]
     Job.objects.filter(pk=job.pk).update(scheduled_for=occurrence, next_run_at=occurrence)
     [run] = claim_due_jobs("beat-1", 10).runs
     assert run.scheduled_for == occurrence
-    assert admit_run(run.job_id, run.token, "w1", admission=f"w1-{run.token}") == "admitted"
+    if admitted:
+        assert admit_run(run.job_id, run.token, "w1", admission=f"w1-{run.token}") == "admitted"
     return Job.objects.get(pk=job.pk), run
 
 
@@ -134,3 +138,67 @@ def test_an_unknown_overlap_written_behind_the_apis_back_quarantines_the_job_at_
     assert result.applied and result.quarantined is not None
     job.refresh_from_db()
     assert job.state == JobState.DEAD and "overlap 'sometimes'" in job.last_error
+
+
+@pytest.mark.parametrize("overlap", ["cancel_other", "terminate_other"])
+def test_a_run_whose_next_occurrence_came_due_is_superseded_and_its_revoke_moves_the_job_on(
+    overlap,
+):
+    # A revoke reaches a running task only by terminating it; under cancel_other it discards
+    # the message of a run not started yet
+    terminate = overlap == "terminate_other"
+    job, run = job_running_since(2.5, overlap=overlap, max_retries=3, admitted=terminate)
+    # The claim noted when the run is to be cancelled: the next occurrence
+    job.refresh_from_db()
+    assert job.supersede_at == run.scheduled_for + MINUTE and not job.superseded
+    # When a beat looks: it is superseded, to be revoked (terminated under terminate_other)
+    [superseded] = lease.supersede_due()
+    assert (superseded.job_id, superseded.token) == (job.pk, run.token)
+    assert superseded.task_ids == (run.task_id,)
+    assert superseded.terminate == (overlap == "terminate_other")
+    assert lease.supersede_due() == []  # once
+    # And when the worker reports the revoke: the run is cancelled, not a failed attempt to
+    # retry; the latest occurrence due runs now, the one before it recorded
+    lease.record_cancelled(job.pk, run.token, terminated=terminate)
+    job.refresh_from_db()
+    closed = JobRun.objects.get(job=job, token=run.token)
+    assert closed.status == "cancelled" and "superseded" in closed.error
+    assert (job.state, job.retry_count, job.superseded) == (JobState.SCHEDULED, 0, False)
+    assert job.scheduled_for == run.scheduled_for + 2 * MINUTE
+    [record] = Occurrence.objects.filter(job=job)
+    assert (record.fate, record.count) == ("overlapped", 1)
+    assert record.scheduled_for == run.scheduled_for + MINUTE
+    assert [r.scheduled_for for r in claim_due_jobs("beat-1", 10).runs] == [job.scheduled_for]
+
+
+def test_a_superseded_run_that_ends_on_its_own_is_not_retried():
+    job, run = job_running_since(1.5, overlap="cancel_other", max_retries=3)
+    assert len(lease.supersede_due()) == 1
+    # The task could not be interrupted (cancel_other): it fails at its end
+    assert complete_run(run.job_id, run.token, lease.FAILED, error="boom").applied
+    job.refresh_from_db()
+    assert (job.retry_count, job.scheduled_for) == (0, run.scheduled_for + MINUTE)
+    assert JobRun.objects.get(job=job, token=run.token).status == "failed"
+
+
+def test_a_run_not_yet_due_to_be_superseded_is_left_alone():
+    job, run = job_running_since(0.5, overlap="terminate_other")
+    assert lease.supersede_due() == []
+    Job.objects.filter(pk=job.pk).update(overlap="cancel_other")  # (only the time matters)
+    succeed(run)  # ends before the next occurrence: as any run
+    job.refresh_from_db()
+    assert (job.scheduled_for, job.supersede_at) == (run.scheduled_for + MINUTE, None)
+    assert not Occurrence.objects.filter(job=job).exists()
+
+
+def test_a_superseded_run_whose_message_never_started_is_not_sent_again():
+    job, run = job_running_since(2.5, overlap="cancel_other")
+    lease.supersede_due()
+    # Its worker died before starting it: the lease lapses
+    JobRun.objects.filter(job=job, token=run.token).update(status="dispatched", started_at=None)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - MINUTE)
+    assert claim_due_jobs("beat-1", 10).reap.dropped == 1  # (due from its statement's now())
+    # Then the latest occurrence runs, not the superseded one again
+    runs = claim_due_jobs("beat-1", 10).runs
+    assert [r.scheduled_for for r in runs] == [run.scheduled_for + 2 * MINUTE]
+    assert JobRun.objects.get(job=job, token=run.token).status == "skipped"

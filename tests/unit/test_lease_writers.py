@@ -17,7 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "schedapp"
-LEASE_COLUMNS = frozenset({"token", "claimed_by", "lease_expires_at", "unstarted_dispatches"})
+LEASE_COLUMNS = frozenset(
+    {
+        "token",
+        "claimed_by",
+        "lease_expires_at",
+        "unstarted_dispatches",
+        "supersede_at",  # cancel_other / terminate_other: the run in flight is cancelled
+        "superseded",
+    }
+)
 # The store's methods that write lease state (schedapp.store.base.Store).
 STORE_WRITES = frozenset(
     {

@@ -117,7 +117,9 @@ anything = st.one_of(
     st.integers(-(2**40), 2**40),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.sampled_from(["skip", "buffer_one", "buffer_all", "allow_all", "SKIP", "buffer one"]),
+    st.sampled_from(
+        ["skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other", "allow_all", "SKIP"]
+    ),
 )
 
 
@@ -128,7 +130,8 @@ def test_property_overlap_options_are_kept_exactly_when_valid_and_refused_by_nam
 ):
     result = verdict(overlap=overlap, max_buffer=max_buffer, fixed_delay=fixed_delay)
     wanted = {
-        "overlap": overlap in ("skip", "buffer_one", "buffer_all"),
+        "overlap": overlap
+        in ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other"),
         "max_buffer": type(max_buffer) is int and 1 <= max_buffer <= 100_000,
         "fixed_delay": type(fixed_delay) is bool,
     }
@@ -144,7 +147,11 @@ def test_property_overlap_options_are_kept_exactly_when_valid_and_refused_by_nam
 
 def test_an_overlap_refusal_names_the_policies():
     assert verdict(overlap="allow_all").errors == (
-        ("overlap", "'allow_all' is not one of skip, buffer_one, buffer_all."),
+        (
+            "overlap",
+            "'allow_all' is not one of skip, buffer_one, buffer_all, cancel_other, "
+            "terminate_other.",
+        ),
     )
     assert verdict(max_buffer=0).errors == (
         ("max_buffer", "0 is out of range; expected 1 to 100000."),

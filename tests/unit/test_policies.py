@@ -37,6 +37,7 @@ from schedapp.schedules import Interval, Once, fire_times, next_fire_time, parse
 from tests import examples
 
 SECOND = timedelta(seconds=1)
+ZERO = timedelta(0)
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -877,7 +878,7 @@ OVERLAP_SCHEDULES = [
         min_value=datetime(2026, 3, 25), max_value=datetime(2026, 11, 1), timezones=st.just(UTC)
     ),
     ran_for=st.timedeltas(min_value=timedelta(0), max_value=3 * DAY),
-    overlap=st.sampled_from(["skip", "buffer_one", "buffer_all"]),
+    overlap=st.sampled_from(["skip", "buffer_one", "buffer_all", "cancel_other"]),
     max_buffer=st.integers(1, 12),
 )
 def test_property_every_occurrence_that_came_due_during_a_run_has_one_fate(
@@ -902,6 +903,11 @@ def test_property_every_occurrence_that_came_due_during_a_run_has_one_fate(
     if overlap == "buffer_one" or not came_due:  # the next one waits, as before overlaps
         assert plan.ranges == ()
         assert plan.scheduled_for == next_fire_time(schedule, occurrence)
+        return
+    if overlap == "cancel_other":  # the latest runs now; those before it are recorded
+        assert plan.scheduled_for == came_due[-1] and plan.delay == timedelta(0)
+        assert recorded == came_due[:-1]
+        assert all(r.fate == OVERLAPPED for r in plan.ranges)
         return
     if overlap == "skip":
         assert recorded == came_due and {r.fate for r in plan.ranges} == {OVERLAPPED}
@@ -963,3 +969,15 @@ def test_without_the_databases_clock_a_success_plans_as_before_overlaps():
     assert plan_after_success(job, rng_must_not_be_called) == AfterRun(
         "scheduled", utc("11:00:00"), utc("11:00:00"), None, 0
     )
+
+
+@pytest.mark.parametrize("overlap", ["cancel_other", "terminate_other"])
+def test_a_superseded_run_that_failed_is_not_retried_the_latest_occurrence_runs(overlap):
+    # A run for 10:00 (every hour) cancelled when 11:00 came due, reported failed at 12:30
+    job = facts(scheduled_for=TEN, now=utc("12:30:00"), overlap=overlap, superseded=True)
+    plan = plan_after_failure(job, rng=rng_must_not_be_called)
+    assert (plan.scheduled_for, plan.delay, plan.retry_count) == (utc("12:00:00"), ZERO, 0)
+    assert not plan.dead and not plan.failed_occurrence
+    assert [(r.first, r.count, r.fate) for r in plan.ranges] == [(utc("11:00:00"), 1, OVERLAPPED)]
+    # Not superseded (it failed before the next came due): retried as any failure
+    assert plan_after_failure(replace(job, superseded=False), rng=fixed_rng(0)).retry_count == 1

@@ -1,0 +1,56 @@
+"""Overlap policies cancel_other and terminate_other: a run in flight whose job's next
+occurrence has come due is cancelled. A beat marks its job ``superseded`` (so that the run's
+outcome, whatever it is, moves the job on to the latest occurrence due, never to a retry:
+``policies.plan_after_failure``) and, after commit, revokes its Celery task; with terminate
+under terminate_other. The claim sets when (``Job.supersede_at``: ``claim._arm_supersede``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from .. import policies
+from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A run cancelled by a later occurrence: what to revoke, and how."""
+
+    job_id: int
+    token: int
+    task_ids: tuple[str, ...]
+    terminate: bool
+    by: datetime  # the occurrence that came due
+
+
+def supersede_due(limit: int = 100) -> list[Superseded]:
+    """Mark the runs in flight that a later occurrence supersedes, in one transaction (jobs
+    locked SKIP LOCKED: beats share them); the caller revokes their tasks after it commits.
+    Reads the partial index of ``supersede_at``: as cheap as the number of such runs."""
+    out: list[Superseded] = []
+    with transaction.atomic():
+        due = list(
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(state=JobState.RUNNING, supersede_at__lte=Now(), superseded=False)
+            .order_by("supersede_at")
+            .values("id", "token", "overlap", "supersede_at")[:limit]
+        )
+        for job in due:
+            task_ids = JobRun.objects.filter(
+                job_id=job["id"], token=job["token"], status__in=ACTIVE_RUN_STATUSES
+            ).values_list("task_id", flat=True)
+            Job.objects.filter(id=job["id"]).update(superseded=True, supersede_at=None)
+            out.append(
+                Superseded(
+                    job["id"],
+                    job["token"],
+                    tuple(task_ids),
+                    job["overlap"] == policies.TERMINATE_OTHER,
+                    job["supersede_at"],
+                )
+            )
+    return out
