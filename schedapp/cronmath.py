@@ -30,6 +30,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from . import cronsyntax
+
 DAY = 86_400
 _EPSILON = timedelta(microseconds=1)
 # A repeated or skipped stretch of wall time is shorter than this, and two offset changes are
@@ -82,7 +84,8 @@ class CronSets:
     """A cron expression's matching days and times of day, read from croniter's expansion."""
 
     def __init__(self, expr: str, has_seconds: bool, day_or: bool) -> None:
-        it = croniter(expr, datetime(2001, 1, 1), day_or=day_or, second_at_beginning=has_seconds)
+        engine = cronsyntax.engine_expr(expr)  # FRIL as L5, LW as 31W: croniter's spellings
+        it = croniter(engine, datetime(2001, 1, 1), day_or=day_or, second_at_beginning=has_seconds)
         fields = it.expanded  # minute, hour, day, month, weekday[, second]
         self.minutes = _values(fields[0], range(60))
         self.hours = _values(fields[1], range(24))

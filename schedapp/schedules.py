@@ -39,7 +39,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
-from . import cronmath, solar
+from . import cronmath, cronsyntax, solar
 from .cronmath import instants as _instants
 from .exceptions import ScheduleError
 
@@ -211,17 +211,17 @@ def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
     parts = [",".join(_single_value(item) for item in p.split(",")) for p in parts]
     text = " ".join(parts)
     has_seconds = len(parts) == 6
-    out_of_range = _out_of_range(parts, has_seconds)
-    if out_of_range:  # before croniter, which reads a day of month "1-0" as a schedule
+    # Before croniter, which reads a day of month "1-0" as a schedule and names no field.
+    problems = cronsyntax.problems(parts, has_seconds) + _out_of_range(parts, has_seconds)
+    if problems:
         raise ScheduleError(
-            field, f"{expr!r} is not a valid cron expression: {'; '.join(out_of_range)}."
+            field, f"{expr!r} is not a valid cron expression: {'; '.join(problems)}."
         )
-    try:
-        ok = croniter.is_valid(text, second_at_beginning=has_seconds)
-    except (CroniterError, ValueError, TypeError, IndexError, KeyError):
-        ok = False
-    if not ok:
-        raise ScheduleError(field, f"{expr!r} is not a valid cron expression.")
+    if not _croniter_reads(text, has_seconds):
+        refused = _refused_fields(parts, has_seconds)
+        raise ScheduleError(
+            field, f"{expr!r} is not a valid cron expression{': ' if refused else ''}{refused}."
+        )
     hour = parts[2] if has_seconds else parts[1]
     cron = Cron(text, timezone, has_seconds, hour in ("*", "*/1"), day_or)
     try:
@@ -256,6 +256,26 @@ def _out_of_range(parts: list[str], has_seconds: bool) -> list[str]:
                     seen.append(number)
                     found.append(f"{name} {number} is out of range ({low}-{high})")
     return found
+
+
+def _croniter_reads(text: str, has_seconds: bool) -> bool:
+    try:
+        return croniter.is_valid(cronsyntax.engine_expr(text), second_at_beginning=has_seconds)
+    except (CroniterError, ValueError, TypeError, IndexError, KeyError):
+        return False
+
+
+def _refused_fields(parts: list[str], has_seconds: bool) -> str:
+    """The fields croniter refuses each on its own (the others ``*``), named: croniter says
+    only that the whole expression is invalid."""
+    found = []
+    for i, name in enumerate(cronsyntax.field_names(has_seconds)):
+        alone = ["*"] * len(parts)
+        alone[i] = parts[i]
+        if not _croniter_reads(" ".join(alone), has_seconds):
+            hint = cronsyntax.hint(name, parts[i])
+            found.append(f"{name} field: {parts[i]!r} is not valid{hint}")
+    return "; ".join(found)
 
 
 def _single_value(item: str) -> str:
@@ -515,7 +535,7 @@ def recent_fire_times(
 
 def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Iterator[datetime]:
     it = croniter(
-        cron.expr,
+        cronsyntax.engine_expr(cron.expr),
         start,
         second_at_beginning=cron.has_seconds,
         max_years_between_matches=years,

@@ -4,7 +4,7 @@ The oracle is plain enumeration: ``fire_times``, which steps through croniter on
 a time and applies the DST rules wall time by wall time. The counting under test never steps
 through occurrences (it reads day bitmasks and time-of-day sets), so the two are independent
 paths to the same numbers. Tables pin the numbers that matter by hand: DST days in half-hour
-zones, ``L``, ``W``, ``#``, and Celery's AND of the day fields.
+zones, ``L``, ``W`` (``LW``), ``#`` (``FRIL``), and Celery's AND of the day fields.
 """
 
 from __future__ import annotations
@@ -300,13 +300,14 @@ def _numbers(lo: int, hi: int) -> st.SearchStrategy[str]:
 WEEKDAY_NAMES = ["sun", "mon", "tue", "wed", "thu", "fri", "sat", "Friday", "MONDAY", "sunday"]
 DOM = st.one_of(
     _numbers(1, 31),
-    st.sampled_from(["?", "L", "1,L", "15,L", "L,28", "1W", "15W", "31W", "W6", "30W"]),
+    st.sampled_from(["?", "L", "1,L", "15,L", "L,28", "1W", "15W", "31W", "W6", "30W", "LW"]),
 )
 MONTH = _numbers(1, 12) | st.sampled_from(["jan", "feb-apr", "oct,nov", "March", "*/3"])
 DOW = st.one_of(
     _numbers(0, 7),
     st.sampled_from(WEEKDAY_NAMES),
     st.sampled_from(["?", "mon-fri", "sat,sun", "1#1", "5#3", "0#5", "fri#2", "L5", "L0"]),
+    st.sampled_from(["5L", "FRIL", "sundayL", "7L", "1L,3#2"]),
     st.sampled_from(["mon-fri#2", "1#2,1#4", "6#1,L6", "sun-sat#3"]),
 )
 
@@ -406,11 +407,11 @@ def test_property_day_matching_equals_croniter_over_a_year(
     check_against_enumeration(cron, start, start + days * DAY, count)
 
 
-W_DAYS = st.sampled_from(["1W", "2W", "15W", "28W", "29W", "30W", "31W", "W1", "W31"])
+W_DAYS = st.sampled_from(["1W", "2W", "15W", "28W", "29W", "30W", "31W", "W1", "W31", "LW"])
 L_DAYS = st.sampled_from(["L", "1,L", "L,15", "30,L", "29-31,L"])
 NTH_DAYS = st.sampled_from(
     ["1#1", "5#3", "0#5", "6#1", "fri#2", "L5", "L0", "L6", "mon-fri#1", "1#2,1#4", "6#1,L6"]
-)
+) | st.sampled_from(["5L", "FRIL", "7L", "6#1,6L"])
 
 
 @settings(

@@ -24,6 +24,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         (
             "exceptions",
             "message",
+            "cronsyntax",
             "cronmath",
             "solar",
             "schedules",
