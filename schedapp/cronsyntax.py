@@ -132,6 +132,25 @@ def _day_of_week(items: list[str]) -> list[str]:
     return found
 
 
+def spelled(parts: list[str]) -> list[str]:
+    """The day fields as cron-descriptor (the admin's plain words) reads them: the day of
+    month upper case ("15w" would read as "on day 15w"; it holds no names), and a full weekday
+    name next to L shortened ("fridayL" as "friL")."""
+    parts = list(parts)
+    dom, dow = len(parts) - 3, len(parts) - 1
+    parts[dom] = parts[dom].upper()
+    parts[dow] = ",".join(_short_last(item) for item in parts[dow].split(","))
+    return parts
+
+
+def _short_last(item: str) -> str:
+    last = _LAST_WEEKDAY.match(item.lower())
+    day = last and (last["day"] or last["after"])
+    if not day or day not in _FULL_WEEKDAYS:
+        return item
+    return item[:3] + item[-1] if last["day"] else item[:4]
+
+
 def hint(name: str, part: str) -> str:
     """What to add to croniter's refusal of a field: croniter cannot list plain weekdays
     with ``#`` or ``L`` ones (``1,5#3``)."""

@@ -209,6 +209,7 @@ def _parse_cron(expr: str, timezone: str, field: str, day_or: bool) -> Cron:
         raise ScheduleError(field, f"{expr!r}: a random field ('R') is not a schedule.")
     parts = [_FULL_NAME.sub(lambda m: _FULL_NAMES[m[0].lower()], p) for p in parts]
     parts = [",".join(_single_value(item) for item in p.split(",")) for p in parts]
+    parts = cronsyntax.spelled(parts)
     text = " ".join(parts)
     has_seconds = len(parts) == 6
     # Before croniter, which reads a day of month "1-0" as a schedule and names no field.

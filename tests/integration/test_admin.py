@@ -187,6 +187,8 @@ def test_adding_a_job_in_the_form_schedules_it_through_the_api(admin_client):
     [
         ({"cron": "61 * * * *"}, "cron", {"cron": "61 * * * *"}),
         ({"cron": "0 0 30 2 *"}, "cron", {"cron": "0 0 30 2 *"}),
+        ({"cron": "0 9 * * 5#6"}, "cron", {"cron": "0 9 * * 5#6"}),
+        ({"cron": "0 0 9 * * LW"}, "cron", {"cron": "0 0 9 * * LW"}),
         (
             {"timezone": "Mars/Olympus"},
             "timezone",
@@ -240,6 +242,44 @@ def test_the_form_refuses_what_the_api_refuses_with_the_same_message(
     expected = api_error(name="via-api", **spec)[field]
     assert errors[field] == expected, errors
     assert not Job.objects.filter(name="nightly-report").exists()
+
+
+@pytest.mark.parametrize(
+    ("cron", "says"),
+    [
+        ("0 9 * * 5#6", "day of week field: '5#6'"),
+        ("0 9 * * LW", "day of week field: 'LW'"),
+        ("0 0 9 * L *", "month field: 'L'"),
+        ("0 9 32W * *", "day of month 32 is out of range (1-31)"),
+        ("0 9 * * 8L", "day of week 8 is out of range (0-7)"),
+    ],
+)
+def test_a_misused_cron_day_form_is_refused_in_the_form_naming_its_field(admin_client, cron, says):
+    # When the operator writes a day form in a field that does not take it
+    response = admin_client.post(reverse(ADD), form_data(cron=cron))
+
+    # Then the form shows the error on the cron field, naming the cron field at fault
+    assert response.status_code == 200
+    errors = form_errors(response)
+    assert any(says in message for message in errors["cron"]), errors
+    assert says in response.content.decode().replace("&#x27;", "'")
+    assert not Job.objects.filter(name="nightly-report").exists()
+
+
+@pytest.mark.parametrize("cron", ["0 9 LW * *", "0 0 9 * * FRIL", "0 9 * * 5L", "30 0 9 L * *"])
+def test_a_cron_day_form_is_saved_as_written_with_its_next_run(admin_client, cron):
+    # When the operator saves a job with a day form (5 or 6 fields)
+    response = admin_client.post(reverse(ADD), form_data(cron=cron, _continue="1"))
+
+    # Then it is stored as written, and its next run is the form's first fire
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert job.cron == cron
+    assert job.next_run_at == next(fire_times(parse_cron(cron, "Europe/Paris"), job.created_at))
+    # And the job page previews five fire times on its days
+    page = admin_client.get(change_url(job)).content.decode()
+    preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
+    assert len(re.findall(r"<li>", preview)) == 5
 
 
 def test_a_catch_up_window_is_set_shown_and_cleared_in_the_form(admin_client):

@@ -15,6 +15,7 @@ from schedapp import api, lease
 from schedapp.db import db_now
 from schedapp.exceptions import JobStateError
 from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.schedules import next_fire_time, parse_cron
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +53,14 @@ def errors_among_jobs(call) -> dict[str, list[str]]:
         ),
         ({"cron": "* * * *"}, "cron", "has 4 fields"),
         ({"cron": "0 0 30 2 *"}, "cron", "never fires"),
+        ({"cron": "0 9 * * 5#6"}, "cron", "day of week field: '5#6': #6 does not exist"),
+        ({"cron": "0 0 9 * * LW"}, "cron", "day of week field: 'LW'"),
+        ({"cron": "0 9 * L *"}, "cron", "month field: 'L'"),
+        ({"cron": "0 9 LW,15 * *"}, "cron", "day of month field: 'LW' stands alone"),
+        ({"cron": "0 9 * * L"}, "cron", "day of week field: 'L' alone"),
+        ({"cron": "0 9 32W * *"}, "cron", "day of month 32 is out of range (1-31)"),
+        ({"cron": "0 9 * * 8L"}, "cron", "day of week 8 is out of range (0-7)"),
+        ({"cron": "0 9 * * 1,5#3"}, "cron", "day of week field: '1,5#3' is not valid"),
         ({"cron": "*/5 * * * *", "timezone": "Mars/Olympus_Mons"}, "timezone", "unknown time zone"),
         ({"run_at": datetime(2030, 1, 1)}, "run_at", "timezone-aware"),
         ({}, "run_at", "exactly one schedule"),
@@ -98,6 +107,17 @@ def test_bad_input_is_rejected_naming_the_field(kwargs, field, fragment):
     messages = errors_of(lambda: api.schedule(TASK, **kwargs))
     assert field in messages, messages
     assert any(fragment in m for m in messages[field]), messages[field]
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 9 L * *", "0 9 LW * *", "0 0 9 15W * *", "0 9 * * FRI#2", "0 0 9 * * fril"]
+)
+def test_each_cron_day_form_is_scheduled_as_written_with_its_first_fire(cron):
+    job = api.schedule(TASK, cron=cron, timezone="America/New_York", name=cron)
+    job.refresh_from_db()
+    assert job.cron == cron
+    schedule = parse_cron(cron, "America/New_York")
+    assert job.next_run_at == next_fire_time(schedule, job.created_at)
 
 
 def test_an_unregistered_task_is_rejected():

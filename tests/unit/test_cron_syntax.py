@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedapp import cronsyntax, schedules
+from schedapp.display import describe_cron
 from schedapp.exceptions import ScheduleError
 from schedapp.schedules import (
     count_fire_times,
@@ -431,11 +432,27 @@ def test_given_quartz_spellings_when_handed_to_croniter_then_they_are_croniters(
     assert cronsyntax.engine_expr(expr) == engine
 
 
-def test_the_stored_expression_keeps_the_users_spelling():
-    """The admin shows it and cron-descriptor reads LW and FRIL as written."""
-    assert parse_cron("0 9 LW * *", "UTC").expr == "0 9 LW * *"
-    assert parse_cron("0 9 * * friday#2", "UTC").expr == "0 9 * * fri#2"
-    assert parse_cron("0 9 * * FRIL", "UTC").expr == "0 9 * * FRIL"
+@pytest.mark.parametrize(
+    ("written", "stored", "words"),
+    [
+        ("0 9 LW * *", "0 9 LW * *", "on the last weekday of the month"),
+        ("0 0 9 lw * *", "0 0 9 LW * *", "on the last weekday of the month"),
+        ("0 9 l * *", "0 9 L * *", "on the last day of the month"),
+        ("0 9 15w * *", "0 9 15W * *", "on the weekday nearest day 15 of the month"),
+        ("0 9 * * friday#2", "0 9 * * fri#2", "on the second Friday of the month"),
+        ("0 9 * * FRIL", "0 9 * * FRIL", "on the last Friday of the month"),
+        ("0 9 * * fridayL", "0 9 * * friL", "on the last Friday of the month"),
+        ("0 9 * * 5L", "0 9 * * 5L", "on the last Friday of the month"),
+        ("0 9 * * LFRI", "0 9 * * LFRI", "on the last Friday of the month"),
+    ],
+)
+def test_the_stored_expression_is_the_users_spelling_as_the_admin_words_read_it(
+    written, stored, words
+):
+    """Stored as written but for the day of month's case and a full name before L, which
+    cron-descriptor (the admin's plain words) would misread: "15w" as "on day 15w"."""
+    assert parse_cron(written, "UTC").expr == stored
+    assert words in describe_cron(stored)
 
 
 EVERY_MONTH_SHAPE = (datetime(2001, 1, 1, tzinfo=UTC), datetime(2028, 12, 31, 23, tzinfo=UTC))
