@@ -3,9 +3,10 @@ transaction that decided it, and ``schedapp.explain`` answers "what happened at 
 
 from __future__ import annotations
 
+import calendar
 import io
 import json
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -96,6 +97,55 @@ def test_run_all_beyond_its_bound_accounts_for_every_occurrence():
     assert explain.unaccounted(job, first, ran[-1]) == []
     fates = [e.fate for e in explain.timeline(job)]
     assert fates == ["ran"] * 4 + ["misfired"]
+
+
+def last_weekday(year: int, month: int) -> date:
+    day = date(year, month, calendar.monthrange(year, month)[1])
+    while day.weekday() >= 5:  # walk back over Saturday and Sunday
+        day -= timedelta(days=1)
+    return day
+
+
+def last_friday(year: int, month: int) -> date:
+    day = date(year, month, calendar.monthrange(year, month)[1])
+    while day.weekday() != 4:
+        day -= timedelta(days=1)
+    return day
+
+
+@pytest.mark.parametrize(
+    ("cron", "day"), [("0 9 LW * *", last_weekday), ("0 0 9 * * FRIL", last_friday)]
+)
+def test_a_cron_day_form_away_for_a_year_is_counted_and_recorded_exactly(cron, day):
+    """The claim counts a job's missed occurrences by arithmetic (cronmath) and finds the
+    latest by walking back: for LW and FRIL, the oracle's days at 09:00 in Paris."""
+    zone = ZoneInfo("Europe/Paris")
+    now = db_now()
+    here = now.astimezone(zone)
+    fires = []
+    for back in range(13, -1, -1):
+        index = here.year * 12 + here.month - 1 - back
+        on = day(index // 12, index % 12 + 1)
+        fire = datetime(on.year, on.month, on.day, 9, tzinfo=zone).astimezone(UTC)
+        if fire <= now:
+            fires.append(fire)
+    fires = fires[-12:]  # a year of them, the latest one due
+    job = api.schedule(
+        "project.tasks.record", cron=cron, timezone="Europe/Paris", misfire_policy="run_once"
+    )
+    Job.objects.filter(pk=job.pk).update(scheduled_for=fires[0], next_run_at=fires[0])
+    # When a beat claims it, 12 occurrences late
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    # Then the latest runs, the 11 before it are one record, and none is unaccounted for
+    assert run.scheduled_for == fires[-1]
+    [record] = Occurrence.objects.filter(job=job)
+    assert (record.scheduled_for, record.last, record.count) == (fires[0], fires[-2], 11)
+    assert explain.unaccounted(job, fires[0], run.scheduled_for) == []
+    run_to_success(run)
+    job.refresh_from_db()
+    assert job.missed_runs == 11
+    nxt = job.next_run_at.astimezone(zone)
+    assert nxt.date() == day(nxt.year, nxt.month) and (nxt.hour, nxt.minute) == (9, 0)
 
 
 def test_the_same_decision_twice_keeps_the_first_record():
