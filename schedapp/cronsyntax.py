@@ -7,8 +7,9 @@ last Friday). croniter reads ``L``, ``15W`` and ``FRI#2`` as written, spells the
 since it caps a ``W`` day at the month's end and the weekday nearest the last day is the last
 weekday. ``engine_expr`` hands croniter those spellings; everything that reads a cron
 (croniter's walk in ``schedules``, the day bitmasks of ``cronmath``) reads it through
-``engine_expr``, so each form has one meaning, croniter's, and the stored expression keeps the
-user's spelling (which cron-descriptor, in the admin, reads as written).
+``engine_expr``, so each form has one meaning, croniter's. The stored expression keeps the
+user's spelling but for what cron-descriptor (the admin's plain words) would misread
+(``spelled``).
 
 croniter refuses a misused form with "not acceptable" and no field; ``problems`` names the
 field and says what the field takes instead. Pure: no croniter here, no clock.
