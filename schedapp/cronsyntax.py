@@ -146,8 +146,7 @@ def spelled(parts: list[str]) -> list[str]:
 
 def _short_last(item: str) -> str:
     last = _LAST_WEEKDAY.match(item.lower())
-    day = last and (last["day"] or last["after"])
-    if not day or day not in _FULL_WEEKDAYS:
+    if last is None or (last["day"] or last["after"]) not in _FULL_WEEKDAYS:
         return item
     return item[:3] + item[-1] if last["day"] else item[:4]
 
