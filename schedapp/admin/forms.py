@@ -111,6 +111,9 @@ class JobForm(forms.ModelForm):
             "fixed_delay": "Count from the end of each run",
         }
         help_texts = {
+            "cron": "5 fields, or 6 with seconds first, e.g. '*/10 * * * * *'. Days: L (the "
+            "last), LW (the last weekday), 15W (the weekday nearest the 15th), FRI#2 (the "
+            "second Friday), FRIL (the last Friday).",
             "interval": "Recurring: every ... e.g. '300' (seconds), '00:05:00' or '1 00:00:00'.",
             "catchup_window": "Optional: an occurrence missed longer ago than this (e.g. "
             "'3600' seconds or '01:00:00') is recorded as missed and not run; at least the "

@@ -276,8 +276,9 @@ def test_a_cron_day_form_is_saved_as_written_with_its_next_run(admin_client, cro
     job = Job.objects.get(name="nightly-report")
     assert job.cron == cron
     assert job.next_run_at == next(fire_times(parse_cron(cron, "Europe/Paris"), job.created_at))
-    # And the job page previews five fire times on its days
+    # And the job page previews five fire times on its days, and says which day forms exist
     page = admin_client.get(change_url(job)).content.decode()
+    assert "LW (the last weekday)" in page and "FRIL (the last Friday)" in page
     preview = re.search(r'<ol id="schedapp-preview-list">(.*?)</ol>', page, re.S).group(1)
     assert len(re.findall(r"<li>", preview)) == 5
 
