@@ -19,7 +19,7 @@ from typing import Any
 
 from .fields import CELERY_FIELDS
 from .option_rules import Options
-from .schedules import Once
+from .schedules import DEFAULT_DST_POLICY, Once
 from .validation import Checked
 
 # Every column a new job has, in the order the encoders write them.
@@ -201,6 +201,7 @@ class TextRows(CopyRows):
 
         return (
             f"{'t' if values.get('cron_day_or', True) else 'f'}\t"
+            f"{_text(values.get('dst_policy') or DEFAULT_DST_POLICY)}\t"
             f"{_text(values.get('solar_event') or '')}\t{opt(values.get('latitude'))}\t"
             f"{opt(values.get('longitude'))}\t{opt(values.get('not_before'))}\t"
             f"{opt(values.get('expires_at'))}\t{_text(options_json)}"
@@ -337,6 +338,7 @@ class BinaryRows(CopyRows):
         return b"".join(
             (
                 _I32(1) + (b"\x01" if values.get("cron_day_or", True) else b"\x00"),
+                _b_text(values.get("dst_policy") or DEFAULT_DST_POLICY),
                 _b_text(values.get("solar_event") or ""),
                 opt(values.get("latitude")),
                 opt(values.get("longitude")),

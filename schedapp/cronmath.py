@@ -24,6 +24,7 @@ from __future__ import annotations
 import calendar
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
@@ -348,20 +349,123 @@ def offset_pieces(zone: str, lo: int, hi: int) -> list[tuple[int, int, int | Non
 
 # --- the DST rules --------------------------------------------------------------------------
 
+# A job's DST policy (``Job.dst_policy``): what a fixed-hour cron does with a wall time the
+# clocks skip (``gap_end``: once, when the gap ends; ``skip``: not at all) and with one they
+# repeat (``first``, ``second`` or ``both`` of its two instants), written "gap+fold"; or
+# ``celery``, Celery beat's own reading (``DstRule``). The default is the rule documented before
+# there was a choice, so a row without a policy means what it always meant.
+GAP_RULES = ("gap_end", "skip")
+FOLD_RULES = ("first", "second", "both")
+DEFAULT_DST_POLICY = "gap_end+first"
+CELERY_DST_POLICY = "celery"
+DST_POLICIES = (
+    *(f"{gap}+{fold}" for gap in GAP_RULES for fold in FOLD_RULES),
+    CELERY_DST_POLICY,
+)
 
-def instants(naive: datetime, tz: ZoneInfo, wildcard_hour: bool) -> list[datetime]:
-    """The UTC instants at which a wall-clock time fires, by the rules in the module doc."""
+
+@dataclass(frozen=True)
+class DstRule:
+    """How one cron's wall times become instants across DST changes: the one rule that
+    ``instants``, ``count_fires`` and ``last_fires`` (and so next, count and recent) follow.
+
+    gap: ``gap_end`` (a skipped wall time fires once, at the gap's end), ``skip`` (never), or
+    ``celery``: the first matching wall time of the gap fires at the instant the offset before
+    the change names it (02:30 in Paris on 2026-03-29 at 03:30+02:00), and no other matching
+    wall time before that instant fires (Celery steps from that send: ``crontab.remaining_delta``
+    replaces the fields of its last run, and the new wall time keeps the old offset).
+    fold: which of a repeated wall time's two instants fire (Celery's is ``first``).
+    """
+
+    gap: str
+    fold: str
+
+
+def dst_rule(policy: str, wildcard_hour: bool) -> DstRule:
+    """The rule a cron follows under a job's policy. A cron whose hour field is ``*`` follows
+    elapsed time (skipped wall times do not exist, repeated ones fire twice) under every
+    policy but ``celery``: the gap and fold choices are about fixed-hour times."""
+    if policy == CELERY_DST_POLICY:
+        return DstRule("celery", "first")
+    if wildcard_hour:
+        return DstRule("skip", "both")
+    gap, _, fold = policy.partition("+")
+    if gap not in GAP_RULES or fold not in FOLD_RULES:
+        raise ValueError(f"unknown DST policy {policy!r}; use one of {', '.join(DST_POLICIES)}.")
+    return DstRule(gap, fold)
+
+
+def instants(
+    naive: datetime, tz: ZoneInfo, rule: DstRule | bool, sets: CronSets | None = None
+) -> list[datetime]:
+    """The UTC instants at which a wall-clock time fires, by ``rule`` (a bool: today's default
+    rule for a cron whose hour is, or is not, a wildcard). ``sets`` (the cron's) is needed by
+    Celery's gap rule only, which depends on the other wall times of the gap."""
+    if isinstance(rule, bool):
+        rule = dst_rule(DEFAULT_DST_POLICY, rule)
     found: list[datetime] = []
     for fold in (0, 1):
         instant = naive.replace(tzinfo=tz, fold=fold).astimezone(UTC)
         if instant.astimezone(tz).replace(tzinfo=None) == naive and instant not in found:
             found.append(instant)
     found.sort()
-    if len(found) == 2 and not wildcard_hour:
-        return found[:1]  # repeated hour: a fixed-time job runs once
-    if not found and not wildcard_hour:
+    if len(found) == 2:  # a repeated wall time
+        return found if rule.fold == "both" else found[1:] if rule.fold == "second" else found[:1]
+    if rule.gap == "celery":
+        assert sets is not None, "Celery's gap rule reads the cron's other wall times"
+        if not found:  # the gap's first matching wall time fires, at the offset before it
+            wall = to_seconds(naive)
+            change = _spring_change(tz.key, wall, wall=True)
+            first = change and first_wall_in(sets, change[0] + change[1], change[0] + change[2] - 1)
+            return [instant_at(wall - change[1])] if change and first == wall else []
+        send = celery_gap_send(sets, tz.key, utc_seconds(found[0]))
+        if send is not None and utc_seconds(found[0]) < send:
+            return []  # after the gap, before Celery's send for it: Celery steps from that send
+        return found
+    if not found and rule.gap == "gap_end":
         return [end_of_gap(naive, tz)]  # skipped hour: a fixed-time job runs after the gap
     return found
+
+
+def _spring_change(zone: str, at: int, *, wall: bool) -> tuple[int, int, int] | None:
+    """The spring-forward change (UTC second, offset before, offset after) whose gap holds the
+    wall time ``at`` (``wall=True``), or in whose first gap's length the UTC second ``at`` is."""
+    year = naive_at(at).year
+    for y in range(max(year - 1, _FIRST_YEAR), min(year + 1, 9999) + 1):
+        for change, before, after in _changes_in_year(zone, y):
+            if after > before and (
+                change + before <= at < change + after
+                if wall
+                else change <= at < change + after - before
+            ):
+                return change, before, after
+    return None
+
+
+def celery_gap_send(sets: CronSets, zone: str, at: int) -> int | None:
+    """Celery's send for the spring-forward gap whose length after the change holds the UTC
+    second ``at``: the gap's first matching wall time read at the offset before the change
+    (UTC seconds); None when there is no such gap or it holds no matching wall time."""
+    change = _spring_change(zone, at, wall=False)
+    if change is None:
+        return None
+    at_change, before, after = change
+    first = first_wall_in(sets, at_change + before, at_change + after - 1)
+    return None if first is None else first - before
+
+
+def first_wall_in(sets: CronSets, lo: int, hi: int) -> int | None:
+    """The first matching wall time in [lo, hi] (wall seconds, at most a day apart), by
+    bisection on ``count_walls``."""
+    if sets.count_walls(lo, hi) == 0:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sets.count_walls(lo, mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def end_of_gap(naive: datetime, tz: ZoneInfo) -> datetime:
@@ -382,15 +486,20 @@ def end_of_gap(naive: datetime, tz: ZoneInfo) -> datetime:
 # --- counting and walking back --------------------------------------------------------------
 
 
-def count_fires(sets: CronSets, zone: str, wildcard_hour: bool, lo: int, hi: int) -> int:
+def count_fires(sets: CronSets, zone: str, rule: DstRule | bool, lo: int, hi: int) -> int:
     """How many fire times are in the UTC seconds [lo, hi], by the rules of ``instants``.
 
-    Within a piece of constant offset an instant fires iff its wall time matches. At a change:
-    a fixed-hour cron skips the repeated wall times in the second pass (they fired in the
-    first), and fires once at the change when a skipped wall time matches (unless the first
-    wall time after the gap matches too: the same instant). A wildcard-hour cron needs nothing
-    more: skipped wall times have no instant, repeated ones have two.
+    Within a piece of constant offset an instant fires iff its wall time matches. At a
+    fall-back change the repeated wall times show in both pieces around it: fold ``first``
+    skips them in the piece after it, ``second`` in the piece before it (looking past ``hi``
+    for that change), ``both`` in neither. At a spring-forward change: ``gap_end`` fires once
+    at the change when a skipped wall time matches (unless the first wall time after the gap
+    matches too: the same instant), ``skip`` adds nothing (skipped wall times have no
+    instant), ``celery`` fires once at the gap's first matching wall time read at the old
+    offset and skips the wall times after the gap up to that send's.
     """
+    if isinstance(rule, bool):
+        rule = dst_rule(DEFAULT_DST_POLICY, rule)
     lo, hi = max(lo, _FIRST), min(hi, _LAST)
     if hi < lo:
         return 0
@@ -399,25 +508,53 @@ def count_fires(sets: CronSets, zone: str, wildcard_hour: bool, lo: int, hi: int
     for i, (start, offset, before) in enumerate(pieces):
         stop = pieces[i + 1][0] - 1 if i + 1 < len(pieces) else hi
         first, last = max(start, lo), min(stop, hi)
+        spring = before is not None and offset > before
+        send = None
+        if spring and rule.gap == "celery":
+            found = first_wall_in(sets, start + before, start + offset - 1)  # type: ignore[operator]
+            send = None if found is None else found - before  # type: ignore[operator]
         if first <= last:
             wall_lo, wall_hi = first + offset, last + offset
-            if not wildcard_hour and before is not None and before > offset:
+            if rule.fold == "first" and before is not None and before > offset:
                 wall_lo = max(wall_lo, start + before)  # past the repeated wall times
+            if rule.fold == "second":
+                later = _next_change(zone, pieces, i, hi)
+                if later is not None and later[1] > later[2]:  # the first pass of a repeat
+                    wall_hi = min(wall_hi, later[0] + later[2] - 1)
+            if send is not None:
+                wall_lo = max(wall_lo, send + offset + 1)  # Celery steps from its send
             total += sets.count_walls(wall_lo, wall_hi)
+        if send is not None and lo <= send <= hi:
+            total += 1
         if (
-            not wildcard_hour
-            and before is not None
-            and offset > before
+            rule.gap == "gap_end"
+            and spring
             and lo <= start <= hi
-            and sets.count_walls(start + before, start + offset - 1)
+            and sets.count_walls(start + before, start + offset - 1)  # type: ignore[operator]
             and not sets.wall_matches(start + offset)
         ):
             total += 1
     return total
 
 
+def _next_change(
+    zone: str, pieces: list[tuple[int, int, int | None]], i: int, hi: int
+) -> tuple[int, int, int] | None:
+    """The offset change that ends piece ``i`` (UTC second, offset before, offset after),
+    looking past ``hi`` for the last piece; None if none comes within two days."""
+    if i + 1 < len(pieces):
+        at, after, before = pieces[i + 1]
+        return at, before, after  # type: ignore[return-value]
+    year = naive_at(hi).year
+    for y in (year, min(year + 1, 9999)):
+        for at, before, after in _changes_in_year(zone, y):
+            if hi < at <= hi + _LOOKBACK:
+                return at, before, after
+    return None
+
+
 def last_fires(
-    sets: CronSets, zone: str, wildcard_hour: bool, since: datetime, until: datetime, count: int
+    sets: CronSets, zone: str, rule: DstRule | bool, since: datetime, until: datetime, count: int
 ) -> list[datetime]:
     """The last ``count`` fire times in [since, until], oldest first.
 
@@ -427,6 +564,8 @@ def last_fires(
     latest instant is older than the ``count``-th newest found. Cost: about ``count`` wall
     times, plus those of one DST change when ``until`` is just after it; never the gap.
     """
+    if isinstance(rule, bool):
+        rule = dst_rule(DEFAULT_DST_POLICY, rule)
     tz = ZoneInfo(zone)
     lo, hi = max(utc_seconds(since, up=True), _FIRST), min(utc_seconds(until), _LAST)
     if hi < lo or count <= 0:
@@ -442,7 +581,7 @@ def last_fires(
     current = sets.last_wall_at_or_before(wall, floor)
     while current is not None:
         naive = naive_at(current)
-        times = instants(naive, tz, wildcard_hour)
+        times = instants(naive, tz, rule, sets)
         if times:
             if utc_seconds(times[-1]) < lo or (len(newest) == count and times[-1] < newest[0]):
                 break
@@ -452,13 +591,27 @@ def last_fires(
                     newest.insert(bisect_left(newest, t), t)
                     if len(newest) > count:
                         newest.pop(0)
-        if _exists(naive, tz):
+        exists = _exists(naive, tz)
+        if exists and (times or rule.gap != "celery"):
             current = sets.last_wall_at_or_before(current - 1, floor)
+        elif exists:  # after a gap, before Celery's send for it: on to the gap's wall times
+            spring = _spring_change(zone, utc_seconds(naive.replace(tzinfo=tz)), wall=False)
+            assert spring is not None
+            current = sets.last_wall_at_or_before(spring[0] + spring[2] - 1, floor)
         else:  # inside a gap: the other skipped wall times fire at the same instant, or never
             change = utc_seconds(end_of_gap(naive, tz))
             before = offset_at(tz, change - 1)
-            current = sets.last_wall_at_or_before(change - 1 + before, floor)
+            first = first_wall_in(sets, change + before, current) if rule.gap == "celery" else None
+            if first is not None and first < current:  # Celery's one send is for the first
+                current = first
+            else:
+                current = sets.last_wall_at_or_before(change - 1 + before, floor)
     return newest
+
+
+def exists(naive: datetime, tz: ZoneInfo) -> bool:
+    """Whether a wall time happens (is not in a gap)."""
+    return _exists(naive, tz)
 
 
 def _exists(naive: datetime, tz: ZoneInfo) -> bool:

@@ -17,10 +17,19 @@ SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
 # to say when SCHEDAPP_DEFAULT_CATCHUP_WINDOW sets one.
 NONE_IS_A_VALUE = (*SCHEDULE_FIELDS, "catchup_window")
 # The fields of one schedule kind beyond its main one, and of any recurring schedule.
-SCHEDULE_DETAIL_FIELDS = ("cron_day_or", "latitude", "longitude", "not_before", "expires_at")
-# The columns of Celery's semantics (migration 0007), which the claim and the bulk COPY carry.
+SCHEDULE_DETAIL_FIELDS = (
+    "cron_day_or",
+    "dst_policy",
+    "latitude",
+    "longitude",
+    "not_before",
+    "expires_at",
+)
+# The columns of Celery's semantics (migration 0007) and a cron's DST policy (0021), which the
+# claim and the bulk COPY carry; message_options last (the COPY encodes it on its own).
 CELERY_FIELDS = (
     "cron_day_or",
+    "dst_policy",
     "solar_event",
     "latitude",
     "longitude",
@@ -61,6 +70,7 @@ class JobOptions(TypedDict, total=False):
     interval_anchor: datetime | None
     solar_event: str | None
     cron_day_or: bool
+    dst_policy: str | None
     latitude: float | None
     longitude: float | None
     not_before: datetime | None

@@ -28,7 +28,16 @@ from .policies import (
     OVERLAP_POLICIES,
     WHEN_RETRIES_EXHAUSTED,
 )
-from .schedules import Interval, Once, Schedule, Solar, parse_cron, with_window
+from .schedules import (
+    DEFAULT_DST_POLICY,
+    DST_POLICIES,
+    Interval,
+    Once,
+    Schedule,
+    Solar,
+    parse_cron,
+    with_window,
+)
 
 
 def _default_timezone() -> str:
@@ -153,7 +162,11 @@ def _value_constraints() -> list[models.CheckConstraint]:
                 violation_error_message=f"{column} must be -{bound} to {bound} degrees.",
             )
         )
-    for column, choices in (("state", JobState), ("misfire_policy", MisfirePolicy)):
+    for column, choices in (
+        ("state", JobState),
+        ("misfire_policy", MisfirePolicy),
+        ("dst_policy", DstPolicy),
+    ):
         checks.append(
             models.CheckConstraint(
                 name=f"schedapp_job_{column}_valid",
@@ -218,6 +231,22 @@ class MisfirePolicy(models.TextChoices):
 assert tuple(MisfirePolicy.values) == MISFIRE_POLICIES
 
 
+class DstPolicy(models.TextChoices):
+    """What a fixed-hour cron does with a wall time the clocks skip (gap) or repeat (fold):
+    ``cronmath.DstRule`` holds the rule, docs/semantics.md the table."""
+
+    GAP_END_FIRST = "gap_end+first", "Gap: at its end; repeated hour: first offset (default)"
+    GAP_END_SECOND = "gap_end+second", "Gap: at its end; repeated hour: second offset"
+    GAP_END_BOTH = "gap_end+both", "Gap: at its end; repeated hour: both offsets"
+    SKIP_FIRST = "skip+first", "Gap: skipped; repeated hour: first offset"
+    SKIP_SECOND = "skip+second", "Gap: skipped; repeated hour: second offset"
+    SKIP_BOTH = "skip+both", "Gap: skipped; repeated hour: both offsets"
+    CELERY = "celery", "As Celery beat (gap: at the old offset; repeated hour: first offset)"
+
+
+assert tuple(DstPolicy.values) == DST_POLICIES
+
+
 class WhenRetriesExhausted(models.TextChoices):
     DEAD = "dead", "Dead-letter the job (a person requeues it)"
     NEXT_OCCURRENCE = "next_occurrence", "Record the failure, go on with the next occurrence"
@@ -271,6 +300,17 @@ class Job(models.Model):
         db_default=True,
         help_text="When both day fields are restricted: fire on days matching either "
         "(cron) rather than both (Celery's crontab).",
+    )
+    # A cron's daylight-saving policy: what a fixed-hour time in the spring-forward gap and one
+    # in the repeated autumn hour do (DstPolicy); intervals and solar events ignore it.
+    dst_policy = models.CharField(
+        max_length=16,
+        choices=DstPolicy.choices,
+        default=DEFAULT_DST_POLICY,
+        db_default=DEFAULT_DST_POLICY,
+        help_text="A cron's daylight-saving rule: a time the clocks skip runs at the gap's end "
+        "or is skipped; one they repeat runs at the first offset, the second, or both; or "
+        "'celery': as Celery beat.",
     )
     # Solar: Celery's solar(event, latitude, longitude), one of the four schedule kinds.
     solar_event = models.CharField(max_length=32, blank=True, default="", db_default="")
@@ -490,14 +530,18 @@ def field_default(name: str) -> Any:
 
 def schedule_of(fields: Mapping[str, Any]) -> Schedule:
     """The schedule of a job's stored fields (a model's ``__dict__``, a row read as a dict):
-    its kind, Celery's day rule for a cron, and its [not_before, expires_at] window."""
+    its kind, Celery's day rule and the DST policy for a cron, and its [not_before,
+    expires_at] window."""
     run_at = fields.get("run_at")
     if run_at is not None:
         return Once(run_at.astimezone(UTC))
     schedule: Schedule
     if fields.get("cron"):
         day_or = fields.get("cron_day_or", True)
-        schedule = parse_cron(fields["cron"], fields["timezone"], day_or=day_or)  # cached
+        policy = fields.get("dst_policy") or DEFAULT_DST_POLICY
+        schedule = parse_cron(  # cached
+            fields["cron"], fields["timezone"], day_or=day_or, dst_policy=policy
+        )
     elif fields.get("solar_event"):
         schedule = Solar(fields["solar_event"], fields["latitude"], fields["longitude"])
     else:
@@ -715,6 +759,7 @@ __all__ = [
     "MIN_PRIORITY",
     "Declaration",
     "DeclarationSet",
+    "DstPolicy",
     "Fate",
     "Job",
     "JobRun",

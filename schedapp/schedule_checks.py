@@ -10,17 +10,20 @@ expression, interval and instant, so bulk scheduling parses each distinct value 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from .exceptions import ScheduleError
 from .payload import type_name
 from .schedules import (
+    DEFAULT_DST_POLICY,
     Cron,
     Interval,
     Once,
     Schedule,
     parse_cron,
+    parse_dst_policy,
     parse_interval,
     parse_run_at,
     parse_solar,
@@ -101,6 +104,7 @@ class ScheduleChecks:
             latitude=None,
             longitude=None,
             cron_day_or=True,
+            dst_policy=DEFAULT_DST_POLICY,
             not_before=None,
             expires_at=None,
         )
@@ -112,6 +116,11 @@ class ScheduleChecks:
             _add(errors, "cron_day_or", f"must be True or False, got {type_name(day_or)}.")
             day_or = True
         out["cron_day_or"] = day_or
+        try:  # kept on any schedule, as cron_day_or is: only a cron reads it
+            out["dst_policy"] = dst_policy = parse_dst_policy(values.get("dst_policy"))
+        except ScheduleError as exc:
+            _add(errors, exc.field, exc.message)
+            dst_policy = DEFAULT_DST_POLICY
         if kind != "solar_event":
             for field in ("latitude", "longitude"):
                 if values.get(field) is not None:
@@ -153,7 +162,7 @@ class ScheduleChecks:
             found = schedule
         elif isinstance(schedule, Cron):
             out["cron"] = schedule.expr
-            found = schedule
+            found = replace(schedule, dst_policy=dst_policy)
         else:
             out.update(
                 solar_event=schedule.event, latitude=schedule.latitude, longitude=schedule.longitude

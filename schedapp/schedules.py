@@ -40,6 +40,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from . import cronmath, cronsyntax, solar
+from .cronmath import DEFAULT_DST_POLICY, DST_POLICIES, DstRule
 from .cronmath import instants as _instants
 from .exceptions import ScheduleError
 
@@ -106,10 +107,20 @@ class Cron:
     # django-celery-beat's start_time/expires: no occurrence before / after these instants.
     not_before: datetime | None = None
     expires: datetime | None = None
+    # What a wall time the clocks skip or repeat does (``cronmath.DST_POLICIES``).
+    dst_policy: str = DEFAULT_DST_POLICY
 
     @property
     def tz(self) -> ZoneInfo:
         return get_zone(self.timezone)
+
+    @property
+    def rule(self) -> DstRule:
+        return cronmath.dst_rule(self.dst_policy, self.hour_is_wildcard)
+
+    @property
+    def sets(self) -> cronmath.CronSets:
+        return cronmath.cron_sets(self.expr, self.has_seconds, self.day_or)
 
 
 @dataclass(frozen=True)
@@ -179,15 +190,38 @@ def zone_names() -> frozenset[str]:
     return (frozenset(available_timezones()) - HOST_ZONES) | {"UTC"}
 
 
-def parse_cron(expr: object, timezone: str, field: str = "cron", *, day_or: bool = True) -> Cron:
+def parse_cron(
+    expr: object,
+    timezone: str,
+    field: str = "cron",
+    *,
+    day_or: bool = True,
+    dst_policy: str = DEFAULT_DST_POLICY,
+) -> Cron:
     """Validate a cron expression; it must be well formed and fire at least once.
 
     ``day_or=False`` gives Celery's crontab semantics: when both day fields are restricted a
     day must match both. Full weekday and month names (any case) are accepted, as Celery does.
+    ``dst_policy`` (``parse_dst_policy``) says what a wall time the clocks skip or repeat does.
     """
     if not isinstance(expr, str) or not expr.strip():  # before the cache: a list is unhashable
         raise ScheduleError(field, "must be a cron expression such as '*/5 * * * *'.")
-    return _parse_cron(expr, timezone, field, bool(day_or))
+    cron = _parse_cron(expr, timezone, field, bool(day_or))
+    return cron if dst_policy == DEFAULT_DST_POLICY else replace(cron, dst_policy=dst_policy)
+
+
+def parse_dst_policy(value: object, field: str = "dst_policy") -> str:
+    """A job's DST policy: "gap+fold" (gap: gap_end or skip; fold: first, second or both) or
+    "celery"; None or "" is the default (today's rule, ``gap_end+first``)."""
+    if value is None or value == "":
+        return DEFAULT_DST_POLICY
+    if not isinstance(value, str) or value.strip().lower() not in DST_POLICIES:
+        raise ScheduleError(
+            field,
+            f"unknown DST policy {value!r}; use one of {', '.join(DST_POLICIES)} "
+            "(gap: gap_end or skip; fold: first, second or both).",
+        )
+    return value.strip().lower()
 
 
 @lru_cache(maxsize=4096)
@@ -482,9 +516,8 @@ def count_fire_times(schedule: Schedule, start: datetime, end: datetime) -> int:
         return 0 if first > end else 1 + (end - first) // schedule.every
     if isinstance(schedule, Solar):  # a few events a day: enumerating costs a step per day
         return sum(1 for _ in fire_times(schedule, start - _EPSILON, end))
-    sets = cronmath.cron_sets(schedule.expr, schedule.has_seconds, schedule.day_or)
     lo, hi = cronmath.utc_seconds(start, up=True), cronmath.utc_seconds(end)
-    return cronmath.count_fires(sets, schedule.timezone, schedule.hour_is_wildcard, lo, hi)
+    return cronmath.count_fires(schedule.sets, schedule.timezone, schedule.rule, lo, hi)
 
 
 def recent_fire_times(
@@ -525,9 +558,8 @@ def recent_fire_times(
             if len(times) >= count or lo <= since - _EPSILON:
                 return times[-count:]
             window *= 2
-    sets = cronmath.cron_sets(schedule.expr, schedule.has_seconds, schedule.day_or)
     return cronmath.last_fires(
-        sets, schedule.timezone, schedule.hour_is_wildcard, since, until, count
+        schedule.sets, schedule.timezone, schedule.rule, since, until, count
     )
 
 
@@ -552,16 +584,23 @@ def _next_cron(cron: Cron, after: datetime) -> datetime | None:
     time at or before its own that comes round again in the second pass, whichever is first.
     A skipped or repeated hour is jumped over, never walked second by second (a per-second
     cron would look at 3,600 wall times a call)."""
-    tz = cron.tz
+    tz, rule = cron.tz, cron.rule
     local = after.astimezone(tz)
     naive = local.replace(tzinfo=None)
     try:
         best = _first_after(cron, naive, after)
-        if local.fold == 0 and cron.hour_is_wildcard and _repeated(naive, tz):
+        if local.fold == 0 and rule.fold != "first" and _repeated(naive, tz):
             stretch = cronmath.repeated_stretch(naive, cron.timezone)
             again = _second_pass_from(cron, stretch[0], naive) if stretch else None
             if again is not None and again > after and (best is None or again < best):
                 best = again
+        if rule.gap == "celery":  # ``after`` between a gap's end and Celery's send for it
+            send = cronmath.celery_gap_send(
+                cron.sets, cron.timezone, cronmath.utc_seconds(after, up=True)
+            )
+            at = cronmath.instant_at(send) if send is not None else None
+            if at is not None and at > after and (best is None or at < best):
+                best = at
     except CroniterBadDateError:
         return None
     return best
@@ -572,14 +611,25 @@ def _first_after(cron: Cron, naive: datetime, after: datetime) -> datetime | Non
     one: later wall times name later instants. A skipped hour (its wall times name none) and
     the rest of a repeated hour whose instants are all behind (``after`` in its second pass, a
     fixed-hour cron firing in the first) are jumped over."""
-    tz = cron.tz
+    tz, rule = cron.tz, cron.rule
+    sets = cron.sets if rule.gap == "celery" else None
     start = naive
     while True:
         for candidate in _naive_iter(cron, start):
-            instants = _instants(candidate, tz, cron.hour_is_wildcard)
+            instants = _instants(candidate, tz, rule, sets)
             later = [instant for instant in instants if instant > after]
             if later:
                 return later[0]
+            if not instants and sets is not None and cronmath.exists(candidate, tz):
+                # after a gap, before Celery's send for it (which ``_next_cron`` weighs):
+                # go on from the send's wall time
+                send = cronmath.celery_gap_send(
+                    sets, cron.timezone, cronmath.utc_seconds(candidate.replace(tzinfo=tz))
+                )
+                assert send is not None
+                wall = cronmath.instant_at(send).astimezone(tz).replace(tzinfo=None)
+                start = max(wall, candidate)
+                break
             if not instants:  # in a skipped hour: go on from its end
                 end = cronmath.end_of_gap(candidate, tz).astimezone(tz).replace(tzinfo=None)
                 start = max(end - timedelta(seconds=1), candidate)

@@ -26,7 +26,7 @@ from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
 from ..fields import JOB_FIELDS, SCHEDULE_FIELDS
 from ..models import Job, field_default
-from ..schedules import OUT_OF_RANGE, Once, fire_times
+from ..schedules import DEFAULT_DST_POLICY, OUT_OF_RANGE, Once, fire_times
 from ..validation import name_taken, stored_schedule, validate_job
 
 FORM_FIELDS = [
@@ -37,6 +37,7 @@ FORM_FIELDS = [
     "kwargs",
     "cron",
     "cron_day_or",
+    "dst_policy",
     "interval",
     "interval_anchor",
     "fixed_delay",
@@ -99,6 +100,7 @@ class JobForm(forms.ModelForm):
         widgets = {"task": TaskPickerWidget, **{name: WallTimeWidget for name in WALL_TIMES}}
         labels = {
             "cron_day_or": "Day of month or day of week",
+            "dst_policy": "Daylight saving",
             "interval_anchor": "Align the interval to",
             "run_at": "Run at",
             "not_before": "Not before",
@@ -135,6 +137,10 @@ class JobForm(forms.ModelForm):
             "cron_day_or": "When both day fields are restricted (e.g. '0 9 13 * 5'): checked, "
             "a day matching either runs (cron's rule); unchecked, only a day matching both "
             "(Celery's crontab).",
+            "dst_policy": "A fixed-hour time the clocks skip (spring) runs at the gap's end or "
+            "is skipped; one they repeat (autumn) runs at the first offset, the second, or "
+            "both. 'As Celery beat' reads a skipped time at the old offset (02:30 runs at "
+            "03:30). A cron whose hour is * follows elapsed time under all but Celery's.",
             "solar_event": "Solar schedule (Celery's solar): e.g. sunrise, sunset, dawn_civil; "
             "needs latitude and longitude.",
             "not_before": "Optional: never fires before this (wall-clock time in the job's zone).",
@@ -222,6 +228,7 @@ class JobForm(forms.ModelForm):
                 values.get("run_at"),
                 values.get("timezone") or "",
                 day_or=values.get("cron_day_or", True),
+                dst_policy=values.get("dst_policy") or DEFAULT_DST_POLICY,
             )
         except Exception:  # a preview never blocks a save
             times = []
@@ -298,7 +305,7 @@ def in_zone(value: datetime, zone_name: str) -> datetime:
     naive = django_tz.make_naive(value) if django_tz.is_aware(value) else value
     zone = safe_zone(zone_name)
     try:
-        readings = instants(naive, zone, wildcard_hour=True)  # every instant showing it, in order
+        readings = instants(naive, zone, True)  # every instant showing it, in order
     except OverflowError as exc:  # the first or last day datetime holds, read in a far zone
         raise ValidationError(f"{naive:%Y-%m-%d %H:%M:%S} {OUT_OF_RANGE}") from exc
     if not readings:
@@ -335,7 +342,13 @@ def preview_for(
 
 
 def schedule_preview(
-    cron: str, interval: Any, run_at: datetime | None, zone: str, *, day_or: bool = True
+    cron: str,
+    interval: Any,
+    run_at: datetime | None,
+    zone: str,
+    *,
+    day_or: bool = True,
+    dst_policy: str = DEFAULT_DST_POLICY,
 ) -> tuple[list[str], dict[str, list[str]]]:
     """(fire times, errors by field) of a schedule alone.
 
@@ -351,6 +364,7 @@ def schedule_preview(
         queue="",
         cron=cron or "",
         cron_day_or=day_or,
+        dst_policy=dst_policy,
         message_options={},
         interval=interval,
         run_at=run_at,
@@ -359,7 +373,7 @@ def schedule_preview(
     try:
         cleaned = validate_job(values, check_task=False)
     except ValidationError as exc:
-        relevant = (*SCHEDULE_FIELDS, "timezone")
+        relevant = (*SCHEDULE_FIELDS, "timezone", "dst_policy")
         return [], {k: v for k, v in exc.message_dict.items() if k in relevant}
     return preview_for(cleaned, scheduled_for=None), {}
 
@@ -382,7 +396,10 @@ def preview_from_query(params: Any) -> tuple[list[str], dict[str, list[str]], st
     cron = (params.get("cron") or "").strip()
     raw = params.get("cron_day_or")  # a checkbox: absent means the default, cron's OR
     day_or = raw is None or raw in ("on", "true", "True", "1")
-    times, errors = schedule_preview(cron, interval, run_at, zone, day_or=day_or)
+    policy = (params.get("dst_policy") or "").strip() or DEFAULT_DST_POLICY
+    times, errors = schedule_preview(
+        cron, interval, run_at, zone, day_or=day_or, dst_policy=policy
+    )
     words = "" if errors else describe_schedule(run_at, cron, interval, zone, day_or=day_or)
     return times, errors, words
 

@@ -50,6 +50,7 @@ _EDITABLE = (
             "fields": (
                 "cron",
                 "cron_day_or",
+                "dst_policy",
                 "interval",
                 "interval_anchor",
                 "fixed_delay",
@@ -120,7 +121,7 @@ _STATUS = (
 # The schedule kinds, the fields each one uses, and how the kind chooser names them. The
 # other fields of the Schedule section (time zone, window) apply to every kind.
 SCHEDULE_KINDS = (
-    ("cron", "A cron expression", ("cron", "cron_day_or")),
+    ("cron", "A cron expression", ("cron", "cron_day_or", "dst_policy")),
     ("interval", "Every interval", ("interval", "interval_anchor", "fixed_delay")),
     ("once", "Once, at a time", ("run_at",)),
     ("solar", "At a solar event", ("solar_event", "latitude", "longitude")),

@@ -23,7 +23,7 @@ from .. import ledger, policies
 from ..db import beat_transaction
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
-from ..schedules import next_fire_time
+from ..schedules import DEFAULT_DST_POLICY, next_fire_time
 from ..store import get_store, insert_runs, pairs
 from .quarantine import (
     ROW_ERRORS,
@@ -306,8 +306,11 @@ def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
 
 def _schedule_ref(row: dict) -> ScheduleRef | None:
     """What a worker needs to compute the next occurrence itself (the fast success path);
-    None for a one-off, and for solar and windowed jobs, which take the general path."""
+    None for a one-off, and for solar, windowed and non-default DST policy jobs, which take
+    the general path (it reads the row, so a policy changed during the run is honoured)."""
     if row["solar_event"] or row["not_before"] is not None or row["expires_at"] is not None:
+        return None
+    if row.get("dst_policy", DEFAULT_DST_POLICY) != DEFAULT_DST_POLICY:
         return None
     if row["cron"]:
         return ScheduleRef(cron=row["cron"], timezone=row["timezone"], day_or=row["cron_day_or"])

@@ -71,7 +71,7 @@ claimed AS (
               j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
               j.misfire_max_catchup, j.misfire_grace, j.catchup_window, j.overlap, j.priority,
-              j.cron_day_or, j.solar_event,
+              j.cron_day_or, j.dst_policy, j.solar_event,
               j.latitude, j.longitude, j.not_before, j.expires_at,
               j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,

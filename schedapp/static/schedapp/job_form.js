@@ -13,7 +13,7 @@
     var list = document.getElementById("schedapp-preview-list");
     var errorBox = document.getElementById("schedapp-preview-error");
     var words = document.getElementById("schedapp-preview-words");
-    var names = ["cron", "cron_day_or", "interval", "run_at_0", "run_at_1", "timezone"];
+    var names = ["cron", "cron_day_or", "dst_policy", "interval", "run_at_0", "run_at_1", "timezone"];
     var timer = null;
     var latest = 0;  // answers to older requests are dropped: typing fires many
 
@@ -101,7 +101,7 @@
     });
     // the kind holding a value wins over the chooser's default (a form sent back with errors)
     var holding = Object.keys(kinds).filter(function (kind) {
-      return kinds[kind].some(function (name) { return name !== "cron_day_or" && filled(name); });
+      return kinds[kind].some(function (name) { return name !== "cron_day_or" && name !== "dst_policy" && filled(name); });
     });
     if (holding.length === 1) { chooser.value = holding[0]; }
 
