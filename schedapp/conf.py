@@ -34,6 +34,10 @@ class Settings:
     # A new job's catch-up window (a duration or seconds; None: no window): an occurrence
     # missed longer ago than it is recorded as missed and not run. At least the misfire grace.
     DEFAULT_CATCHUP_WINDOW: timedelta | None = None
+    # The DST policy of a crontab synced from beat_schedule or imported (schedapp_import,
+    # django-celery-beat): schedapp's rule by default, so an upgrade changes no synced job;
+    # "celery" for Celery beat's own reading of the spring gap and the autumn hour.
+    IMPORT_DST_POLICY: str = "gap_end+first"
     # Celery task names a job may run (glob patterns). The default allows every registered
     # task except Celery's own internals; the task must also be registered with the app.
     ALLOWED_TASKS: tuple[str, ...] = ("*",)

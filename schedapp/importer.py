@@ -70,6 +70,7 @@ from django.db import transaction
 
 from . import api
 from .celeryapp import celery_app
+from .conf import get_settings
 from .db import db_now
 from .display import describe_schedule, job_schedule_text, local_time, preview_text
 from .exceptions import ScheduleError
@@ -84,6 +85,7 @@ from .fields import (
 from .models import Job, JobSource
 from .policies import NEXT_OCCURRENCE, RUN_RECENT, WHEN_RETRIES_EXHAUSTED
 from .schedules import (
+    DEFAULT_DST_POLICY,
     Interval,
     Schedule,
     fire_times,
@@ -243,6 +245,7 @@ def map_celery_schedule(
             "cron": crontab_expression(value),
             "timezone": timezone or _app_timezone(),
             "cron_day_or": False,
+            "dst_policy": get_settings().IMPORT_DST_POLICY,
         }, None
     if isinstance(value, celery_schedules.schedule):
         every, relative = value.run_every, bool(value.relative)
@@ -517,6 +520,7 @@ def _periodic_task(row: Any, now: datetime, deadline: Any = None) -> Candidate:
         )
         item.spec["timezone"] = str(getattr(tab.timezone, "key", tab.timezone))
         item.spec["cron_day_or"] = False  # django-celery-beat runs Celery's crontab
+        item.spec["dst_policy"] = get_settings().IMPORT_DST_POLICY
         if not row.one_off:  # its crontab's is_due is Celery's, deadline included
             misfire, problem = cron_deadline_options(deadline)
             if problem:
@@ -623,6 +627,7 @@ def _make_one_off(item: Candidate, now: datetime) -> None:
                 item.spec.pop("cron"),
                 item.spec.get("timezone") or "UTC",
                 day_or=item.spec.pop("cron_day_or", True),
+                dst_policy=item.spec.pop("dst_policy", DEFAULT_DST_POLICY),
             )
         elif "solar_event" in item.spec:
             schedule = parse_solar(
@@ -726,6 +731,7 @@ def _changes(item: Candidate, existing: Job) -> tuple[dict[str, Any], dict[str, 
     merged = {f: getattr(existing, f) for f in JOB_FIELDS}
     merged.update(run_at=None, cron="", interval=None, interval_anchor=None, task=item.task)
     merged.update(solar_event="", latitude=None, longitude=None, cron_day_or=True)
+    merged.update(dst_policy=DEFAULT_DST_POLICY)
     merged.update(not_before=None, expires_at=None, message_options={})
     merged.update(item.spec)
     if "interval_anchor" not in item.spec and merged["interval"] == existing.interval:

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
-from .schedules import parse_cron
+from .schedules import parse_cron, parse_dst_policy
 from .validation import job_defaults, validate_job
 
 _POSITIVE = ("BATCH_SIZE", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH")
@@ -76,6 +76,10 @@ def settings_problems() -> list[str]:
     result = s.RESULT_RETENTION
     if result is not None and (not isinstance(result, timedelta) or result < timedelta(0)):
         found.append(f"SCHEDAPP_RESULT_RETENTION must be None or a duration, not {result!r}.")
+    try:
+        parse_dst_policy(s.IMPORT_DST_POLICY, "SCHEDAPP_IMPORT_DST_POLICY")
+    except ScheduleError as exc:
+        found.append(f"SCHEDAPP_IMPORT_DST_POLICY: {exc.message}")
     if not isinstance(s.JOBS, Mapping):
         found.append(f"SCHEDAPP_JOBS must be a mapping of job name to options, not {s.JOBS!r}.")
     found.extend(_default_problems())

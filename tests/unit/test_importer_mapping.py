@@ -32,6 +32,7 @@ def test_a_crontab_maps_to_cron_in_the_given_zone_with_args_and_carried_options(
         "cron": "0 7 * * mon-fri",
         "timezone": "Europe/Paris",
         "cron_day_or": False,  # Celery's crontab: both day fields must match
+        "dst_policy": "gap_end+first",  # SCHEDAPP_IMPORT_DST_POLICY's default: schedapp's rule
         "args": ["report"],
         "kwargs": {},
         "message_options": {"queue": "reports", "expires": 30},
