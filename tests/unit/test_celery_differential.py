@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -38,6 +38,7 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 
 from schedapp import importer
+from schedapp.cronmath import CELERY_DST_POLICY
 from schedapp.models import schedule_of
 from schedapp.policies import RUN_RECENT, misfire_after, plan_misfire
 from schedapp.schedules import (
@@ -469,3 +470,73 @@ def test_a_crontab_missed_during_an_outage_is_sent_when_celery_would_under_the_d
             if ours != celery_says:
                 wrong.append(f"{entry['name']} at {now}: celery {celery_says}, schedapp {ours}")
     assert wrong == []
+
+
+# --- the celery DST preset ------------------------------------------------------------------
+
+DST_SCENARIOS = tuple(s for s in SCENARIOS if s.zone != "UTC")
+# Crontabs that put a fixed or wildcard hour in the spring gap or the autumn repeat of these
+# zones, beside the collection's own: several matching times in one gap, a time after the gap
+# before Celery's send for it (Lord Howe's half-hour gap), a fold at 01:00 (New York).
+DST_CRONTABS = (
+    crontab(minute=30, hour=2),
+    crontab(minute="*/15", hour=2),
+    crontab(minute="0,30", hour="2,3"),
+    crontab(minute=30, hour=1),
+    crontab(minute=15, hour="*/4"),
+    crontab(minute=50),
+    crontab(minute="*/15"),
+    crontab(minute=45, hour="1,2"),
+    crontab(minute="10,35", hour="0-3"),
+    crontab(minute="10-40/10", hour=2),
+    crontab(minute=0, hour=2, day_of_week=0),
+)
+LORD_HOWE = (  # a 30-minute change: 02:00 -> 02:30 on 2026-10-04, 02:00 -> 01:30 on 04-05
+    Scenario("Australia/Lord_Howe", datetime(2026, 10, 3, 23, 0)),
+    Scenario("Australia/Lord_Howe", datetime(2026, 4, 4, 23, 0)),
+)
+
+
+def _celery_preset_problems(entry: dict[str, Any], scenarios: tuple[Scenario, ...]) -> list[str]:
+    problems = []
+    for scenario in scenarios:
+        schedule = replace(
+            schedapp_schedule(entry, scenario.zone, scenario.start), dst_policy=CELERY_DST_POLICY
+        )
+        celery_sends = tuple(celery_send_times(entry, scenario.zone, scenario.start, COUNT))
+        c = Comparison(
+            entry, scenario, schedule, celery_sends, _fire_times(schedule, scenario.start)
+        )
+        if c.celery_only or c.schedapp_only:
+            problems.append(_describe(c, c.celery_only, c.schedapp_only))
+    return problems
+
+
+def test_the_celery_preset_fires_as_celery_beat_sends_every_crontab_across_the_2026_changes():
+    """dst_policy="celery": every crontab of the collection, from a start before each 2026
+    change in Europe/Paris and America/New_York, fires exactly when Celery's own Scheduler
+    sends it, to the microsecond: no documented difference is needed (the default policy
+    needs the two DST ones above)."""
+    tabs = [e for e in ENTRIES if isinstance(e["schedule"], crontab)]
+    assert len(tabs) >= 30
+    problems = [p for entry in tabs for p in _celery_preset_problems(entry, DST_SCENARIOS)]
+    assert problems == []
+
+
+@pytest.mark.parametrize("tab", DST_CRONTABS, ids=repr)
+def test_the_celery_preset_fires_as_celery_beat_sends_crontabs_aimed_at_the_changes(tab):
+    entry = {"name": "dst", "task": "example", "schedule": tab, "source": "schedapp:dst"}
+    assert _celery_preset_problems(entry, (*DST_SCENARIOS, *LORD_HOWE)) == []
+
+
+def test_the_default_policy_differs_from_celery_where_documented_and_the_preset_does_not():
+    """The documented example of a spring gap: the default runs 02:30 at 03:00, Celery and the
+    preset at 03:30 (what the two tests above would miss if the preset were the default)."""
+    entry = {"name": "gap", "task": "example", "schedule": crontab(minute=30, hour=2)}
+    start = datetime(2026, 3, 28, 23, 0, tzinfo=ZoneInfo("Europe/Paris"))
+    default = schedapp_schedule(entry, "Europe/Paris", start)
+    preset = replace(default, dst_policy=CELERY_DST_POLICY)
+    sends = celery_send_times(entry, "Europe/Paris", start, 2)
+    assert sends[0] == datetime.fromisoformat("2026-03-29T03:30:00+02:00")
+    assert list(fire_times(preset, start, limit=2)) == sends
+    assert list(fire_times(default, start, limit=2)) == [sends[0] - timedelta(minutes=30), sends[1]]
