@@ -160,6 +160,8 @@ class JobForm(forms.ModelForm):
         for name in ("args", "kwargs", "description", "message_options"):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
+        if "dst_policy" in self.fields:  # a post without it (a script's) keeps the default
+            self.fields["dst_policy"].required = False
         instance = self.instance
         for name in WALL_TIMES:  # in the job's zone
             value = getattr(instance, name)

@@ -46,22 +46,28 @@ def _field():
     )
 
 
+def _column(model):
+    """The field as the schema editor adds it: named, and bound to the (historical) model,
+    which the database default's SQL is compiled against."""
+    field = _field()
+    field.set_attributes_from_name("dst_policy")
+    field.model = model
+    return field
+
+
 def add_column(apps, schema_editor):
     model = apps.get_model("schedapp", "Job")
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         columns = connection.introspection.get_table_description(cursor, model._meta.db_table)
     if "dst_policy" not in {column.name for column in columns}:
-        field = _field()
-        field.set_attributes_from_name("dst_policy")
         with transaction.atomic(using=connection.alias):
-            schema_editor.add_field(model, field)
+            schema_editor.add_field(model, _column(model))
 
 
 def drop_column(apps, schema_editor):
-    field = _field()
-    field.set_attributes_from_name("dst_policy")
-    schema_editor.remove_field(apps.get_model("schedapp", "Job"), field)
+    model = apps.get_model("schedapp", "Job")
+    schema_editor.remove_field(model, _column(model))
 
 
 def add_constraint(apps, schema_editor):
