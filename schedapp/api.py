@@ -101,8 +101,9 @@ def schedule(
     recorded as missed and not run; not shorter than ``misfire_grace``; None: no window),
     ``overlap`` (``"buffer_one"``, ``"skip"``, ``"buffer_all"`` with ``max_buffer``,
     ``"cancel_other"`` or ``"terminate_other"``: the occurrences that come due while a run is
-    in flight), ``fixed_delay`` (an interval counted
-    from the end of each run) and ``description`` (free text for people); Celery's semantics:
+    in flight), ``fixed_delay`` (an interval counted from the end of each run) and
+    ``description`` (free text for people); Celery's semantics:
+    ``dst_policy`` (a cron's DST rule: ``"gap_end+first"``, the default, ... or ``"celery"``),
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``
     and ``expires_at`` (django-celery-beat's start_time and expires), ``message_options``
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,

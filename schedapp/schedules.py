@@ -19,6 +19,9 @@ Cron semantics (documented in the README):
     one whose time is repeated in the autumn hour runs once, at its first (summer-time) instant;
   - a job whose hour field is ``*`` follows elapsed time, like Vixie cron: wall times inside the
     gap do not exist and are skipped, and wall times in the repeated hour fire in both offsets.
+  - that is the default DST policy (``gap_end+first``); a job's ``dst_policy`` may instead skip
+    a fixed-hour time in the gap, run a repeated one at its second offset or both, or follow
+    Celery beat (``celery``): the rule is ``cronmath.DstRule``, in one place.
 
 * Intervals are absolute durations, independent of time zones.
 * Solar schedules are Celery's astronomical events (``solar.py``), in whole UTC seconds.

@@ -199,3 +199,28 @@ def test_nothing_else_changes_for_a_job_stored_before_the_policy():
         datetime(2026, 3, 29, 23, 59, tzinfo=PARIS).astimezone(UTC),
     )
     assert spring == 1  # 02:30 runs at 03:00
+
+
+# --- imported from Celery ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", [None, "celery"])
+def test_imported_crontabs_take_the_import_policy_and_intervals_none(policy):
+    from celery.schedules import crontab
+    from django.test import override_settings
+
+    from schedapp import importer
+
+    given = {} if policy is None else {"SCHEDAPP_IMPORT_DST_POLICY": policy}
+    start = datetime(2026, 3, 28, 23, tzinfo=PARIS)
+    with override_settings(**given):
+        tab = importer.map_beat_entry(
+            "gap", {"task": TASK, "schedule": crontab(minute=30, hour=2)}, "Europe/Paris", start
+        )
+        every = importer.map_beat_entry(
+            "every", {"task": TASK, "schedule": timedelta(hours=1)}, "Europe/Paris", start
+        )
+    assert tab.spec["dst_policy"] == (policy or "gap_end+first")
+    assert "dst_policy" not in every.spec
+    job = api.schedule(TASK, name="gap", **tab.spec)
+    assert job.dst_policy == (policy or "gap_end+first")

@@ -410,6 +410,7 @@ def test_the_projects_settings_raise_no_settings_error():
         ("DEFAULT_MAX_RETRIES", -1, "SCHEDAPP_DEFAULT_MAX_RETRIES: -1 is negative"),
         ("DEFAULT_MISFIRE_POLICY", "bogus", "SCHEDAPP_DEFAULT_MISFIRE_POLICY: 'bogus' is not one"),
         ("DEFAULT_LEASE_SECONDS", 0, "SCHEDAPP_DEFAULT_LEASE_SECONDS"),
+        ("IMPORT_DST_POLICY", "celery+first", "SCHEDAPP_IMPORT_DST_POLICY: unknown DST policy"),
         ("DEFAULT_CATCHUP_WINDOW", 0, "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be more than 0"),
         ("DEFAULT_CATCHUP_WINDOW", -60.0, "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be more than 0"),
         ("DEFAULT_CATCHUP_WINDOW", "1h", "SCHEDAPP_DEFAULT_CATCHUP_WINDOW: must be a duration"),
