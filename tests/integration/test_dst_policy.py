@@ -224,3 +224,24 @@ def test_imported_crontabs_take_the_import_policy_and_intervals_none(policy):
     assert "dst_policy" not in every.spec
     job = api.schedule(TASK, name="gap", **tab.spec)
     assert job.dst_policy == (policy or "gap_end+first")
+
+
+# --- declared in code ------------------------------------------------------------------------
+
+
+def test_a_declared_job_takes_its_policy_and_a_bad_one_names_job_and_field():
+    from django.test import override_settings
+
+    from schedapp import declared
+
+    spec = {"task": TASK, "cron": "30 2 * * *", "timezone": "Europe/Paris"}
+    with override_settings(SCHEDAPP_JOBS={"nightly": {**spec, "dst_policy": "skip+both"}}):
+        assert declared.sync_declared_jobs().created == ["nightly"]
+    assert Job.objects.get(name="nightly").dst_policy == "skip+both"
+    with override_settings(SCHEDAPP_JOBS={"nightly": {**spec, "dst_policy": "celery"}}):
+        # the whole schedule is restated with it, as with cron_day_or: a new next occurrence
+        assert "dst_policy" in declared.sync_declared_jobs().updated["nightly"]
+    assert Job.objects.get(name="nightly").schedule.dst_policy == "celery"
+    with pytest.raises(ValidationError) as caught:
+        declared.declared_values("odd", {**spec, "dst_policy": "sometimes"})
+    assert list(caught.value.message_dict) == ["odd.dst_policy"]

@@ -192,6 +192,8 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
             assert {name: new.get(name, "<dropped>") for name in old} == old, table
     # ... and no job has a catch-up window: the default is for new jobs, not existing ones
     assert {row["catchup_window"] for row in after["schedapp_job"]} == {None}
+    # ... and every job keeps the DST rule it had: the documented default (0021)
+    assert {row["dst_policy"] for row in after["schedapp_job"]} == {"gap_end+first"}
 
     # And the current code claims the due rows of every schedule kind ...
     claimed = {run.job_id: run for run in lease.claim_due_jobs("beat-new", 10).runs}
@@ -265,3 +267,28 @@ def test_the_catch_up_window_migration_can_be_run_again_over_its_own_work():
             ("schedapp_job_catchup_window_in_range", True),
             ("schedapp_job_catchup_window_readable", True),
         ]
+
+
+def test_the_dst_policy_migration_can_be_run_again_over_its_own_work():
+    """Not atomic either: run again, it keeps the column and its one valid constraint."""
+    import importlib
+
+    from django.apps import apps as current
+
+    (name,) = [n for app, n in MigrationExecutor(connection).loader.graph.nodes if "dst" in n]
+    migration = importlib.import_module(f"schedapp.migrations.{name}")
+    with connection.schema_editor(atomic=False) as editor:
+        migration.add_column(current, editor)
+        migration.add_constraint(current, editor)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, convalidated FROM pg_constraint "
+            "WHERE conrelid = 'schedapp_job'::regclass AND conname LIKE %s ORDER BY 1",
+            ["schedapp_job_dst_policy_%"],
+        )
+        assert cursor.fetchall() == [("schedapp_job_dst_policy_valid", True)]
+        cursor.execute(
+            "SELECT column_default FROM information_schema.columns "
+            "WHERE table_name = 'schedapp_job' AND column_name = 'dst_policy'"
+        )
+        assert "gap_end+first" in cursor.fetchone()[0]
