@@ -16,7 +16,8 @@ Time here is integer seconds from 0001-01-01 00:00 (``ordinal * 86400 + second o
 instants on the UTC clock, wall times on the zone's clock, ``wall = instant + offset``.
 Every fire time is a whole second, so nothing is lost.
 
-The DST rules (``instants``) are those of the ``schedules`` module docstring.
+The DST rules (``DstRule``, ``instants``) are those of the ``schedules`` module docstring, with
+a job's DST policy (``dst_policy``) choosing among them.
 """
 
 from __future__ import annotations
@@ -387,12 +388,10 @@ def dst_rule(policy: str, wildcard_hour: bool) -> DstRule:
     policy but ``celery``: the gap and fold choices are about fixed-hour times."""
     if policy == CELERY_DST_POLICY:
         return DstRule("celery", "first")
-    if wildcard_hour:
-        return DstRule("skip", "both")
     gap, _, fold = policy.partition("+")
-    if gap not in GAP_RULES or fold not in FOLD_RULES:
+    if gap not in GAP_RULES or fold not in FOLD_RULES:  # a row written behind the API's back
         raise ValueError(f"unknown DST policy {policy!r}; use one of {', '.join(DST_POLICIES)}.")
-    return DstRule(gap, fold)
+    return DstRule("skip", "both") if wildcard_hour else DstRule(gap, fold)
 
 
 def instants(
