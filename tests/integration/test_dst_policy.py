@@ -245,3 +245,10 @@ def test_a_declared_job_takes_its_policy_and_a_bad_one_names_job_and_field():
     with pytest.raises(ValidationError) as caught:
         declared.declared_values("odd", {**spec, "dst_policy": "sometimes"})
     assert list(caught.value.message_dict) == ["odd.dst_policy"]
+
+
+def test_the_add_page_offers_the_policies_with_the_cron_fields(admin_client):
+    page = admin_client.get(reverse("admin:schedapp_job_add")).content.decode()
+    assert page.count('<option value="gap_end+') == 3 and page.count('<option value="skip+') == 3
+    assert '<option value="celery"' in page
+    assert 'data-fields="cron cron_day_or dst_policy"' in page  # shown for a cron only
