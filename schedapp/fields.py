@@ -25,7 +25,7 @@ SCHEDULE_DETAIL_FIELDS = (
     "not_before",
     "expires_at",
 )
-# The columns of Celery's semantics (migration 0007) and a cron's DST policy (0021), which the
+# The columns of Celery's semantics (migration 0007) and a cron's DST policy (0023), which the
 # claim and the bulk COPY carry; message_options last (the COPY encodes it on its own).
 CELERY_FIELDS = (
     "cron_day_or",

@@ -154,8 +154,9 @@ $$;
 -- next occurrence (computed in Python), one-off?, cron (prefixed with "&" under Celery's day
 -- rule: both day fields must match), timezone, interval, anchor. Returns false, writing
 -- nothing, for anything but the common case: the general path tells those apart. Not common
--- (v3): a fixed-delay interval, and a next occurrence that came due during the run of a job
--- whose overlap policy is not buffer_one (policies.plan_after_success decides those).
+-- (v3): a fixed-delay interval, a next occurrence that came due during the run of a job whose
+-- overlap policy is not buffer_one (policies.plan_after_success decides those), and a DST
+-- policy other than the default (a worker computes the next occurrence under the default only).
 CREATE OR REPLACE FUNCTION schedapp_succeed_run_v3(
     p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
     p_once boolean, p_cron text, p_timezone text, p_interval interval,
@@ -166,14 +167,16 @@ DECLARE
     next_run timestamptz;
 BEGIN
     SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", interval_anchor,
-           jitter, cron_day_or, solar_event, not_before, expires_at, overlap, fixed_delay INTO j
+           jitter, cron_day_or, solar_event, not_before, expires_at, overlap, fixed_delay,
+           dst_policy INTO j
     FROM schedapp_job WHERE id = p_job FOR UPDATE;
     -- Anything but the common case (the run still running under the current token, the
     -- schedule the claim saw; not solar, no start or expiry window) goes to the general path.
     IF NOT FOUND OR j.token <> p_token OR j.state NOT IN ('running', 'paused')
        OR j.scheduled_for IS DISTINCT FROM p_scheduled_for
        OR j.solar_event <> '' OR j.not_before IS NOT NULL OR j.expires_at IS NOT NULL
-       OR j.fixed_delay OR (j.overlap <> 'buffer_one' AND p_next <= now()) THEN
+       OR j.fixed_delay OR (j.overlap <> 'buffer_one' AND p_next <= now())
+       OR j.dst_policy <> 'gap_end+first' THEN
         RETURN false;
     END IF;
     IF p_once THEN

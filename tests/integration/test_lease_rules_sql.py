@@ -70,6 +70,7 @@ class Case:
     overlap: str = "buffer_one"
     fixed_delay: bool = False
     next_passed: bool = False  # the next occurrence the success passes is not after now()
+    dst_policy: str = "gap_end+first"  # a worker's next occurrence assumes the default
 
     @property
     def token(self) -> int:
@@ -126,6 +127,7 @@ END_CASES = enumerate_cases(
     overlap=OVERLAP_POLICIES,
     fixed_delay=(False, True),
     next_passed=(False, True),
+    dst_policy=("gap_end+first", "celery"),
 )
 
 def lease_at(label: str, now: datetime) -> datetime | None:
@@ -161,6 +163,7 @@ def build(cases: list[Case], now: datetime) -> list[int]:
                 "claimed_by": "beat-1",
                 "overlap": c.overlap,
                 "fixed_delay": c.fixed_delay,
+                "dst_policy": c.dst_policy,
             }
         )
         for i, c in enumerate(cases)
@@ -424,7 +427,8 @@ def expect_success(now: datetime, fast: bool) -> Callable:
                 lease_job,
                 case.run,
                 case.token,
-                same_schedule=case.same_schedule,
+                # a DST policy the worker's computation did not assume: not the same schedule
+                same_schedule=case.same_schedule and case.dst_policy == "gap_end+first",
                 end_decides=rules.end_decides(case.overlap, case.fixed_delay, case.next_passed),
             )
             accepted = rules.Completion.APPLIED if applies else None

@@ -192,7 +192,7 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
             assert {name: new.get(name, "<dropped>") for name in old} == old, table
     # ... and no job has a catch-up window: the default is for new jobs, not existing ones
     assert {row["catchup_window"] for row in after["schedapp_job"]} == {None}
-    # ... and every job keeps the DST rule it had: the documented default (0021)
+    # ... and every job keeps the DST rule it had: the documented default (0023)
     assert {row["dst_policy"] for row in after["schedapp_job"]} == {"gap_end+first"}
 
     # And the current code claims the due rows of every schedule kind ...

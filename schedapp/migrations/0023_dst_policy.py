@@ -102,7 +102,7 @@ def drop_constraint(apps, schema_editor):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("schedapp", "0020_catchup_window")]
+    dependencies = [("schedapp", "0022_supersede_index")]
 
     operations = [
         migrations.SeparateDatabaseAndState(
