@@ -12,8 +12,8 @@ SETTINGS = "project.settings_test"
 
 def examples(weight: int) -> int:
     """``max_examples`` for a property test: ``weight`` scaled by the active profile's
-    ``max_examples`` over 100: half of it under the default profile (the loop of minutes), five
-    times it under ``ci`` (.ci/run: ``HYPOTHESIS_PROFILE=ci``).
+    ``max_examples`` over 100: a quarter of it under the default profile (the loop of minutes),
+    five times it under ``ci`` (.ci/run: ``HYPOTHESIS_PROFILE=ci``).
     A test's own ``max_examples`` would otherwise override every profile."""
     from hypothesis import settings
 

@@ -16,11 +16,11 @@ from schedapp.testing.pgproxy import PgProxy
 from schedapp.testing.servers import PGBOUNCER, PgBouncer, PrivateRedis
 from tests import APP, ROOT, SETTINGS
 
-# Hypothesis profiles. "default", the loop of minutes: each property half its weight of examples
-# (tests.examples(n): n/2 here; 50 for a property that names none). "ci", what .ci/run selects
-# (HYPOTHESIS_PROFILE=ci): ten times as many (five times the weight), no deadline (a loaded CI
-# machine is not a slow property), and the blob that replays a failure printed with it.
-hypothesis_settings.register_profile("default", max_examples=50)
+# Hypothesis profiles. "default", the loop of minutes: each property a quarter of its weight of
+# examples (tests.examples(n): n/4 here; 25 for a property that names none). "ci", what .ci/run
+# selects (HYPOTHESIS_PROFILE=ci): twenty times as many (five times the weight), no deadline (a
+# loaded CI machine is not a slow property), and the blob that replays a failure printed with it.
+hypothesis_settings.register_profile("default", max_examples=25)
 hypothesis_settings.register_profile("ci", max_examples=500, deadline=None, print_blob=True)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "default")
 
