@@ -30,7 +30,7 @@ from .db import (
 )
 from .declared import sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
-from .lease import claim_due_jobs, quarantine_job, release_claims, seconds_until_due, supersede_due
+from .lease import Superseded, claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .models import Node
 from .nodes import record_node
 from .settings_checks import refuse_bad_settings
@@ -80,6 +80,7 @@ class LeaseScheduler(Scheduler):
         self._listener: Listener | None = None
         self._listener_tried = 0.0
         self._failures = 0
+        self._superseded_at = float("-inf")  # when the last claim looked for runs to supersede
         self._broker_down = False  # a publish failed: probe the broker before claiming again
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
@@ -242,7 +243,17 @@ class LeaseScheduler(Scheduler):
             self._broker_down = False
             log.info("broker reachable again", extra={"action": "broker_back"})
         batch = self.settings.BATCH_SIZE
-        result = claim_due_jobs(self.beat_id, batch, message_expiry=self._dispatcher.message_expiry)
+        # Runs to supersede (cancel_other, terminate_other) are looked for at most once a
+        # second: a burst's back-to-back claims do not each pay the statement.
+        supersede = time.monotonic() - self._superseded_at >= 1.0
+        result = claim_due_jobs(
+            self.beat_id,
+            batch,
+            message_expiry=self._dispatcher.message_expiry,
+            supersede=supersede,
+        )
+        if supersede:
+            self._superseded_at = time.monotonic()
         claimed_at = time.monotonic()
         reap = result.reap
         metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
@@ -288,7 +299,7 @@ class LeaseScheduler(Scheduler):
                 self._broker_down = True
                 self._maybe_update_node()
                 return self._backoff()
-        self._supersede()
+        self._revoke_superseded(result.superseded)
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
@@ -306,12 +317,12 @@ class LeaseScheduler(Scheduler):
         self._wake_at_db = db_now.timestamp() + delay
         return delay
 
-    def _supersede(self) -> None:
+    def _revoke_superseded(self, runs: list[Superseded]) -> None:
         """Cancel the runs a later occurrence supersedes (overlap policies cancel_other and
-        terminate_other): marked in the database first, then their tasks revoked. A revoke
-        the broker does not take is logged: the run then goes on to its end, and its outcome
-        moves the job on to the latest occurrence as a revoke would have."""
-        for superseded in supersede_due():
+        terminate_other): the claim marked them in its transaction, their tasks are revoked
+        now. A revoke the broker does not take is logged: the run then goes on to its end,
+        and its outcome moves the job on to the latest occurrence as a revoke would have."""
+        for superseded in runs:
             if not superseded.task_ids:
                 continue
             try:

@@ -35,6 +35,7 @@ from .quarantine import (
     unschedulable,
 )
 from .reap import MessageExpiry, ReapResult, reap_each, reap_locked
+from .supersede import Superseded, supersede_due
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class ClaimResult:
     reap: ReapResult = field(default_factory=ReapResult)
     quarantined: list[Quarantined] = field(default_factory=list)
     restamped: bool = False  # the claim took long: leases were stamped again before commit
+    # Runs a later occurrence superseded (cancel_other, terminate_other), marked in the claim's
+    # transaction: the caller revokes their tasks after it committed.
+    superseded: list[Superseded] = field(default_factory=list)
 
     @property
     def reaped(self) -> int:
@@ -111,8 +115,12 @@ def claim_due_jobs(
     limit: int,
     rng: policies.Rng = random.random,
     message_expiry: MessageExpiry | None = None,
+    supersede: bool = True,
 ) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
+
+    With ``supersede``, also marks the runs a later occurrence supersedes (cancel_other,
+    terminate_other: ``supersede_due``, one statement): a beat asks at most once a second.
 
     Also reaps leases that expired, so their jobs are claimable again (in this same claim when
     they fit). Late recurring jobs get their misfire policy applied here: this is the one place
@@ -129,7 +137,7 @@ def claim_due_jobs(
     claim pays nothing for this.
     """
     try:
-        return _claim_due_jobs(beat, limit, rng, message_expiry, careful=False)
+        return _claim_due_jobs(beat, limit, rng, message_expiry, supersede, careful=False)
     except ROW_ERRORS as exc:
         log.warning(
             "a row failed the claim (%s: %s): claiming one row at a time",
@@ -137,11 +145,17 @@ def claim_due_jobs(
             first_line(exc),
             extra={"action": "claim_careful", "beat": beat},
         )
-        return _claim_due_jobs(beat, limit, rng, message_expiry, careful=True)
+        return _claim_due_jobs(beat, limit, rng, message_expiry, supersede, careful=True)
 
 
 def _claim_due_jobs(
-    beat: str, limit: int, rng: policies.Rng, message_expiry: MessageExpiry | None, *, careful: bool
+    beat: str,
+    limit: int,
+    rng: policies.Rng,
+    message_expiry: MessageExpiry | None,
+    supersede: bool,
+    *,
+    careful: bool,
 ) -> ClaimResult:
     result = ClaimResult()
     store = get_store()
@@ -170,6 +184,8 @@ def _claim_due_jobs(
                 _misfires_into(beat, late, now, rng, result)
             ready.extend(r for r in late if r.get("run_id"))
         _arm_supersede(ready)
+        if supersede:
+            result.superseded = supersede_due()
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
@@ -264,13 +280,16 @@ def _apply_misfires(
 
 def _arm_supersede(rows: list[dict]) -> None:
     """Under cancel_other and terminate_other, the run being claimed is cancelled when the
-    next occurrence comes due: that time, written with the claim, is what a beat's
-    ``supersede_due`` looks for. Only those jobs pay: one statement each."""
+    next occurrence comes due while it is in flight: the first after the claim (those already
+    due when it was claimed are its misfire policy's, then the end of the run's). That time,
+    written with the claim, is what ``supersede_due`` looks for. Only those jobs pay: one
+    statement each."""
     for row in rows:
         if row["overlap"] not in policies.SUPERSEDING:
             continue
+        claimed_at = row["next_run_at"] + timedelta(seconds=row["lateness"])  # its now()
         try:
-            nxt = next_fire_time(schedule_of(row), row["scheduled_for"])
+            nxt = next_fire_time(schedule_of(row), max(row["scheduled_for"], claimed_at))
         except Exception as exc:  # the end of the run will quarantine it: not the claim
             log.warning("job %s: no next occurrence to supersede its run: %s", row["id"], exc)
             nxt = None
@@ -320,7 +339,8 @@ def _schedule_ref(row: dict) -> ScheduleRef | None:
 
 
 def seconds_until_due() -> tuple[datetime, float] | None:
-    """The database's now, and seconds from it until the next due job or lease expiry."""
+    """The database's now, and seconds from it until the next due job, lease expiry or run
+    to supersede."""
     now, next_due, next_expiry = get_store().next_due()
     times = [t for t in (next_due, next_expiry) if t is not None]
     if not times:

@@ -28,11 +28,12 @@ class Superseded:
 
 
 def supersede_due(limit: int = 100) -> list[Superseded]:
-    """Mark the runs in flight that a later occurrence supersedes, in one transaction (jobs
-    locked SKIP LOCKED: beats share them); the caller revokes their tasks after it commits.
-    Reads the partial index of ``supersede_at``: as cheap as the number of such runs."""
+    """Mark the runs in flight that a later occurrence supersedes (jobs locked SKIP LOCKED:
+    beats share them), in the caller's transaction (the claim's: no commit of its own) or one
+    of its own; the caller revokes their tasks after it commits. One statement on the partial
+    index of ``supersede_at`` when none is due: as cheap as the number of such runs."""
     out: list[Superseded] = []
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # in the claim's: no savepoint statements
         due = list(
             Job.objects.select_for_update(skip_locked=True)
             .filter(state=JobState.RUNNING, supersede_at__lte=Now(), superseded=False)

@@ -93,7 +93,9 @@ SELECT r.id AS run_id, c.* FROM claimed c LEFT JOIN runs r ON r.job_id = c.id
 ORDER BY c.priority DESC, c.next_run_at
 
 -- name: next_due
--- The database's now, the earliest next_run_at of a scheduled job, the earliest lease expiry.
+-- The database's now, the earliest next_run_at of a scheduled job, and the earliest of a lease
+-- expiry and a run's supersede_at (overlap policies cancel_other, terminate_other): each an
+-- index's first entry.
 WITH {due_levels}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
@@ -101,8 +103,11 @@ SELECT now(),
             WHERE j.state = 'scheduled' AND j.priority = l.priority
             ORDER BY j.next_run_at LIMIT 1) x
         WHERE l.priority IS NOT NULL),
-       (SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
-        ORDER BY lease_expires_at LIMIT 1)
+       least((SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
+              ORDER BY lease_expires_at LIMIT 1),
+             (SELECT supersede_at FROM schedapp_job
+              WHERE supersede_at IS NOT NULL AND state = 'running'
+              ORDER BY supersede_at LIMIT 1))
 
 -- name: restamp_leases
 -- Leases from the clock now (not from the transaction's start), just before the claim commits.

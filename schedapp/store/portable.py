@@ -141,7 +141,14 @@ class PortableStore:
             .values_list("lease_expires_at", flat=True)
             .first()
         )
-        return now, next_due, next_expiry
+        next_supersede = (
+            jobs.filter(state=JobState.RUNNING, supersede_at__isnull=False)
+            .order_by("supersede_at")
+            .values_list("supersede_at", flat=True)
+            .first()
+        )
+        times = [t for t in (next_expiry, next_supersede) if t is not None]
+        return now, next_due, min(times) if times else None
 
     def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
         return _admit(self.using, self.now(), job_id, token, worker, admission)

@@ -148,10 +148,14 @@ def test_a_run_whose_next_occurrence_came_due_is_superseded_and_its_revoke_moves
     # the message of a run not started yet
     terminate = overlap == "terminate_other"
     job, run = job_running_since(2.5, overlap=overlap, max_retries=3, admitted=terminate)
-    # The claim noted when the run is to be cancelled: the next occurrence
+    # The claim noted when the run is to be cancelled: the first occurrence after it (those
+    # already due then are not the run's to cancel)
     job.refresh_from_db()
-    assert job.supersede_at == run.scheduled_for + MINUTE and not job.superseded
-    # When a beat looks: it is superseded, to be revoked (terminated under terminate_other)
+    assert job.supersede_at == run.scheduled_for + 3 * MINUTE and not job.superseded
+    assert lease.supersede_due() == []
+    # When that time has come and a beat looks: it is superseded, to be revoked (terminated
+    # under terminate_other)
+    Job.objects.filter(pk=job.pk).update(supersede_at=db_now())
     [superseded] = lease.supersede_due()
     assert (superseded.job_id, superseded.token) == (job.pk, run.token)
     assert superseded.task_ids == (run.task_id,)
@@ -173,6 +177,7 @@ def test_a_run_whose_next_occurrence_came_due_is_superseded_and_its_revoke_moves
 
 def test_a_superseded_run_that_ends_on_its_own_is_not_retried():
     job, run = job_running_since(1.5, overlap="cancel_other", max_retries=3)
+    Job.objects.filter(pk=job.pk).update(supersede_at=db_now())
     assert len(lease.supersede_due()) == 1
     # The task could not be interrupted (cancel_other): it fails at its end
     assert complete_run(run.job_id, run.token, lease.FAILED, error="boom").applied
@@ -193,7 +198,8 @@ def test_a_run_not_yet_due_to_be_superseded_is_left_alone():
 
 def test_a_superseded_run_whose_message_never_started_is_not_sent_again():
     job, run = job_running_since(2.5, overlap="cancel_other")
-    lease.supersede_due()
+    Job.objects.filter(pk=job.pk).update(supersede_at=db_now())
+    assert len(lease.supersede_due()) == 1
     # Its worker died before starting it: the lease lapses
     JobRun.objects.filter(job=job, token=run.token).update(status="dispatched", started_at=None)
     Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - MINUTE)

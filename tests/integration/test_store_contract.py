@@ -230,6 +230,17 @@ def test_next_due_is_the_earliest_due_job_and_the_earliest_lease_expiry(store):
     assert store.next_due() == (now, now + timedelta(seconds=30), expiry)
 
 
+def test_next_due_counts_a_run_to_supersede_before_its_lease_ends(store):
+    """Under cancel_other / terminate_other a beat must wake when a run is to be cancelled
+    (``supersede_at``), earlier than its lease's end; a job not running has none to cancel."""
+    now = store.now()
+    row = claimed(store, "running")
+    set_job(store, row["id"], supersede_at=now + timedelta(seconds=5))
+    idle = make_job(store, "idle", next_run_at=now + timedelta(minutes=30))
+    set_job(store, idle.pk, supersede_at=now + timedelta(seconds=1))  # not running: ignored
+    assert store.next_due() == (now, now + timedelta(minutes=30), now + timedelta(seconds=5))
+
+
 def test_next_due_with_nothing_scheduled(store):
     assert store.next_due() == (store.now(), None, None)
 
