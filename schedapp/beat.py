@@ -331,20 +331,18 @@ class LeaseScheduler(Scheduler):
                 )
             except Exception as exc:
                 log.warning(
-                    "job %s: could not revoke %s, superseded by %s: %s",
+                    "job %s: could not revoke %s, superseded by a later occurrence: %s",
                     superseded.job_id,
                     list(superseded.task_ids),
-                    superseded.by.isoformat(),
                     exc,
                     extra={"action": "supersede_failed", "job": superseded.job_id},
                 )
                 continue
             log.info(
-                "job %s: %s %s, superseded by the occurrence at %s",
+                "job %s: %s %s, superseded by a later occurrence",
                 superseded.job_id,
                 "terminated" if superseded.terminate else "revoked",
                 list(superseded.task_ids),
-                superseded.by.isoformat(),
                 extra={"action": "supersede", "job": superseded.job_id},
             )
 

@@ -7,7 +7,6 @@ under terminate_other. The claim sets when (``Job.supersede_at``: ``claim._arm_s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
 from django.db import transaction
 from django.db.models.functions import Now
@@ -24,7 +23,6 @@ class Superseded:
     token: int
     task_ids: tuple[str, ...]
     terminate: bool
-    by: datetime  # the occurrence that came due
 
 
 def supersede_due(limit: int = 100) -> list[Superseded]:
@@ -34,11 +32,18 @@ def supersede_due(limit: int = 100) -> list[Superseded]:
     index of ``supersede_at`` when none is due: as cheap as the number of such runs."""
     out: list[Superseded] = []
     with transaction.atomic(savepoint=False):  # in the claim's: no savepoint statements
+        # (supersede_at is compared by the database, never read: a value written behind the
+        # API's back that Python cannot hold must not stop the claim it runs in)
         due = list(
             Job.objects.select_for_update(skip_locked=True)
-            .filter(state=JobState.RUNNING, supersede_at__lte=Now(), superseded=False)
+            .filter(
+                state=JobState.RUNNING,
+                overlap__in=policies.SUPERSEDING,
+                supersede_at__lte=Now(),
+                superseded=False,
+            )
             .order_by("supersede_at")
-            .values("id", "token", "overlap", "supersede_at")[:limit]
+            .values("id", "token", "overlap")[:limit]
         )
         for job in due:
             task_ids = JobRun.objects.filter(
@@ -51,7 +56,6 @@ def supersede_due(limit: int = 100) -> list[Superseded]:
                     job["token"],
                     tuple(task_ids),
                     job["overlap"] == policies.TERMINATE_OTHER,
-                    job["supersede_at"],
                 )
             )
     return out

@@ -105,7 +105,10 @@ SELECT now(),
         WHERE l.priority IS NOT NULL),
        least((SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
               ORDER BY lease_expires_at LIMIT 1),
-             (SELECT supersede_at FROM schedapp_job
+             -- clamped into what Python holds: a row written behind the API's back must
+             -- not stop every beat's tick (a late or early wake-up is all it can cost)
+             (SELECT least(greatest(supersede_at, '0001-01-02'::timestamptz),
+                           '9999-12-30'::timestamptz) FROM schedapp_job
               WHERE supersede_at IS NOT NULL AND state = 'running'
               ORDER BY supersede_at LIMIT 1))
 
