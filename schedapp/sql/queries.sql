@@ -95,7 +95,8 @@ ORDER BY c.priority DESC, c.next_run_at
 -- name: next_due
 -- The database's now, the earliest next_run_at of a scheduled job, and the earliest of a lease
 -- expiry and a run's supersede_at (overlap policies cancel_other, terminate_other): each an
--- index's first entry.
+-- index's first entry. supersede_at is clamped into what Python holds: a row written behind
+-- the API's back must not stop every beat's tick (a late or early wake-up is all it costs).
 WITH {due_levels}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
@@ -105,8 +106,6 @@ SELECT now(),
         WHERE l.priority IS NOT NULL),
        least((SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
               ORDER BY lease_expires_at LIMIT 1),
-             -- clamped into what Python holds: a row written behind the API's back must
-             -- not stop every beat's tick (a late or early wake-up is all it can cost)
              (SELECT least(greatest(supersede_at, '0001-01-02'::timestamptz),
                            '9999-12-30'::timestamptz) FROM schedapp_job
               WHERE supersede_at IS NOT NULL AND state = 'running'
