@@ -359,7 +359,8 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
             raise error
     if isinstance(job.schedule, Once) or nxt is None:
         return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
-    if job.now is not None and (job.fixed_delay or nxt <= job.now):
+    fixed_delay = job.fixed_delay and isinstance(job.schedule, Interval)
+    if job.now is not None and end_decides(job.overlap, fixed_delay, nxt <= job.now):
         return _after_overlap(job, nxt, job.now, rng)
     return AfterRun(
         _keep_operator_state(job.state, "scheduled"),
@@ -370,10 +371,19 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
     )
 
 
+def end_decides(overlap: str, fixed_delay: bool, next_passed: bool) -> bool:
+    """Whether the time a run ends decides what its job does next: a fixed-delay interval
+    counts from it, and an overlap policy other than ``buffer_one`` decides the occurrences
+    that came due before it (``next_passed``: the next occurrence is not after the database's
+    now()). ``plan_after_success`` computes those; the worker's one-call success
+    (``schedapp_succeed_run_v3``, held to this by a differential test) leaves them."""
+    return fixed_delay or (overlap != BUFFER_ONE and next_passed)
+
+
 def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> AfterRun:
     """A recurring job's next occurrence ``nxt`` came due while its run was in flight (before
-    ``now``, as the run ends), or its interval counts from the end of each run: the job's
-    ``overlap`` (``OVERLAP_POLICIES``) or ``fixed_delay`` decides. Costs bounded lookups
+    ``now``, as the run ends) and its ``overlap`` is not ``buffer_one``, or its interval counts
+    from the end of each run (``fixed_delay``): those decide. Costs bounded lookups
     (``count_fire_times``, at most ``max_buffer`` listed), never a walk over the overlap."""
     state = _keep_operator_state(job.state, "scheduled")
     schedule = job.schedule
@@ -385,8 +395,6 @@ def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> Aft
             return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
         jittered = after + compute_jitter(job.jitter, rng)
         return AfterRun(state, after, jittered, None, 0, interval_anchor=now)
-    if job.overlap == BUFFER_ONE or nxt > now:
-        return AfterRun(state, nxt, nxt + compute_jitter(job.jitter, rng), None, 0)
     total = count_fire_times(schedule, nxt, now)
     ran = job.ran_for or job.scheduled_for
     why = f"came due while the run for {ran.isoformat()} was in flight"

@@ -29,12 +29,11 @@ def lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any
     return job, run.first()
 
 
-def job_facts(
-    job: Job, ran_for: datetime | None = None, now: datetime | None = None
-) -> policies.JobFacts:
+def job_facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
     """What the after-run rules read; ``ran_for`` is the occurrence the run was for (the job
-    was rescheduled while the run was in flight if its ``scheduled_for`` differs), ``now``
-    the database's clock as the run ends (by default, as ``lock_job_and_run`` read it)."""
+    was rescheduled while the run was in flight if its ``scheduled_for`` differs). The
+    database's clock as the run ends is what the job row was read with (``database_now``,
+    annotated where it was locked: ``lock_job_and_run``, the reaper)."""
     if job.overlap not in policies.OVERLAP_POLICIES:  # written behind the API's back
         raise ValueError(
             f"overlap {job.overlap!r} is not one of {', '.join(policies.OVERLAP_POLICIES)}"
@@ -51,7 +50,7 @@ def job_facts(
         retry_backoff_max=job.retry_backoff_max,
         jitter=job.jitter,
         when_retries_exhausted=job.when_retries_exhausted,
-        now=now or getattr(job, "database_now", None),
+        now=getattr(job, "database_now", None),
         overlap=job.overlap,
         max_buffer=job.max_buffer,
         fixed_delay=job.fixed_delay,

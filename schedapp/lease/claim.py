@@ -287,9 +287,8 @@ def _arm_supersede(rows: list[dict]) -> None:
     for row in rows:
         if row["overlap"] not in policies.SUPERSEDING:
             continue
-        claimed_at = row["next_run_at"] + timedelta(seconds=row["lateness"])  # its now()
         try:
-            nxt = next_fire_time(schedule_of(row), max(row["scheduled_for"], claimed_at))
+            nxt = next_fire_time(schedule_of(row), max(row["scheduled_for"], _claimed_at(row)))
         except Exception as exc:  # the end of the run will quarantine it: not the claim
             log.warning("job %s: no next occurrence to supersede its run: %s", row["id"], exc)
             nxt = None
@@ -317,10 +316,15 @@ def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
         lateness=row["lateness"],
         schedule=_schedule_ref(row),
         message_options=row["message_options"],
-        claimed_at=row["next_run_at"] + timedelta(seconds=row["lateness"]),
+        claimed_at=_claimed_at(row),
         claimed_monotonic=started,
         max_retries=row["max_retries"],
     )
+
+
+def _claimed_at(row: dict) -> datetime:
+    """The claim's now(), as the database read it: ``lateness`` is it less ``next_run_at``."""
+    return row["next_run_at"] + timedelta(seconds=row["lateness"])
 
 
 def _schedule_ref(row: dict) -> ScheduleRef | None:

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from ..policies import BUFFER_ONE
-
 # Job states and run statuses as the models spell them (``models.JobState``, ``RunStatus``).
 RUNNING = "running"
 PAUSED = "paused"
@@ -280,14 +278,6 @@ def completion(
     if run_status == LOST:
         return Completion.STALE
     return Completion.APPLIED
-
-
-def end_decides(overlap: str, fixed_delay: bool, next_passed: bool) -> bool:
-    """Whether the time a run ends decides what its job does next: a fixed-delay interval
-    counts from it, and an overlap policy other than ``buffer_one`` decides the occurrences
-    that came due before it (``next_passed``: the next occurrence is not after the database's
-    now()). ``policies.plan_after_success`` computes those; the one-call success leaves them."""
-    return fixed_delay or (overlap != BUFFER_ONE and next_passed)
 
 
 def fast_success(

@@ -31,7 +31,7 @@ from schedapp.db import db_now
 from schedapp.lease import complete_run, rules
 from schedapp.message import task_id_for
 from schedapp.models import Job, JobRun
-from schedapp.policies import OVERLAP_POLICIES
+from schedapp.policies import OVERLAP_POLICIES, end_decides
 from schedapp.store import PostgreSQLStore, portable
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
@@ -117,7 +117,7 @@ SUCCESS_CASES = enumerate_cases(
     same_schedule=(True, False),
 )
 # The common case of a success under every overlap policy and interval kind, the next
-# occurrence before or after now(): whether the one call applies (rules.end_decides).
+# occurrence before or after now(): whether the one call applies (end_decides).
 END_CASES = enumerate_cases(
     state=("running", "paused"),
     current=(True,),
@@ -429,7 +429,7 @@ def expect_success(now: datetime, fast: bool) -> Callable:
                 case.token,
                 # a DST policy the worker's computation did not assume: not the same schedule
                 same_schedule=case.same_schedule and case.dst_policy == "gap_end+first",
-                end_decides=rules.end_decides(case.overlap, case.fixed_delay, case.next_passed),
+                end_decides=end_decides(case.overlap, case.fixed_delay, case.next_passed),
             )
             accepted = rules.Completion.APPLIED if applies else None
         job, run = dict(job), None if run is None else dict(run)
@@ -457,7 +457,7 @@ def test_the_postgresql_success_applies_as_the_table(now):
 
 def test_the_postgresql_success_leaves_what_the_end_of_a_run_decides(now):
     """Overlap policies and fixed delay: the one call declines exactly what
-    ``rules.end_decides`` leaves to ``policies.plan_after_success``."""
+    ``end_decides`` leaves to ``policies.plan_after_success``."""
     store = PostgreSQLStore()
 
     def call(ids: list[int]) -> list[Any]:
@@ -466,7 +466,7 @@ def test_the_postgresql_success_leaves_what_the_end_of_a_run_decides(now):
 
     problems = sweep(END_CASES, now, call, expect_success(now, fast=True), {})
     assert not problems, report(problems, len(END_CASES))
-    declined = [c for c in END_CASES if rules.end_decides(c.overlap, c.fixed_delay, c.next_passed)]
+    declined = [c for c in END_CASES if end_decides(c.overlap, c.fixed_delay, c.next_passed)]
     assert 0 < len(declined) < len(END_CASES)
 
 
