@@ -35,12 +35,17 @@ class Fleet:
 
     def _env(self, extra: dict[str, Any] | None, name: str = "") -> dict[str, str]:
         """The environment of process ``name``: its database connections carry its name as
-        their application_name (libpq's PGAPPNAME), so a proxy fault can target it."""
+        their application_name (libpq's PGAPPNAME), so a proxy fault can target it. A value of
+        ``None`` takes the variable out (an empty one is not the same: prometheus-client then
+        writes its files into the working directory)."""
         env = dict(self.env)
         if name:
             env.setdefault("PGAPPNAME", name)
         for key, value in (extra or {}).items():
-            env[key] = str(value)
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = str(value)
         return env
 
     def beat(self, settings: dict[str, Any] | None = None, wait: bool = True) -> Proc:

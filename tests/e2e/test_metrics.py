@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -107,10 +108,14 @@ def test_the_documented_liveness_probe_passes_on_a_ticking_beat_whose_failed_tic
 def test_a_prefork_worker_without_a_multiprocess_dir_and_a_beat_on_its_port_say_what_to_do(fleet):
     # Given a prefork worker serving metrics without PROMETHEUS_MULTIPROC_DIR
     port = free_port()
-    worker = fleet.worker(settings={"SCHEDAPP_METRICS_PORT": port, "PROMETHEUS_MULTIPROC_DIR": ""})
+    metric_files = set(Path(fleet.cwd).glob("*.db"))
+    unset = {"PROMETHEUS_MULTIPROC_DIR": None}
+    worker = fleet.worker(settings={"SCHEDAPP_METRICS_PORT": port, **unset})
     # Then it says its pool processes' counts will be missing, and how to fix it
     worker.wait_for("PROMETHEUS_MULTIPROC_DIR is not set", timeout=30)
     assert f"on port {port} will not show them" in worker.log()
+    # and writes no metric files into its working directory (an empty variable would)
+    assert set(Path(fleet.cwd).glob("*.db")) == metric_files
     # When a beat on the same host takes the same port
     beat = fleet.beat(settings={"SCHEDAPP_METRICS_PORT": port})
     # Then it runs on, and says the port is taken and what to change
