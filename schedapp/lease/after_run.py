@@ -98,3 +98,4 @@ def write_after_run(
 
 
 EXPIRED = "expired before a worker started it"
+SUPERSEDED_UNSTARTED = "superseded by a later occurrence before a worker started it"

@@ -18,7 +18,7 @@ from django.db.models.functions import Least, Now
 from .. import policies
 from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
 from ..store import get_store, pairs
-from .after_run import EXPIRED, job_facts, write_after_run
+from .after_run import EXPIRED, SUPERSEDED_UNSTARTED, job_facts, write_after_run
 from .quarantine import Quarantined, in_savepoint_or_quarantine, quarantine_locked, unschedulable
 
 log = logging.getLogger(__name__)
@@ -115,17 +115,18 @@ def reap_locked(
     )
     # A run a later occurrence superseded before it started is not sent again: the job goes
     # on to the latest occurrence due, as when Celery drops a message past its expires.
-    unsent.update(
-        {
-            j.id: j.scheduled_for
-            for j in expired
-            if j.id not in started and j.superseded and j.overlap in policies.SUPERSEDING
-        }
-    )
-    if unsent:
+    superseded = {
+        j.id: j.scheduled_for
+        for j in expired
+        if j.id not in started and j.superseded and j.overlap in policies.SUPERSEDING
+    }
+    unsent.update(superseded)
+    why = {job_id: SUPERSEDED_UNSTARTED if job_id in superseded else EXPIRED for job_id in unsent}
+    for error in set(why.values()):
         JobRun.objects.filter(
-            pairs([c for c in claims if c[0] in unsent], "job_id"), status=RunStatus.DISPATCHED
-        ).update(status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED)
+            pairs([c for c in claims if why.get(c[0]) == error], "job_id"),
+            status=RunStatus.DISPATCHED,
+        ).update(status=RunStatus.SKIPPED, finished_at=Now(), error=error)
     JobRun.objects.filter(pairs(claims, "job_id"), status__in=ACTIVE_RUN_STATUSES).update(
         status=RunStatus.LOST,
         finished_at=Now(),
@@ -140,7 +141,12 @@ def reap_locked(
                 result.quarantined.append(quarantine_locked(job.id, unschedulable(exc)))
                 continue
             write_after_run(
-                job.id, job.token, plan, status=RunStatus.SKIPPED, error=EXPIRED, bump_token=True
+                job.id,
+                job.token,
+                plan,
+                status=RunStatus.SKIPPED,
+                error=why[job.id],
+                bump_token=True,
             )
             continue
         if job.id not in started:

@@ -207,4 +207,7 @@ def test_a_superseded_run_whose_message_never_started_is_not_sent_again():
     # Then the latest occurrence runs, not the superseded one again
     runs = claim_due_jobs("beat-1", 10).runs
     assert [r.scheduled_for for r in runs] == [run.scheduled_for + 2 * MINUTE]
-    assert JobRun.objects.get(job=job, token=run.token).status == "skipped"
+    # and the skipped run says why: superseded, not a message past its expiry
+    skipped = JobRun.objects.get(job=job, token=run.token)
+    assert skipped.status == "skipped"
+    assert skipped.error == "superseded by a later occurrence before a worker started it"
