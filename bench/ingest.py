@@ -7,6 +7,7 @@ In one run, on a database of its own (``schedapp_bench_ingest``, created and dro
     format; the faster is the limit;
 (b) ``schedule_many`` of the equivalent 100,000 one-off specs (distinct names, four tasks,
     ``args`` lists), as a generator, with COPY in binary (the default) and in text format;
+(b'') (b) with the audit trail off (``SCHEDAPP_AUDIT = False``): what its records cost;
 (c) a mix: a third one-offs, a third cron (four expressions and zones), a third intervals
     (four periods), with ``kwargs`` and a jitter on some;
 (d) the old path: ``main``'s algorithm (``validate_job`` per spec, a ``Job`` per spec, a name
@@ -136,7 +137,7 @@ def backend_pid(conn: Any = None) -> int:
 
 def fresh(conn: Any) -> None:
     """An empty table, and a checkpoint so that no run pays for the previous one's writes."""
-    conn.execute("TRUNCATE schedapp_job CASCADE")
+    conn.execute("TRUNCATE schedapp_job, schedapp_jobchange CASCADE")
     conn.execute("CHECKPOINT")
 
 
@@ -167,13 +168,17 @@ def binary_of(conn: Any, text: bytes) -> bytes:
 
 
 def ours(conn: Any, specs: Iterator[dict[str, Any]], expect: int,
-         fmt: str = "binary") -> dict[str, float]:
+         fmt: str = "binary", audit: bool = True) -> dict[str, float]:
+    """``schedule_many`` of ``specs``; ``audit``: with its audit trail's records (the
+    default) or with ``SCHEDAPP_AUDIT = False``."""
+    from django.test import override_settings
+
     from schedapp import api, bulk
 
     fresh(conn)
     bulk.COPY_FORMAT = fmt
     try:
-        with Clock(backend_pid()) as clock:
+        with override_settings(SCHEDAPP_AUDIT=audit), Clock(backend_pid()) as clock:
             created = api.schedule_many(specs)
     finally:
         bulk.COPY_FORMAT = "binary"
@@ -243,7 +248,7 @@ def rss_child(sizes: list[int]) -> None:
     out: dict[str, Any] = {"before_mb": peak_rss_mb(), "runs": []}
     for size in sizes:
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE schedapp_job CASCADE")
+            cursor.execute("TRUNCATE schedapp_job, schedapp_jobchange CASCADE")
             cursor.execute("CHECKPOINT")
         t0 = time.perf_counter()
         created = api.schedule_many(one_offs(size, when, prefix=f"rss{size}-"))
@@ -251,7 +256,7 @@ def rss_child(sizes: list[int]) -> None:
         assert created == size
         out["runs"].append({"jobs": size, "seconds": elapsed, "peak_rss_mb": peak_rss_mb()})
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE schedapp_job CASCADE")
+        cursor.execute("TRUNCATE schedapp_job, schedapp_jobchange CASCADE")
     print(json.dumps(out))
 
 
@@ -316,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         binary = binary_of(conn, text)
         ours(conn, one_offs(1000, when), 1000)  # once: Celery's task discovery, imports
         rounds: dict[str, list[dict[str, float]]] = {
-            "raw_text": [], "raw_binary": [], "ours": [], "ours_text": []}
+            "raw_text": [], "raw_binary": [], "ours": [], "ours_text": [], "ours_unaudited": []}
         for r in range(args.repeat):
             rounds["raw_text"].append(raw_copy(conn, text, "text"))
             raw_row = stored(conn, "once-7")
@@ -324,6 +329,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rounds["ours"].append(ours(conn, one_offs(n, when), n))
             assert stored(conn, "once-7") == raw_row, "the raw rows must equal what we write"
             rounds["ours_text"].append(ours(conn, one_offs(n, when), n, fmt="text"))
+            rounds["ours_unaudited"].append(ours(conn, one_offs(n, when), n, audit=False))
             print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]['wall']:.2f}s" for k, v in
                                                  rounds.items()), flush=True)
         results["rounds"] = rounds
@@ -380,6 +386,9 @@ def table(results: dict[str, Any]) -> common.Table:
     row("(a) raw COPY, binary", n, rounds["raw_binary"])
     row("(b) schedule_many, one-offs (COPY binary)", n, rounds["ours"])
     row("(b') schedule_many, one-offs, COPY text", n, rounds["ours_text"])
+    if rounds.get("ours_unaudited"):
+        row("(b'') schedule_many, one-offs (binary), audit trail off", n,
+            rounds["ours_unaudited"])
     row("(c) schedule_many, one-off/cron/interval mix (binary)", n, [results["mixed"]])
     row("(d) old path (main's algorithm)", results["old_jobs"], [results["old"]])
     return t

@@ -17,7 +17,7 @@ from typing import Any, Unpack
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from . import bulk, lease, policies
+from . import audit, bulk, lease, policies
 from .bulk import CHUNK_SIZE
 from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
@@ -29,9 +29,10 @@ from .fields import (
     SCHEDULE_FIELDS,
     JobChanges,
     JobOptions,
+    changed_fields,
     with_defaults,
 )
-from .models import Declaration, Job, JobSource, JobState
+from .models import Declaration, Job, JobChange, JobSource, JobState
 from .schedules import first_fire_time
 from .validation import (
     generated_name,
@@ -52,6 +53,7 @@ __all__ = [
     "get",
     "pause",
     "requeue",
+    "restore",
     "resume",
     "run_now",
     "schedule",
@@ -80,9 +82,11 @@ def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> No
 
 
 class ScheduleOptions(JobOptions, total=False):
-    """What ``schedule`` takes beside the task: a job's options, and who creates it."""
+    """What ``schedule`` takes beside the task: a job's options, who creates it, and why (for
+    the audit trail)."""
 
     source: str
+    reason: str
 
 
 def schedule(
@@ -109,7 +113,7 @@ def schedule(
     (apply_async's queue, routing_key, exchange, priority, expires, headers, time_limit,
     soft_time_limit). Any left out (or None, but for ``catchup_window``) takes its default.
     ``source`` records who created the job (``"api"``, ``"admin"``, ``"declared"``,
-    ``"imported"``).
+    ``"imported"``), ``reason`` why (the audit trail's record of its creation).
 
     ``unregistered_ok``: accept a task the Celery app of this process does not register (the
     allowlist still applies), for a web process that imports fewer task modules than the
@@ -117,6 +121,7 @@ def schedule(
     """
     given: dict[str, Any] = dict(options)
     source = given.pop("source", JobSource.API)
+    reason = given.pop("reason", None)
     args = given.get("args", [])
     given["args"] = list(args) if isinstance(args, list | tuple) else args
     values = validate_job(_spec(task, given), check_task=not unregistered_ok)
@@ -130,6 +135,7 @@ def schedule(
                 job.save(force_insert=True)
         except IntegrityError as exc:
             raise _integrity_error(exc, values["name"]) from exc
+        audit.record(job, JobChange.Action.CREATED, reason=reason)
         notify_due(job.next_run_at)
     log.info("scheduled job %s (%s)", job.pk, job.name, extra={"action": "schedule", "job": job.pk})
     return job
@@ -180,52 +186,93 @@ def _locked(job: JobRef) -> Job:
     return Job.objects.select_for_update().get(pk=job.pk if isinstance(job, Job) else job)
 
 
-def update(job: JobRef, *, unregistered_ok: bool = False, **changes: Unpack[JobChanges]) -> Job:
+def update(
+    job: JobRef,
+    *,
+    unregistered_ok: bool = False,
+    reason: str | None = None,
+    **changes: Unpack[JobChanges],
+) -> Job:
     """Change a job's fields. A new schedule replaces the old one (give only the new kind)
     and recomputes ``next_run_at`` for a scheduled or paused job; a running job picks it up
     from its next occurrence. None gives an option the default ``schedule`` would (clears
     ``expires_at``, resets ``max_retries``), as ``schedule`` reads None; ``catchup_window``'s
-    None removes the window. ``unregistered_ok`` as for ``schedule``."""
+    None removes the window. ``unregistered_ok`` as for ``schedule``; ``reason`` goes into
+    the audit trail's record of the change."""
     unknown = set(changes) - set(JOB_FIELDS)
     if unknown:
         raise ValidationError({f: [f"unknown option {f!r}."] for f in sorted(unknown)})
     with transaction.atomic():
         current = _locked(job)
-        values = {f: getattr(current, f) for f in JOB_FIELDS}
-        if any(f in changes for f in SCHEDULE_FIELDS):
-            # a new schedule replaces the old, phase included (unless one is given)
-            values.update(run_at=None, cron=None, interval=None, interval_anchor=None)
-            values["solar_event"] = None
-            if "solar_event" not in changes:
-                values.update(latitude=None, longitude=None)
-        given = with_defaults(job_defaults(), changes)
-        values.update({f: given[f] for f in changes})
-        cleaned = validate_job(values, check_task="task" in changes and not unregistered_ok)
-        if unregistered_ok and "task" in changes:
-            _allowed(cleaned["task"])
-        for field, value in cleaned.items():
-            setattr(current, field, value)
-        rescheduled = any(
-            f in changes
-            for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone", "interval_anchor")
-        )
-        if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
-            # A run in flight finishes under the old schedule; its completion sees that the
-            # job's occurrence is no longer the one it ran, and keeps this one.
-            _first_run(current, db_now())
-        # The job's own fields only: its lease, token and dispatch counter are the lease's.
-        written = [*cleaned, "interval_anchor", "scheduled_for", "next_run_at", "updated_at"]
-        try:
-            with transaction.atomic():
-                current.save(update_fields=list(dict.fromkeys(written)))
-        except IntegrityError as exc:
-            raise _integrity_error(exc, current.name) from exc
-        if current.state == JobState.SCHEDULED:
-            notify_due(current.next_run_at)
+        return _update(current, dict(changes), unregistered_ok, JobChange.Action.UPDATED, reason)
+
+
+def _update(
+    current: Job, changes: dict[str, Any], unregistered_ok: bool, action: str, reason: str | None
+) -> Job:
+    """``update`` on a job locked by the caller's transaction, recorded as ``action``."""
+    before = audit.snapshot(current)
+    values = {f: getattr(current, f) for f in JOB_FIELDS}
+    if any(f in changes for f in SCHEDULE_FIELDS):
+        # a new schedule replaces the old, phase included (unless one is given)
+        values.update(run_at=None, cron=None, interval=None, interval_anchor=None)
+        values["solar_event"] = None
+        if "solar_event" not in changes:
+            values.update(latitude=None, longitude=None)
+    given = with_defaults(job_defaults(), changes)
+    values.update({f: given[f] for f in changes})
+    cleaned = validate_job(values, check_task="task" in changes and not unregistered_ok)
+    if unregistered_ok and "task" in changes:
+        _allowed(cleaned["task"])
+    for field, value in cleaned.items():
+        setattr(current, field, value)
+    rescheduled = any(
+        f in changes
+        for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone", "interval_anchor")
+    )
+    if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
+        # A run in flight finishes under the old schedule; its completion sees that the
+        # job's occurrence is no longer the one it ran, and keeps this one.
+        _first_run(current, db_now())
+    # The job's own fields only: its lease, token and dispatch counter are the lease's.
+    written = [*cleaned, "interval_anchor", "scheduled_for", "next_run_at", "updated_at"]
+    try:
+        with transaction.atomic():
+            current.save(update_fields=list(dict.fromkeys(written)))
+    except IntegrityError as exc:
+        raise _integrity_error(exc, current.name) from exc
+    change = audit.diff(before, audit.snapshot(current))
+    if change or action != JobChange.Action.UPDATED:
+        audit.record(current, action, change, reason=reason)
+    if current.state == JobState.SCHEDULED:
+        notify_due(current.next_run_at)
     return current
 
 
-def pause(job: JobRef) -> Job:
+def restore(job: JobRef, change: JobChange | int, *, reason: str | None = None) -> Job:
+    """Put the job's own fields back as they were just after ``change`` (one of its audit
+    records, ``schedapp.audit.history``), through ``update``'s validation; recorded as a
+    restore, whose own record can be restored in turn."""
+    with transaction.atomic():
+        current = _locked(job)
+        record = change if isinstance(change, JobChange) else JobChange.objects.get(pk=change)
+        if record.job_id != current.pk:
+            raise ValidationError(
+                {"change": [f"record {record.pk} is of job {record.job_id}, not {current.pk}."]}
+            )
+        values = audit.version_values(record, current)
+        at = f"{record.at:%Y-%m-%d %H:%M:%S} UTC"
+        why = reason if reason is not None else f"restored the version of {at}"
+        return _update(
+            current, changed_fields(current, values), False, JobChange.Action.RESTORED, why
+        )
+
+
+def _recorded(job: Job, action: str, before: str, reason: str | None) -> None:
+    audit.record(job, action, {"state": [before, job.state]}, reason=reason)
+
+
+def pause(job: JobRef, *, reason: str | None = None) -> Job:
     """Stop claiming the job. A run in flight finishes and its outcome is recorded; a
     recurring job stays paused (a one-off that succeeds is done; a job out of retries is dead,
     since resuming it would only repeat the failure)."""
@@ -236,9 +283,11 @@ def pause(job: JobRef) -> Job:
                 f"job {current.pk} is {current.state}; only scheduled or "
                 "running jobs can be paused."
             )
+        before = current.state
         current.state = JobState.PAUSED
         current.save(update_fields=["state", "updated_at"])
         _a_persons_pause(current)
+        _recorded(current, JobChange.Action.PAUSED, before, reason)
     return current
 
 
@@ -256,7 +305,7 @@ def _still_allowed(job: Job) -> None:
         raise ValidationError({"task": [problem]})
 
 
-def resume(job: JobRef) -> Job:
+def resume(job: JobRef, *, reason: str | None = None) -> Job:
     """Claim the job again. Occurrences missed while paused follow its misfire policy."""
     with transaction.atomic():
         current = _locked(job)
@@ -265,10 +314,11 @@ def resume(job: JobRef) -> Job:
         _still_allowed(current)
         _a_persons_pause(current)
         lease.resume_locked(current, db_now(), _first_run)
+        _recorded(current, JobChange.Action.RESUMED, JobState.PAUSED, reason)
     return current
 
 
-def run_now(job: JobRef) -> Job:
+def run_now(job: JobRef, *, reason: str | None = None) -> Job:
     """Run the job at the next tick, as an extra occurrence "now". A recurring job's schedule
     is left alone: a cron's next occurrence after now, an interval's next on its phase."""
     with transaction.atomic():
@@ -279,11 +329,13 @@ def run_now(job: JobRef) -> Job:
                 "scheduled, succeeded or dead jobs."
             )
         _still_allowed(current)
+        before = current.state
         lease.run_now_locked(current, db_now())
+        _recorded(current, JobChange.Action.RUN_NOW, before, reason)
     return current
 
 
-def requeue(job: JobRef) -> Job:
+def requeue(job: JobRef, *, reason: str | None = None) -> Job:
     """Bring a dead job back: its retry count resets and the failed occurrence runs again
     at the next tick."""
     with transaction.atomic():
@@ -294,10 +346,11 @@ def requeue(job: JobRef) -> Job:
             )
         _still_allowed(current)
         lease.requeue_locked(current, db_now())
+        _recorded(current, JobChange.Action.REQUEUED, JobState.DEAD, reason)
     return current
 
 
-def cancel(job: JobRef, *, terminate: bool = False) -> Job:
+def cancel(job: JobRef, *, terminate: bool = False, reason: str | None = None) -> Job:
     """Cancel the job: no further run happens.
 
     The fencing token moves on, so a run in flight can no longer change the job, and its
@@ -313,7 +366,9 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
             return current
         if current.state == JobState.SUCCEEDED:
             raise JobStateError(f"job {current.pk} already ran to completion.")
+        before = current.state
         task_ids = lease.cancel_locked(current, terminate=terminate)
+        _recorded(current, JobChange.Action.CANCELLED, before, reason)
     if task_ids:
         celery_app().control.revoke(task_ids, terminate=terminate, signal="SIGTERM")
         log.info(
@@ -325,7 +380,7 @@ def cancel(job: JobRef, *, terminate: bool = False) -> Job:
     return current
 
 
-def duplicate(job: JobRef, *, name: str | None = None) -> Job:
+def duplicate(job: JobRef, *, name: str | None = None, reason: str | None = None) -> Job:
     """A new job with the same task, arguments, schedule and policy, created *paused*: a copy
     is usually made to be edited, and an active one would fire beside the original."""
     source = get(job)
@@ -335,7 +390,8 @@ def duplicate(job: JobRef, *, name: str | None = None) -> Job:
         fields["run_at"] = max(source.run_at, db_now())  # a one-off in the past runs now
     with transaction.atomic():
         copy_name = name or generated_name(source.name, f" (copy {uuid.uuid4().hex[:6]})")
-        copy = schedule(source.task, name=copy_name, **fields)
+        why = reason if reason is not None else f"a copy of job {source.pk} ({source.name})"
+        copy = schedule(source.task, name=copy_name, reason=why, **fields)
         copy.state = JobState.PAUSED
         copy.save(update_fields=["state", "updated_at"])
     return copy

@@ -33,7 +33,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import policies
+from . import audit, policies
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
 from .fields import with_defaults
@@ -311,6 +311,7 @@ class _Writer:
             skipped = tuple(i for i in range(first, end) if i not in written)
         self.chunks.append(_Chunk(first, skipped, len(rows), inserted))
         self.ingest.written += len(rows)
+        audit.record_created([row[1] for row in rows])
 
     def _report(self, errors: Mapping[int, str]) -> None:
         for index, message in errors.items():

@@ -84,6 +84,8 @@ class Settings:
     HOUSEKEEPING_CRON: str = "17 3 * * *"
     RUN_RETENTION: timedelta = timedelta(days=30)
     RESULT_RETENTION: timedelta | None = None
+    # Record every change to a job in the audit trail (schedapp.audit, the JobChange table).
+    AUDIT: bool = True
 
 
 # Durations whose default is None: seconds given as a number are read as a duration too.

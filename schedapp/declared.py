@@ -49,7 +49,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import api
+from . import api, audit
 from .celeryapp import celery_app
 from .conf import get_settings
 from .db import beat_transaction, db_now
@@ -345,6 +345,16 @@ def sync_declared_jobs(
     after ``BUSY_PASSES``, it is left for the next sync (``SyncReport.deferred``). A name a
     newer declaration set decided on is left alone (``SyncReport.superseded``).
     """
+    named = get_settings().RELEASE if release is None else release
+    why = f"declared in code, release {named}" if named else "declared in code"
+    with audit.acting(source="declared", reason=why):
+        return _sync_declared_jobs(decls, release=release)
+
+
+def _sync_declared_jobs(
+    decls: Mapping[str, Mapping[str, Any]] | None = None, *, release: str | None = None
+) -> SyncReport:
+    """``sync_declared_jobs``'s work, inside its audit actor."""
     decls = declarations() if decls is None else decls
     report = SyncReport()
     ours = _our_set(decls, get_settings().RELEASE if release is None else release)
@@ -540,7 +550,7 @@ def _declare(
     if not _sync_one(name, values, job, report):
         return False  # another source's job: not ours to stamp
     if job is not None and decl.withdrawn and job.state == JobState.PAUSED:
-        api.resume(job.pk)  # paused only because a release stopped declaring it
+        api.resume(job.pk, reason="declared again")  # paused only because it was not
         report.resumed.append(name)
         report.waiting.remove(name)
     decl.declared, decl.withdrawn = True, False
@@ -557,7 +567,7 @@ def _withdraw(
     if job is not None and job.source != JobSource.DECLARED:
         return False  # the name went to a job of another source meanwhile
     if job is not None and job.state in (JobState.SCHEDULED, JobState.RUNNING):
-        api.pause(job.pk)
+        api.pause(job.pk, reason="no longer declared (SCHEDAPP_JOBS, @periodic)")
         decl.withdrawn = True
         report.paused.append(name)
     decl.declared = False

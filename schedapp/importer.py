@@ -68,7 +68,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import api
+from . import api, audit
 from .celeryapp import celery_app
 from .conf import get_settings
 from .db import db_now
@@ -686,6 +686,14 @@ def import_candidates(
     transaction over every update held the rows of running jobs for the whole import, and
     their lease renewals, which skip locked rows, let healthy leases lapse.
     """
+    with audit.acting(source="imported", reason="imported from Celery beat's schedule"):
+        return _import_candidates(candidates, update=update, dry_run=dry_run)
+
+
+def _import_candidates(
+    candidates: Iterable[Candidate], *, update: bool = False, dry_run: bool = False
+) -> ImportReport:
+    """``import_candidates``'s work, inside its audit actor."""
     report = ImportReport(dry_run=dry_run)
     updates: list[Candidate] = []
     with transaction.atomic():

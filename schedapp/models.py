@@ -675,6 +675,48 @@ class Occurrence(models.Model):
         return f"{self.job_id}@{self.scheduled_for:%Y-%m-%d %H:%M:%S} x{self.count} {self.fate}"
 
 
+class JobChange(models.Model):
+    """One change to a job by a person or a process: who, from where, when, why, and what
+    changed (its fields before and after). Written by ``schedapp.audit`` in the transaction
+    that makes the change, for every path that changes a job (the API and so the admin,
+    declared jobs and the importer; ``schedule_many``; the admin's delete). No foreign key:
+    the trail of a deleted job outlives it."""
+
+    class Action(models.TextChoices):
+        CREATED = "created", "Created"
+        UPDATED = "updated", "Changed"
+        PAUSED = "paused", "Paused"
+        RESUMED = "resumed", "Resumed"
+        RUN_NOW = "run_now", "Run now"
+        REQUEUED = "requeued", "Requeued"
+        CANCELLED = "cancelled", "Cancelled"
+        RESTORED = "restored", "Restored to an earlier version"
+        DELETED = "deleted", "Deleted"
+
+    job_id = models.BigIntegerField()
+    job_name = models.CharField(max_length=200)
+    at = models.DateTimeField(db_default=Now())
+    action = models.CharField(max_length=16, choices=Action.choices)
+    source = models.CharField(
+        max_length=16, help_text="The path: api, admin, declared, imported or bulk."
+    )
+    actor = models.CharField(
+        max_length=200, help_text="The user, or the process and host that made the change."
+    )
+    reason = models.TextField(blank=True, default="")
+    # {field: [before, after]} of the job's own fields (fields.JOB_FIELDS), JSON-encoded.
+    # NULL for a creation: what it created is the job's first version, which
+    # schedapp.audit.version_values reads back from the job and the changes after it.
+    changes = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["job_id", "at"], name="schedapp_jobchange_job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} {self.action} by {self.actor} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
 class Node(models.Model):
     """A beat or worker process seen recently; each refreshes its row while it lives."""
 

@@ -64,6 +64,8 @@ def settings_problems() -> list[str]:
     port = s.METRICS_PORT
     if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
         found.append(f"SCHEDAPP_METRICS_PORT must be None or a port number, not {port!r}.")
+    if not isinstance(s.AUDIT, bool):
+        found.append(f"SCHEDAPP_AUDIT must be True or False, not {s.AUDIT!r}.")
     if not isinstance(s.HOUSEKEEPING, bool):
         found.append(f"SCHEDAPP_HOUSEKEEPING must be True or False, not {s.HOUSEKEEPING!r}.")
     if s.HOUSEKEEPING:

@@ -94,6 +94,15 @@ def _datalist(field: forms.Field, list_id: str) -> None:
 
 
 class JobForm(forms.ModelForm):
+    change_reason = forms.CharField(
+        required=False,
+        max_length=1000,
+        label="Reason",
+        help_text="Why this change: kept in the job's history with who made it, when, and "
+        "what changed.",
+        widget=forms.TextInput(attrs={"class": "vTextField", "size": 80}),
+    )
+
     class Meta:
         model = Job
         fields = FORM_FIELDS

@@ -16,6 +16,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Left
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -23,7 +24,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from .. import api
+from .. import api, audit
 from ..display import job_schedule_text, local_time, timezone_names
 from ..exceptions import JobStateError
 from ..fields import JOB_FIELDS, changed_fields
@@ -36,7 +37,7 @@ from .filters import (
     allowed_registered_tasks,
 )
 from .forms import JobForm, TaskPickerWidget, preview_for
-from .operations import OPERATIONS, error_text, make_action
+from .operations import OPERATIONS, acting_in_admin, error_text, make_action
 from .runs import badge, runs_summary
 from .views import JobViewsMixin
 
@@ -329,7 +330,8 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         window: dict[str, Any] = {"fields": _WINDOW}
         if not _has_window(request, obj):
             window["classes"] = ("collapse",)
-        editable = (first, (title, schedule), ("Window (optional)", window), *rest)
+        reason = ("Why", {"fields": ("change_reason",)})
+        editable = (first, (title, schedule), ("Window (optional)", window), *rest, reason)
         return editable if obj is None else (*editable, *_STATUS)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
@@ -443,13 +445,15 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Job, form: JobForm, change: bool) -> None:
         values = dict(form.job_values)
+        reason = form.cleaned_data.get("change_reason") or ""
         # The form said whether the task is allowed; one unknown to this process is kept.
-        if not change:
-            task = values.pop("task")
-            job = api.schedule(task, source=JobSource.ADMIN, unregistered_ok=True, **values)
-        else:
-            changes = changed_fields(obj, values)
-            job = api.update(obj.pk, unregistered_ok=True, **changes) if changes else obj
+        with acting_in_admin(request, reason):
+            if not change:
+                task = values.pop("task")
+                job = api.schedule(task, source=JobSource.ADMIN, unregistered_ok=True, **values)
+            else:
+                changes = changed_fields(obj, values)
+                job = api.update(obj.pk, unregistered_ok=True, **changes) if changes else obj
         if form.task_warning:
             self.message_user(request, form.task_warning, messages.WARNING)
         for field in Job._meta.concrete_fields:
@@ -460,7 +464,15 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         if obj.state == JobState.RUNNING:
             raise PermissionDenied("cancel a running job before deleting it")
-        super().delete_model(request, obj)
+        with transaction.atomic(), acting_in_admin(request):
+            audit.record_deleted(obj)
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        with transaction.atomic(), acting_in_admin(request):
+            for job in queryset:
+                audit.record_deleted(job)
+            super().delete_queryset(request, queryset)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
         """Summarise instead of listing every run of the job (there may be millions), and

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import (
     Http404,
     HttpRequest,
@@ -23,11 +24,13 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from .. import overview
-from ..models import JobState
+from .. import api, overview
+from ..exceptions import JobStateError
+from ..models import JobChange, JobState
 from .forms import preview_from_query
+from .history import history_page
 from .ledger import fleet_page, timeline_page
-from .operations import BY_SLUG, apply_operation
+from .operations import BY_SLUG, acting_in_admin, apply_operation, error_text
 from .runs import badge
 
 
@@ -39,8 +42,10 @@ class JobViewsMixin:
     model: Any
     _may: Callable[[HttpRequest, str], bool]
     get_object: Callable[..., Any]
+    message_user: Callable[..., None]
     has_view_or_change_permission: Callable[..., bool]
     has_add_permission: Callable[..., bool]
+    has_change_permission: Callable[..., bool]
 
     def get_urls(self) -> list[Any]:
         wrap = self.admin_site.admin_view
@@ -50,6 +55,11 @@ class JobViewsMixin:
             path("not-run/", wrap(self.not_run_view), name="schedapp_job_not_run"),
             path(
                 "<path:object_id>/timeline/", wrap(self.timeline_view), name="schedapp_job_timeline"
+            ),
+            path(
+                "<path:object_id>/history/<int:change_id>/restore/",
+                wrap(self.restore_view),
+                name="schedapp_job_restore",
             ),
             path(
                 "<path:object_id>/do/<slug:slug>/",
@@ -155,3 +165,53 @@ class JobViewsMixin:
             "overview_url": reverse("admin:schedapp_job_overview"),
         }
         return TemplateResponse(request, "admin/schedapp/not_run.html", context)
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict | None = None
+    ) -> HttpResponse:
+        """The job's audit trail (replaces the admin's LogEntry history, which saw only
+        the admin's own edits)."""
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404("no such job")
+        if not self.has_view_or_change_permission(request, job):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"History of {job.name}",
+            "original": f"History of {job.name}",
+            "add": False,
+            "has_view_permission": True,
+            "opts": self.model._meta,
+            "job": job,
+            "page": history_page(job),
+            "may_restore": self.has_change_permission(request, job),
+            "change_url": reverse("admin:schedapp_job_change", args=[job.pk]),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/schedapp/job/history.html", context)
+
+    def restore_view(self, request: HttpRequest, object_id: str, change_id: int) -> HttpResponse:
+        """Restore the version a recorded change left (POST; CSRF-checked by ``admin_view``)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            raise Http404("no such job")
+        if not self.has_change_permission(request, job):
+            raise PermissionDenied
+        record = JobChange.objects.filter(pk=change_id, job_id=job.pk).first()
+        if record is None:
+            raise Http404("no such change of this job")
+        reason = (request.POST.get("reason") or "").strip() or None
+        history = reverse("admin:schedapp_job_history", args=[job.pk])
+        try:
+            with acting_in_admin(request):
+                api.restore(job.pk, record, reason=reason)
+        except (ValidationError, JobStateError) as exc:
+            self.message_user(request, f"Not restored: {error_text(exc)}", messages.ERROR)
+            return HttpResponseRedirect(history)
+        self.message_user(
+            request, f"Restored {job.name} to its version of {record.at:%Y-%m-%d %H:%M:%S} UTC."
+        )
+        return HttpResponseRedirect(history)

@@ -214,6 +214,12 @@ WHERE id = (SELECT currval(pg_get_serial_sequence('schedapp_job', 'id')))
 -- Jobs holding any of these names, with the transaction that wrote each.
 SELECT name, id, xmin::text FROM schedapp_job WHERE name = ANY(%s)
 
+-- name: audit_created
+-- The audit trail's "created" record of each job of these names (schedapp.audit): source,
+-- actor, reason, names.
+INSERT INTO schedapp_jobchange (job_id, job_name, at, action, source, actor, reason)
+SELECT id, name, now(), 'created', %s, %s, %s FROM schedapp_job WHERE name = ANY(%s)
+
 -- name: bulk_rows_of_chunk
 -- How many jobs from this id to a chunk's last one that chunk's savepoint wrote.
 SELECT count(*) FROM schedapp_job WHERE id BETWEEN %s AND %s AND xmin::text = %s

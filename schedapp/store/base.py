@@ -200,6 +200,9 @@ class Store(Protocol):
         """The jobs holding any of ``names``: name -> (id, the xid of the batch that wrote it,
         or "" where the store has none)."""
 
+    def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
+        """One ``created`` audit record (``JobChange``) for each job of ``names``."""
+
 
 class CopyingStore(Store, Protocol):
     """A store whose ``insert_jobs`` copies rows (``copies_rows``): a batch is found again by

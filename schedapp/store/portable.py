@@ -15,7 +15,7 @@ from django.db.models import F, Min, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..fields import CELERY_FIELDS
-from ..models import Job, JobRun, JobState, RunStatus
+from ..models import Job, JobChange, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait, misfire_after
 from ..validation import Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
@@ -220,6 +220,20 @@ class PortableStore:
             clashes = jobs.filter(name__in=names[start : start + _NAMES_PER_QUERY])
             found.update((name, (job_id, "")) for name, job_id in clashes.values_list("name", "id"))
         return found
+
+    def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
+        records = [
+            JobChange(
+                job_id=job_id,
+                job_name=name,
+                action=JobChange.Action.CREATED,
+                source=source,
+                actor=actor,
+                reason=reason,
+            )
+            for name, (job_id, _xid) in self.jobs_named(names).items()
+        ]
+        JobChange.objects.using(self.using).bulk_create(records, batch_size=_NAMES_PER_QUERY)
 
 
 class JobInstances:

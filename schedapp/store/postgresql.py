@@ -226,6 +226,10 @@ class PostgreSQLStore:
             cursor.execute(query("bulk_names_taken"), [names])
             return {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
 
+    def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(query("audit_created"), [source, actor, reason, names])
+
     def inserted_from(self, job_id: int, inserted: InsertedJobs) -> int:
         with connections[self.using].cursor() as cursor:
             cursor.execute(query("bulk_rows_of_chunk"), [job_id, inserted.last_id, inserted.xid])

@@ -496,3 +496,67 @@ def test_the_occurrence_ledger_pages_at_1400_pixels(live_server, browser, django
     records.nth(2).locator("a").click()
     page.wait_for_url(re.compile(rf"/admin/schedapp/job/{story.job.pk}/timeline/\?"))
     expect(page.locator("#schedapp-asked")).to_contain_text("9 occurrences")
+
+
+def test_a_jobs_history_at_1400_pixels_and_a_version_restored(
+    live_server, browser, django_user_model
+):
+    """A job's audit trail: created by a deploy's declared sync, its schedule changed by one
+    person with a reason, paused by another, then a version restored from the page."""
+    from playwright.sync_api import expect
+
+    from schedapp import api, audit
+
+    # Given a job with four recorded changes by three actors
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    with audit.acting("celery beat pid 4242 on beat-1", source="declared"):
+        job = api.schedule(
+            "project.tasks.record",
+            name="invoices-eu",
+            cron="0 6 * * 1-5",
+            timezone="Europe/Paris",
+            kwargs={"region": "eu"},
+            reason="declared in code (SCHEDAPP_JOBS)",
+        )
+    with audit.acting("alice", source="admin"):
+        api.update(
+            job,
+            cron="30 7 * * 1-5",
+            max_retries=5,
+            kwargs={"region": "eu", "batch": 500},
+            reason="the bank's file now arrives at 07:00 (INC-2231)",
+        )
+    with audit.acting("bob", source="admin"):
+        api.pause(job, reason="bank holiday freeze")
+        api.resume(job)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(30_000)
+    SHOTS_DAILY.mkdir(parents=True, exist_ok=True)
+
+    # When the operator opens its history from the job's page
+    _login(page, live_server, f"/admin/schedapp/job/{job.pk}/change/")
+    page.click("a.historylink")
+    page.wait_for_url(re.compile(rf"/admin/schedapp/job/{job.pk}/history/$"))
+    rows = page.locator("#schedapp-history-table tbody tr.schedapp-change")
+    expect(rows).to_have_count(4)
+    # Then the schedule change shows who, why, the diff and the fire times before and after
+    change = rows.nth(2)
+    expect(change).to_contain_text("alice")
+    expect(change).to_contain_text("INC-2231")
+    expect(change.locator(".schedapp-before").first).to_contain_text("0 6 * * 1-5")
+    expect(change.locator(".schedapp-fires")).to_contain_text("07:30")
+    expect(change.locator(".schedapp-fires")).to_contain_text("06:00")
+
+    # When they restore the version it was created with, giving a reason
+    created = rows.nth(3)
+    created.locator("input[name=reason]").fill("back to 06:00 until the bank confirms")
+    created.locator("input[type=submit]").click()
+    page.wait_for_url(re.compile(rf"/admin/schedapp/job/{job.pk}/history/$"))
+    # Then the job is back, and the restore is the newest record, by the operator
+    expect(rows).to_have_count(5)
+    expect(rows.nth(0)).to_contain_text("Restored to an earlier version")
+    expect(rows.nth(0)).to_contain_text("operator")
+    job.refresh_from_db()
+    assert (job.cron, job.max_retries, job.kwargs) == ("0 6 * * 1-5", 3, {"region": "eu"})
+    _no_sideways_scroll(page)
+    page.screenshot(path=str(SHOTS_DAILY / "audit-history-1400.png"), full_page=True)

@@ -25,7 +25,7 @@ import pytest
 from django.db import connections, transaction
 
 from schedapp.fields import with_defaults
-from schedapp.models import Job, JobRun, JobState, RunStatus
+from schedapp.models import Job, JobChange, JobRun, JobState, RunStatus
 from schedapp.policies import dispatch_wait
 from schedapp.store import (
     DoorVerdict,
@@ -581,6 +581,25 @@ def test_insert_jobs_with_a_taken_name_writes_none_of_them(store):
     encoder, rows = _encoded(store, now, ["free-1", "free-2"])
     store.insert_jobs(encoder, iter(rows))
     assert Job.objects.using(store.using).count() == 3
+
+
+def test_record_created_writes_one_audit_record_per_named_job(store):
+    # Given two jobs written in bulk, and a name no job holds
+    now = store.now()
+    encoder, rows = _encoded(store, now, ["audited-1", "audited-2"])
+    store.insert_jobs(encoder, iter(rows))
+
+    # When their creation is recorded
+    names = ["audited-1", "audited-2", "nobody"]
+    store.record_created(names, source="bulk", actor="me", reason="r")
+
+    # Then each job has one "created" record with who, the path and why
+    records = JobChange.objects.using(store.using).order_by("job_name")
+    jobs = dict(Job.objects.using(store.using).values_list("name", "id"))
+    assert [(c.job_id, c.job_name, c.action, c.source, c.actor, c.reason) for c in records] == [
+        (jobs[name], name, "created", "bulk", "me", "r") for name in ("audited-1", "audited-2")
+    ]
+    assert all(c.changes is None and c.at is not None for c in records)
 
 
 # --- notifications ----------------------------------------------------------------------------

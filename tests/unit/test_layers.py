@@ -48,6 +48,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "store.*",
             "models",
             "ledger",
+            "audit",
             "celeryapp",
             "option_rules",
             "validation",
