@@ -16,6 +16,7 @@ from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 
 from . import audit, bulk, lease, policies
 from .bulk import CHUNK_SIZE
@@ -34,6 +35,7 @@ from .fields import (
 )
 from .models import Declaration, Job, JobChange, JobSource, JobState
 from .schedules import first_fire_time
+from .store import get_store
 from .validation import (
     generated_name,
     job_defaults,
@@ -58,6 +60,7 @@ __all__ = [
     "run_now",
     "schedule",
     "schedule_many",
+    "tagged",
     "update",
 ]
 
@@ -180,6 +183,11 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK
 
 def get(job: JobRef) -> Job:
     return Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
+
+
+def tagged(tag: str) -> QuerySet[Job]:
+    """The jobs carrying ``tag`` (any case: tags are stored lowercased)."""
+    return Job.objects.filter(get_store().tagged(str(tag).strip().lower()))
 
 
 def _locked(job: JobRef) -> Job:

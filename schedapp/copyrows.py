@@ -65,6 +65,7 @@ COPY_COLUMNS = (
     # Celery's semantics (migration 0007): shared by most jobs, encoded once per combination.
     *CELERY_FIELDS,
     "description",  # free text: its own encoding, per job
+    "tags",  # a JSON list, shared by many jobs: encoded once per distinct list
 )
 _EXTRA_FIELDS = CELERY_FIELDS
 _MEMO_LIMIT = 4096
@@ -94,6 +95,17 @@ class CopyRows:
         self._schedules = _Memo()
         self._options = _Memo()
         self._extras = _Memo()
+        self._tags = _Memo()
+
+    def _tags_of(self, values: dict[str, Any]) -> Any:
+        key = tuple(values.get("tags") or ())
+        encoded = self._tags.get(key)
+        if encoded is None:
+            encoded = self._tags.put(key, self._encode_tags(json.dumps(list(key))))
+        return encoded
+
+    def _encode_tags(self, tags_json: str) -> Any:
+        raise NotImplementedError
 
     def _extras_of(self, values: dict[str, Any]) -> Any:
         options = values.get("message_options")  # most jobs have none: no encoding then
@@ -190,8 +202,12 @@ class TextRows(CopyRows):
         return (
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
-            f"{self._extras_of(values)}\t{_free_text(values.get('description') or '')}\n"
+            f"{self._extras_of(values)}\t{_free_text(values.get('description') or '')}"
+            f"\t{self._tags_of(values)}\n"
         )
+
+    def _encode_tags(self, tags_json: str) -> str:
+        return _text(tags_json)
 
     def _encode_extras(self, values: dict[str, Any], options_json: str) -> str:
         def opt(value: Any) -> str:
@@ -323,8 +339,13 @@ class BinaryRows(CopyRows):
                 self.tail,
                 self._extras_of(values),
                 _b_text(values.get("description") or ""),
+                self._tags_of(values),
             )
         )
+
+    def _encode_tags(self, tags_json: str) -> bytes:
+        data = tags_json.encode()
+        return _I32(len(data) + 1) + _JSONB_VERSION + data
 
     def _encode_extras(self, values: dict[str, Any], options_json: str) -> bytes:
         def opt(value: Any) -> bytes:

@@ -64,6 +64,7 @@ class JobOptions(TypedDict, total=False):
     args: Iterable[Any]
     kwargs: Mapping[str, Any] | None
     description: str | None
+    tags: Iterable[str] | None
     run_at: datetime | None
     cron: str | None
     interval: timedelta | float | None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,7 @@ class JobValidator:
         self._check_message_options(values.get("message_options"), checked)
         _check_name(values.get("name"), checked)
         _check_description(values.get("description"), checked)
+        _check_tags(values.get("tags"), checked)
         self._check_options(values, checked)
         _check_fixed_delay(checked)
         return checked
@@ -335,3 +337,40 @@ def _check_description(description: Any, checked: Checked) -> None:
         _add(checked.errors, "description", "contains a lone surrogate: not valid Unicode.")
     else:
         checked.values["description"] = description
+
+
+TAGS_MAX = 20
+TAG_LENGTH_MAX = 64
+# A letter or digit first, then letters, digits and - _ . : / = (no comma or space: the
+# admin's form separates tags with them); stored lowercased.
+TAG_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.:/=-]*")
+
+
+def _check_tags(tags: Any, checked: Checked) -> None:
+    """Labels grouping jobs (metrics, alert routing, the admin's filter): a list of short
+    words, lowercased, each once, sorted (None: none)."""
+    if tags is None:
+        checked.values["tags"] = []
+        return
+    if isinstance(tags, str) or not isinstance(tags, list | tuple | set | frozenset):
+        _add(checked.errors, "tags", f"must be a list of labels, got {type_name(tags)}.")
+        return
+    found: set[str] = set()
+    for tag in tags:
+        if not isinstance(tag, str):
+            _add(checked.errors, "tags", f"each must be a string, got {type_name(tag)}.")
+            return
+        word = tag.strip().lower()
+        if not 0 < len(word) <= TAG_LENGTH_MAX or not TAG_PATTERN.fullmatch(word):
+            _add(
+                checked.errors,
+                "tags",
+                f"{tag!r} is not a label: 1 to {TAG_LENGTH_MAX} letters, digits and "
+                "- _ . : / =, starting with a letter or digit.",
+            )
+            return
+        found.add(word)
+    if len(found) > TAGS_MAX:
+        _add(checked.errors, "tags", f"at most {TAGS_MAX} labels, got {len(found)}.")
+        return
+    checked.values["tags"] = sorted(found)

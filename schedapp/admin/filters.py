@@ -24,6 +24,7 @@ from django.http import HttpRequest
 
 from ..db import is_postgresql
 from ..models import Job
+from ..store import get_store
 
 COUNT_CAP = 10_000
 # Below this many estimated rows an exact count is cheap, and better.
@@ -115,6 +116,26 @@ def configured_queues() -> list[str]:
     for queue in conf.task_queues or ():
         names.add(getattr(queue, "name", str(queue)))
     return sorted(n for n in names if n)
+
+
+class TagFilter(admin.SimpleListFilter):
+    """Jobs carrying a tag; the choices are the tags of the newest jobs (one bounded query)
+    and the one chosen."""
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        recent = Job.objects.order_by("-id").values_list("tags", flat=True)[:RECENT_SAMPLE]
+        names = {t for tags in recent if isinstance(tags, list) for t in tags if isinstance(t, str)}
+        value = self.value()
+        if value:
+            names.add(value)
+        return [(n, n) for n in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(get_store().tagged(value)) if value else queryset
 
 
 class TaskFilter(admin.SimpleListFilter):

@@ -11,6 +11,7 @@ like cron, not in the server's ``TIME_ZONE``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,7 @@ FORM_FIELDS = [
     "name",
     "task",
     "description",
+    "tags",
     "args",
     "kwargs",
     "cron",
@@ -76,6 +78,29 @@ class WallTimeWidget(AdminSplitDateTime):
     template_name = "admin/schedapp/widgets/wall_time.html"
 
 
+class TagsField(forms.Field):
+    """Tags typed as words separated by commas or spaces; the API's rules check each one (its
+    message is the field's)."""
+
+    widget = forms.TextInput
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.pop("encoder", None)  # a JSONField's form field arguments
+        kwargs.pop("decoder", None)
+        super().__init__(**kwargs)
+        self.widget.attrs.update({"class": "vTextField", "placeholder": "billing, team-eu"})
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return ", ".join(str(v) for v in value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:
+        if isinstance(value, list | tuple):
+            return list(value)
+        return [word for word in re.split(r"[,\s]+", value or "") if word]
+
+
 class TaskPickerWidget(forms.TextInput):
     """The task's text input with the registered tasks to pick from (``registered``, set by
     the admin per request: the Celery app's tasks that the allowlist permits)."""
@@ -107,6 +132,7 @@ class JobForm(forms.ModelForm):
         model = Job
         fields = FORM_FIELDS
         widgets = {"task": TaskPickerWidget, **{name: WallTimeWidget for name in WALL_TIMES}}
+        field_classes = {"tags": TagsField}
         labels = {
             "cron_day_or": "Day of month or day of week",
             "dst_policy": "Daylight saving",
@@ -141,6 +167,8 @@ class JobForm(forms.ModelForm):
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
             "occurrences are aligned to; empty: its first occurrence.",
             "args": 'A JSON list, e.g. [1, "two"].',
+            "tags": "Labels grouping jobs (the jobs list's filter, metrics, alerts), separated "
+            "by commas or spaces: letters, digits and - _ . : / =.",
             "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',
             "timezone": "IANA name, e.g. Europe/Paris; cron and run_at follow it.",
             "cron_day_or": "When both day fields are restricted (e.g. '0 9 13 * 5'): checked, "

@@ -33,6 +33,7 @@ from .filters import (
     LargeTablePaginator,
     QueueFilter,
     ScheduleKindFilter,
+    TagFilter,
     TaskFilter,
     allowed_registered_tasks,
 )
@@ -44,7 +45,7 @@ from .views import JobViewsMixin
 __all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
-    (None, {"fields": ("name", "task", "description", "args", "kwargs")}),
+    (None, {"fields": ("name", "task", "description", "tags", "args", "kwargs")}),
     (
         "Schedule",
         {
@@ -190,7 +191,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         "lease",
         "retries",
     )
-    list_filter = ("state", TaskFilter, QueueFilter, ScheduleKindFilter, "source")
+    list_filter = ("state", TagFilter, TaskFilter, QueueFilter, ScheduleKindFilter, "source")
     search_fields = ("name", "task")
     search_help_text = "Name or task contains ..."
     sortable_by = ("name",)  # the unique index delivers it; other columns would sort the table

@@ -203,6 +203,9 @@ class Store(Protocol):
     def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
         """One ``created`` audit record (``JobChange``) for each job of ``names``."""
 
+    def tagged(self, tag: str) -> Q:
+        """The condition "the job carries ``tag``" (a lowercased label)."""
+
 
 class CopyingStore(Store, Protocol):
     """A store whose ``insert_jobs`` copies rows (``copies_rows``): a batch is found again by

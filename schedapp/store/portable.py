@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import F, Min, Value
+from django.db.models import F, Min, Q, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..fields import CELERY_FIELDS
@@ -220,6 +220,11 @@ class PortableStore:
             clashes = jobs.filter(name__in=names[start : start + _NAMES_PER_QUERY])
             found.update((name, (job_id, "")) for name, job_id in clashes.values_list("name", "id"))
         return found
+
+    def tagged(self, tag: str) -> Q:
+        # SQLite has no JSON containment: the JSON text holds the label in its quotes, which
+        # no other label's text does (labels are lowercased and hold no quote).
+        return Q(tags__icontains=json.dumps(tag))
 
     def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
         records = [

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import Q
 
 from ..copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from ..models import Job
@@ -225,6 +226,9 @@ class PostgreSQLStore:
         with connections[self.using].cursor() as cursor:
             cursor.execute(query("bulk_names_taken"), [names])
             return {name: (job_id, xid) for name, job_id, xid in cursor.fetchall()}
+
+    def tagged(self, tag: str) -> Q:
+        return Q(tags__contains=[tag])  # jsonb @>, served by the GIN index (migration 0026)
 
     def record_created(self, names: list[str], *, source: str, actor: str, reason: str) -> None:
         with connections[self.using].cursor() as cursor:

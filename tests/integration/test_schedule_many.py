@@ -255,6 +255,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "timezone": "America/Argentina/Buenos_Aires",
         "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": 'é \\ "t"'}},
         "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
+        "tags": ["Team-EU", "billing", " nightly ", "billing"],
     }
     with transaction.atomic():
         single = api.schedule(TASK, run_at=SOON, name="single \\ 'x' 夜", **awkward)
@@ -266,6 +267,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         k: v for k, v in single_row.items() if k not in ignore
     }
     assert bulk_row["args"][0] == "a\\b" and bulk_row["queue"] == "q\\1"
+    assert bulk_row["tags"] == ["billing", "nightly", "team-eu"]
 
 
 @override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=1))

@@ -602,6 +602,16 @@ def test_record_created_writes_one_audit_record_per_named_job(store):
     assert all(c.changes is None and c.at is not None for c in records)
 
 
+def test_tagged_finds_exactly_the_jobs_carrying_a_label(store):
+    make_job(store, "eu", tags=["billing", "team-eu"])
+    make_job(store, "ops", tags=["billing-ops"])
+    make_job(store, "none")
+    jobs = Job.objects.using(store.using)
+    assert list(jobs.filter(store.tagged("billing")).values_list("name", flat=True)) == ["eu"]
+    assert list(jobs.filter(store.tagged("billing-ops")).values_list("name", flat=True)) == ["ops"]
+    assert not jobs.filter(store.tagged("team")).exists()
+
+
 # --- notifications ----------------------------------------------------------------------------
 
 
