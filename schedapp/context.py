@@ -35,11 +35,13 @@ class RunInfo:
 
     @functools.cached_property
     def kind(self) -> str:
-        """``scheduled``, ``retry`` (a later attempt) or ``manual`` (a run now, at a time that
-        is no occurrence of the schedule). Read when first asked."""
+        """``scheduled``, ``retry`` (a later attempt) or ``manual`` (a run now), as the claim
+        recorded it on the run. Read when first asked (one query)."""
         from .explain import run_kind
+        from .models import JobRun
 
-        return run_kind(self.job_id, self.scheduled_for, self.attempt)
+        recorded = JobRun.objects.filter(pk=self.run_id).values_list("kind", flat=True).first()
+        return run_kind(self.job_id, self.scheduled_for, self.attempt, recorded)
 
 
 def current_run() -> RunInfo | None:

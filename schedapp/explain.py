@@ -41,6 +41,7 @@ class Attempt:
     worker: str
     error: str
     stale: bool
+    kind: str | None = None  # as the claim recorded it (None: claimed before 0027)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def _attempts(runs: Iterable[JobRun]) -> dict[datetime, list[Attempt]]:
                 r.worker,
                 r.error,
                 r.stale,
+                r.kind,
             )
         )
     for attempts in grouped.values():
@@ -172,6 +174,7 @@ _RUN_FIELDS = (
     "worker",
     "error",
     "stale",
+    "kind",
 )
 
 
@@ -196,7 +199,7 @@ def timeline(
         # the newest runs by id: a few attempts per occurrence at most, so 4x the limit
         grouped = _attempts(runs[: limit * 4])
         entries += [
-            Entry(at, at, 1, RAN, attempts=tuple(a), kind=_kind(job, at))
+            Entry(at, at, 1, RAN, attempts=tuple(a), kind=_occurrence_kind(job, at, a))
             for at, a in grouped.items()
         ]
     other = [f for f in fates if f != RAN]
@@ -222,7 +225,8 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
     attempts = _attempts(runs).get(at)
     if attempts:
-        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=_kind(job, at))
+        kind = _occurrence_kind(job, at, attempts)
+        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=kind)
         return Answer(job.pk, at, True, _ran_text(job, entry), entry)
     nominal, before, after = _around(job, at)
     record = (
@@ -251,6 +255,15 @@ def _previous(schedule: Schedule, at: datetime) -> datetime | None:
     return earlier[-1] if earlier else None
 
 
+def _occurrence_kind(job: Job, at: datetime, attempts: Sequence[Attempt]) -> str:
+    """Manual or scheduled, as the claim recorded it on the runs; derived from the schedule
+    for runs claimed before runs recorded it."""
+    recorded = {a.kind for a in attempts if a.kind and a.kind != "retry"}
+    if recorded:
+        return "manual" if "manual" in recorded else "scheduled"
+    return _kind(job, at)
+
+
 def _kind(job: Job, at: datetime) -> str:
     try:
         nominal = _is_occurrence(job.schedule, at)
@@ -259,9 +272,14 @@ def _kind(job: Job, at: datetime) -> str:
     return "scheduled" if nominal else "manual"
 
 
-def run_kind(job: Job | int | str, scheduled_for: datetime, attempt: int) -> str:
-    """``retry`` past the first attempt, ``manual`` for a time that is no occurrence of the
+def run_kind(
+    job: Job | int | str, scheduled_for: datetime, attempt: int, recorded: str | None = None
+) -> str:
+    """The kind the claim ``recorded`` on the run; for a run claimed before runs recorded
+    it, ``retry`` past the first attempt, ``manual`` for a time that is no occurrence of the
     schedule (a run now), else ``scheduled``."""
+    if recorded:
+        return recorded
     return "retry" if attempt > 1 else _kind(_job(job), scheduled_for)
 
 

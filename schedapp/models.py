@@ -411,6 +411,10 @@ class Job(models.Model):
     # it belongs to: recurring jobs compute the next occurrence from it, so there is no drift.
     next_run_at = models.DateTimeField(null=True, blank=True)
     scheduled_for = models.DateTimeField(null=True, blank=True)
+    # The occurrence a person added ("run now"): while scheduled_for is this time, the claim
+    # records its runs as manual. Compared in the database only, never reset: once the job
+    # moves on to another occurrence the two differ.
+    manual_at = models.DateTimeField(null=True, blank=True)
     retry_count = models.PositiveIntegerField(default=0)
     missed_runs = models.PositiveBigIntegerField(default=0)
     failed_occurrences = models.PositiveBigIntegerField(
@@ -555,6 +559,14 @@ def schedule_of(fields: Mapping[str, Any]) -> Schedule:
     return with_window(schedule, fields.get("not_before"), fields.get("expires_at"))
 
 
+class RunKind(models.TextChoices):
+    """Why a run exists, recorded by the claim (``current_run().kind``, the timeline)."""
+
+    SCHEDULED = "scheduled", "Scheduled"  # an occurrence of the schedule, first attempt
+    RETRY = "retry", "Retry"  # a later attempt of an occurrence that failed
+    MANUAL = "manual", "Manual"  # an occurrence a person added (run now)
+
+
 class RunStatus(models.TextChoices):
     DISPATCHED = "dispatched", "Dispatched"  # claimed and published, not started yet
     RUNNING = "running", "Running"
@@ -573,6 +585,11 @@ class JobRun(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="runs", db_index=False)
     token = models.BigIntegerField()
     attempt = models.PositiveIntegerField(default=1)
+    # NULL for runs claimed before 0027 (or by an older release's beat during a rolling
+    # deploy): schedapp.explain then derives it as before.
+    kind = models.CharField(  # noqa: DJ001 (NULL: not recorded, unlike any kind)
+        max_length=9, choices=RunKind.choices, null=True, blank=True
+    )
     scheduled_for = models.DateTimeField(help_text="The occurrence this run is for.")
     due_at = models.DateTimeField(help_text="When it became due: occurrence + jitter/backoff.")
     claimed_by = models.CharField(max_length=200, blank=True, default="", help_text="Beat id.")

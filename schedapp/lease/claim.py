@@ -271,6 +271,8 @@ def _apply_misfires(
         Job.objects.filter(id=row["id"], token=row["token"]).update(
             scheduled_for=plan.run_for, missed_runs=F("missed_runs") + plan.missed
         )
+        if plan.run_for != row["scheduled_for"]:
+            row["manual"] = False  # an occurrence of the schedule runs instead
         row["scheduled_for"] = plan.run_for
         to_run.append(row)
     ledger.record(decided, beat)

@@ -86,12 +86,13 @@ def _decide_paused(job: Job, now: datetime) -> None:
 def run_now_locked(job: Job, now: datetime) -> None:
     """An extra occurrence "now", with a fresh retry count and an ordinary dispatch wait."""
     job.state = JobState.SCHEDULED
-    job.scheduled_for = job.next_run_at = now
+    job.scheduled_for = job.next_run_at = job.manual_at = now
     job.retry_count = job.unstarted_dispatches = 0
     job.save(
         update_fields=[
             "state",
             "scheduled_for",
+            "manual_at",
             "next_run_at",
             "retry_count",
             "unstarted_dispatches",

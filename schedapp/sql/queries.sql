@@ -75,16 +75,20 @@ claimed AS (
               j.latitude, j.longitude, j.not_before, j.expires_at,
               j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
+              coalesce(j.manual_at = j.scheduled_for, false) AS manual,
               (j.run_at IS NULL AND j.retry_count = 0 AND NOT j.fixed_delay
                AND now() - j.next_run_at > CASE WHEN j.misfire_policy = '{RUN_RECENT}'
                    THEN least(j.misfire_grace, make_interval(secs => {RUN_RECENT_LATE_AFTER}))
                    ELSE j.misfire_grace END) AS late
 ),
 runs AS (
-    INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, due_at, claimed_by,
-                                 dispatched_at, task_id, status, heartbeats, stale, worker,
-                                 admission, error, traceback)
-    SELECT c.id, c.token, c.retry_count + 1, c.scheduled_for, c.next_run_at, %(beat)s, now(),
+    INSERT INTO schedapp_jobrun (job_id, token, attempt, kind, scheduled_for, due_at,
+                                 claimed_by, dispatched_at, task_id, status, heartbeats, stale,
+                                 worker, admission, error, traceback)
+    SELECT c.id, c.token, c.retry_count + 1,
+           CASE WHEN c.retry_count > 0 THEN 'retry' WHEN c.manual THEN 'manual'
+                ELSE 'scheduled' END,
+           c.scheduled_for, c.next_run_at, %(beat)s, now(),
            'schedapp:' || c.id || ':' || c.token, 'dispatched', 0, false, '', '', '', ''
     FROM claimed c WHERE NOT c.late
     RETURNING id, job_id

@@ -8,7 +8,7 @@ picks one, in one place; the rest of schedapp never asks which database it is on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Q
 
 from ..message import task_id_for
-from ..models import JobRun
+from ..models import JobRun, RunKind
 
 if TYPE_CHECKING:
     from ..validation import Checked
@@ -222,6 +222,14 @@ def pairs(
     return reduce(or_, (Q(**{job_field: j, token_field: t}) for j, t in claims), Q(pk__in=[]))
 
 
+def run_kind(row: Mapping[str, Any]) -> str:
+    """The kind of the run a claimed row gets: the claim's ``manual`` says whether its
+    occurrence is the one a person added (the same rule as the claim statement's)."""
+    if row["retry_count"] > 0:
+        return RunKind.RETRY
+    return RunKind.MANUAL if row.get("manual") else RunKind.SCHEDULED
+
+
 def insert_runs(
     beat: str, rows: list[dict], now: datetime, using: str = DEFAULT_DB_ALIAS
 ) -> None:
@@ -234,6 +242,7 @@ def insert_runs(
                 job_id=r["id"],
                 token=r["token"],
                 attempt=r["retry_count"] + 1,
+                kind=run_kind(r),
                 scheduled_for=r["scheduled_for"],
                 due_at=r["next_run_at"],
                 claimed_by=beat,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import F, Min, Q, Value
+from django.db.models import BooleanField, ExpressionWrapper, F, Min, Q, Value
 from django.db.models.functions import Coalesce, Now
 
 from ..fields import CELERY_FIELDS
@@ -69,7 +69,10 @@ def _claim(
 ) -> list[dict]:
     """The claim statement of the PostgreSQL store, through the ORM."""
     due = _due(now, using) if ids is None else _due(now, using).filter(id__in=ids)
-    rows = list(due.values(*_CLAIM_FIELDS)[:limit])
+    # Whether the occurrence is the one a person added, compared in the database (manual_at
+    # is never read into Python here: a value written behind the API's back cannot stop it).
+    manual = ExpressionWrapper(Q(manual_at=F("scheduled_for")), output_field=BooleanField())
+    rows = list(due.annotate(manual=manual).values(*_CLAIM_FIELDS, "manual")[:limit])
     for row in rows:
         Job.objects.using(using).filter(id=row["id"], token=row["token"]).update(
             state=JobState.RUNNING,

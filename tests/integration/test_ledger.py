@@ -16,7 +16,7 @@ from schedapp import api, explain, lease, ledger
 from schedapp.context import RunInfo
 from schedapp.db import db_now
 from schedapp.lease import admit_run, claim_due_jobs, complete_run
-from schedapp.models import Job, JobState, Occurrence
+from schedapp.models import Job, JobRun, JobState, Occurrence
 from schedapp.policies import MissedRange
 from schedapp.prune import prune_runs
 
@@ -252,6 +252,32 @@ def test_a_run_now_shows_as_a_manual_run_in_the_timeline():
     [entry] = explain.timeline(job)
     assert (entry.fate, entry.kind, entry.first) == ("ran", "manual", run.scheduled_for)
     assert "a manual run" in explain.explain(job, run.scheduled_for).text
+
+
+def test_a_run_keeps_the_kind_it_was_claimed_as_when_the_schedule_changes_after():
+    # Given a run of 08:00 claimed as scheduled, then a run now, then a retry of it
+    job = api.schedule("project.tasks.record", cron="0 8 * * *", name="moved")
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now(), scheduled_for=db_now())
+    (scheduled,) = claim_due_jobs("beat-1", 10).runs
+    assert admit_run(scheduled.job_id, scheduled.token, "w1", "a1") == "admitted"
+    assert complete_run(scheduled.job_id, scheduled.token, lease.SUCCEEDED).applied
+    api.run_now(job)
+    (manual,) = claim_due_jobs("beat-1", 10).runs
+    assert admit_run(manual.job_id, manual.token, "w1", "a2") == "admitted"
+    assert complete_run(manual.job_id, manual.token, lease.FAILED, error="boom").applied
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now())
+    (retry,) = claim_due_jobs("beat-1", 10).runs
+    # When the schedule changes (neither time is an occurrence of the new one)
+    api.update(job, cron="30 9 * * *")
+    # Then each run says what it was claimed as, and so do the timeline and the task
+    kinds = dict(JobRun.objects.filter(job=job).values_list("token", "kind"))
+    assert kinds == {scheduled.token: "scheduled", manual.token: "manual", retry.token: "retry"}
+    by_time = {e.first: e.kind for e in explain.timeline(job)}
+    assert by_time == {scheduled.scheduled_for: "scheduled", manual.scheduled_for: "manual"}
+    info = RunInfo(job.pk, scheduled.run_id, scheduled.token, scheduled.scheduled_for, 1, "k")
+    assert info.kind == "scheduled"
+    retried = RunInfo(job.pk, retry.run_id, retry.token, retry.scheduled_for, 2, "k")
+    assert retried.kind == "retry"
 
 
 def test_a_run_knows_its_data_interval_and_kind():

@@ -533,6 +533,30 @@ def test_insert_runs_writes_a_dispatched_run_per_row(store):
     assert run.task_id and run.claimed_by == BEAT
 
 
+def test_the_claim_records_each_runs_kind(store):
+    # Given a job due on its schedule, one a person ran now, and one retrying (any attempt
+    # after the first is a retry, a manual occurrence's too)
+    now = store.now()
+    make_job(store, "scheduled")
+    make_job(store, "manual", manual_at=now - timedelta(seconds=1))
+    make_job(store, "retrying", retry_count=2, manual_at=now - timedelta(seconds=1))
+    # and one whose run now was an occurrence ago
+    make_job(store, "moved-on", manual_at=now - timedelta(minutes=1))
+
+    # When the store claims them
+    rows, _ = store.claim(BEAT, 10)
+
+    # Then each run says why it exists
+    kinds = dict(JobRun.objects.using(store.using).values_list("job__name", "kind"))
+    assert kinds == {
+        "scheduled": "scheduled",
+        "manual": "manual",
+        "retrying": "retry",
+        "moved-on": "scheduled",
+    }
+    assert len(rows) == 4
+
+
 # --- the bulk insert of new jobs --------------------------------------------------------------
 
 
