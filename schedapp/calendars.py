@@ -1,0 +1,703 @@
+"""Calendars, pure: the days and times a business does not run, and what an occurrence that
+falls on one does.
+
+No database: a calendar is read from its JSON definition (``parse_calendar``), and every
+function takes the times it reasons about as arguments, so hypothesis tests it in
+milliseconds. Storage (the ``Calendar`` model) resolves references to other calendars by name
+and hands this module plain definitions.
+
+A calendar is a set of *excluded* wall-clock times, evaluated in the job's time zone. Each rule
+gives, for one local day, the parts of that day it excludes as half-open spans of seconds
+``[start, end)``; combinations are set algebra over those spans, exactly:
+
+* ``{"holidays": {"country": "DE", "subdivision": "BY"}}``: public holidays from the
+  ``holidays`` package, whole days (years computed on demand, a bounded cache, never stored);
+* ``{"dates": ["2026-12-24", ...]}``: explicit days;
+* ``{"weekdays": ["sat", "sun"]}``: days of the week;
+* ``{"time_range": {"start": "22:00", "end": "06:00", "weekdays": ["fri"]}}``: a daily window,
+  crossing midnight when ``end`` <= ``start`` (the part after midnight belongs to the range
+  that started the evening before); ``weekdays`` limits the days it *starts* on;
+* ``{"cron": "* 0-5 * * mon-fri"}``: every minute (second, with six fields) the expression
+  matches;
+* ``{"union": [rule, ...]}``, ``{"difference": [base, rule, ...]}`` (base minus the others),
+  and ``{"calendar": "name"}``, another stored calendar (cycles are refused).
+
+A job attaches a calendar as exclusions (``exclude``: never fire inside) or as the only allowed
+windows (``only``: the complement is excluded), with a roll for an occurrence that falls in an
+exclusion (``ROLLS``):
+
+* ``skip``: the occurrence does not run;
+* ``next_business_day`` / ``previous_business_day``: on a wholly excluded day, it runs at the
+  same wall time on the nearest day in that direction that is not wholly excluded (a *business
+  day*); one that falls in a blackout window of a business day, or whose moved time is in one,
+  is skipped;
+* ``defer``: it runs at the end of the exclusion (the first allowed instant after it).
+
+Occurrences keep their order: a moved one that lands on or before the job's previous fire, or
+after an allowed occurrence of the schedule's own, is merged into that run (Saturday's and
+Sunday's 09:00 rolled forward are Monday's 09:00, once).
+
+Bounds (the beat runs this inside its claim): the nearest business day or allowed instant is
+looked for at most ``SEARCH_DAYS`` (two years) away, one step per day; one search for the next
+fire crosses at most ``MAX_WINDOWS`` exclusion windows, each skipped in one step whatever its
+length (a minutely job through a two-week holiday costs one step, not 20,000). Past either
+bound there is no next fire (``None``); validation refuses a calendar, or a job, that has
+none within the bound from the time it is saved.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+from . import cronmath, schedules
+from .exceptions import ScheduleError
+
+DAY = 86400
+SEARCH_DAYS = 366 * 2
+MAX_WINDOWS = 512
+MAX_DEPTH = 16  # nesting of union / difference / references
+MAX_DATES = 10_000
+MODES = ("exclude", "only")
+ROLLS = ("skip", "next_business_day", "previous_business_day", "defer")
+DAY_ROLLS = ("next_business_day", "previous_business_day")
+DEFAULT_MODE = "exclude"
+DEFAULT_ROLL = "skip"
+WEEKDAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # date.weekday() order
+_TIME = re.compile(r"^([01]?[0-9]|2[0-4]):([0-5][0-9])(?::([0-5][0-9]))?$")
+_EPSILON = timedelta(microseconds=1)
+
+Span = tuple[int, int]  # seconds of a local day, [start, end)
+Spans = tuple[Span, ...]  # sorted, disjoint, not touching
+FULL: Spans = ((0, DAY),)
+EMPTY: Spans = ()
+
+
+# --- span algebra ---------------------------------------------------------------------------
+
+
+def union_spans(*parts: Spans) -> Spans:
+    merged: list[list[int]] = []
+    for start, end in sorted(s for part in parts for s in part):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return tuple((a, b) for a, b in merged)
+
+
+def complement_spans(spans: Spans) -> Spans:
+    out, at = [], 0
+    for start, end in spans:
+        if start > at:
+            out.append((at, start))
+        at = end
+    if at < DAY:
+        out.append((at, DAY))
+    return tuple(out)
+
+
+def difference_spans(base: Spans, minus: Spans) -> Spans:
+    if not base or not minus:
+        return base
+    keep = complement_spans(minus)
+    out = []
+    for a, b in base:
+        for c, d in keep:
+            lo, hi = max(a, c), min(b, d)
+            if lo < hi:
+                out.append((lo, hi))
+    return union_spans(tuple(out))
+
+
+def _in_spans(spans: Spans, second: int) -> Span | None:
+    for start, end in spans:
+        if start <= second < end:
+            return (start, end)
+        if start > second:
+            return None
+    return None
+
+
+# --- rules ----------------------------------------------------------------------------------
+
+
+class Rule:
+    """A set of excluded wall times; ``spans(day)`` is its part of one local day."""
+
+    def spans(self, day: date) -> Spans:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Holidays(Rule):
+    country: str
+    subdivision: str | None = None
+
+    def spans(self, day: date) -> Spans:
+        return FULL if day in holiday_dates(self.country, self.subdivision, day.year) else EMPTY
+
+
+@dataclass(frozen=True)
+class Dates(Rule):
+    days: frozenset[date]
+
+    def spans(self, day: date) -> Spans:
+        return FULL if day in self.days else EMPTY
+
+
+@dataclass(frozen=True)
+class Weekdays(Rule):
+    days: frozenset[int]  # 0 = Monday
+
+    def spans(self, day: date) -> Spans:
+        return FULL if day.weekday() in self.days else EMPTY
+
+
+@dataclass(frozen=True)
+class TimeRange(Rule):
+    start: int  # seconds of the day
+    end: int  # <= start: crosses midnight
+    days: frozenset[int] | None = None  # the days it starts on; None: every day
+
+    def _starts_on(self, day: date) -> bool:
+        return self.days is None or day.weekday() in self.days
+
+    def spans(self, day: date) -> Spans:
+        if self.start < self.end:
+            return ((self.start, self.end),) if self._starts_on(day) else EMPTY
+        parts: list[Span] = []
+        if self.end > 0 and self._starts_on(day - timedelta(days=1)):
+            parts.append((0, self.end))
+        if self._starts_on(day):
+            parts.append((self.start, DAY))
+        return union_spans(tuple(parts))
+
+
+@dataclass(frozen=True)
+class CronRule(Rule):
+    expr: str
+    has_seconds: bool
+
+    def spans(self, day: date) -> Spans:
+        sets = cronmath.cron_sets(self.expr, self.has_seconds, True)
+        if not sets.day_matches(day.toordinal()):
+            return EMPTY
+        return _cron_times(self.expr, self.has_seconds)
+
+
+@dataclass(frozen=True)
+class Union(Rule):
+    parts: tuple[Rule, ...]
+
+    def spans(self, day: date) -> Spans:
+        return union_spans(*(p.spans(day) for p in self.parts))
+
+
+@dataclass(frozen=True)
+class Difference(Rule):
+    base: Rule
+    minus: tuple[Rule, ...]
+
+    def spans(self, day: date) -> Spans:
+        out = self.base.spans(day)
+        for rule in self.minus:
+            if not out:
+                break
+            out = difference_spans(out, rule.spans(day))
+        return out
+
+
+@dataclass(frozen=True)
+class Complement(Rule):
+    """Everything ``rule`` does not exclude: an ``only`` calendar's exclusions."""
+
+    rule: Rule
+
+    def spans(self, day: date) -> Spans:
+        return complement_spans(self.rule.spans(day))
+
+
+@lru_cache(maxsize=64)
+def _cron_times(expr: str, has_seconds: bool) -> Spans:
+    sets = cronmath.cron_sets(expr, has_seconds, True)
+    step = 1 if has_seconds else 60
+    return union_spans(
+        tuple(
+            (h * 3600 + m * 60 + s, h * 3600 + m * 60 + s + step)
+            for h in sets.hours
+            for m in sets.minutes
+            for s in (sets.seconds if has_seconds else (0,))
+        )
+    )
+
+
+@lru_cache(maxsize=512)
+def holiday_dates(country: str, subdivision: str | None, year: int) -> frozenset[date]:
+    """One country's (and subdivision's) public holidays in one year, computed on demand by the
+    ``holidays`` package; the cache holds at most 512 country-years."""
+    import holidays
+
+    return frozenset(holidays.country_holidays(country, subdiv=subdivision, years=year))
+
+
+# --- a named calendar and how a job uses it ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calendar:
+    name: str
+    rule: Rule
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A calendar as one job uses it: its mode and its roll."""
+
+    calendar: Calendar
+    mode: str = DEFAULT_MODE
+    roll: str = DEFAULT_ROLL
+    excluded: Rule = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rule = self.calendar.rule
+        object.__setattr__(self, "excluded", Complement(rule) if self.mode == "only" else rule)
+
+
+def excluded_spans(rule: Rule, day: date) -> Spans:
+    return rule.spans(day)
+
+
+def excludes(rule: Rule, wall: datetime) -> bool:
+    """Whether the wall time ``wall`` (its date and time of day, any tzinfo ignored) is
+    excluded."""
+    second = wall.hour * 3600 + wall.minute * 60 + wall.second
+    return _in_spans(rule.spans(wall.date()), second) is not None
+
+
+def whole_day(rule: Rule, day: date) -> bool:
+    return rule.spans(day) == FULL
+
+
+def excluded_days(rule: Rule, first: date, last: date) -> list[date]:
+    """The wholly excluded days in [first, last] (the admin's year ahead)."""
+    out, day = [], first
+    while day <= last:
+        if whole_day(rule, day):
+            out.append(day)
+        day += timedelta(days=1)
+    return out
+
+
+def allowed_at_or_after(rule: Rule, wall: datetime) -> datetime | None:
+    """The first wall time at or after ``wall`` that is not excluded (naive), looking at most
+    ``SEARCH_DAYS`` days ahead: the end of the exclusion ``wall`` is in."""
+    wall = wall.replace(tzinfo=None)
+    day = wall.date()
+    second = wall.hour * 3600 + wall.minute * 60 + wall.second
+    span = _in_spans(rule.spans(day), second)
+    if span is None:
+        return wall
+    if span[1] < DAY:
+        return datetime.combine(day, time()) + timedelta(seconds=span[1])
+    for _ in range(SEARCH_DAYS):
+        day += timedelta(days=1)
+        spans = rule.spans(day)
+        if not spans or spans[0][0] > 0:
+            return datetime.combine(day, time())
+        if spans[0][1] < DAY:
+            return datetime.combine(day, time()) + timedelta(seconds=spans[0][1])
+    return None
+
+
+def business_day(rule: Rule, day: date, step: int) -> date | None:
+    """The nearest day after (``step`` 1) or before (-1) ``day`` that is not wholly excluded,
+    at most ``SEARCH_DAYS`` away."""
+    for _ in range(SEARCH_DAYS):
+        day += timedelta(days=step)
+        if not whole_day(rule, day):
+            return day
+    return None
+
+
+def next_business_day(rule: Rule, day: date) -> date | None:
+    return business_day(rule, day, 1)
+
+
+def previous_business_day(rule: Rule, day: date) -> date | None:
+    return business_day(rule, day, -1)
+
+
+# --- occurrences ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Occurrences of the schedule that did not run: ``count`` of them, ``first`` to ``last``."""
+
+    first: datetime
+    last: datetime
+    count: int
+    reason: str  # "excluded" (skip, or a day roll in a blackout window) or "merged"
+
+
+@dataclass(frozen=True)
+class Fire:
+    """The next time a job with a calendar runs, and what the calendar did to get there."""
+
+    at: datetime  # UTC
+    occurrence: datetime  # the schedule's own occurrence this run stands for (== at unless moved)
+    roll: str | None = None  # the roll that moved it, None when it runs as scheduled
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def moved(self) -> bool:
+        return self.at != self.occurrence
+
+
+def to_instant(wall: datetime, tz: ZoneInfo, floor: datetime | None = None) -> datetime:
+    """The instant of a wall time: a time in a spring-forward gap is the gap's end; a repeated
+    one its first offset, or its second when the first is before ``floor``."""
+    naive = wall.replace(tzinfo=None)
+    if not cronmath.exists(naive, tz):
+        return cronmath.end_of_gap(naive, tz).astimezone(UTC)
+    first = naive.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    if floor is not None and first < floor:
+        second = naive.replace(tzinfo=tz, fold=1).astimezone(UTC)
+        if second >= floor:
+            return second
+    return first
+
+
+def next_fire(
+    schedule: schedules.Schedule, attached: Attached, after: datetime, tz: ZoneInfo
+) -> Fire | None:
+    """The job's first run strictly after ``after`` under its calendar, or None (no occurrence
+    left, or none within the bounds in the module's docstring)."""
+    after = after.astimezone(UTC)
+    rule, roll = attached.excluded, attached.roll
+    skipped: list[Skipped] = []
+    cursor = after
+    for _ in range(MAX_WINDOWS):
+        raw = schedules.next_fire_time(schedule, cursor)
+        if raw is None:
+            return None
+        wall = raw.astimezone(tz).replace(tzinfo=None)
+        if not excludes(rule, wall):
+            return Fire(raw, raw, None, tuple(skipped))
+        wholly = whole_day(rule, wall.date())
+        if roll == "defer":
+            end = allowed_at_or_after(rule, wall)
+            if end is None:
+                return None
+            at = to_instant(end, tz, floor=raw)
+            if excludes(rule, at.astimezone(tz)):  # a gap's end inside the next window
+                end = allowed_at_or_after(rule, at.astimezone(tz))
+                if end is None:
+                    return None
+                at = to_instant(end, tz, floor=at)
+            return Fire(at, raw, roll, tuple(skipped))
+        if roll in DAY_ROLLS and wholly:
+            moved = _day_roll(schedule, rule, roll, raw, wall, after, tz)
+            if isinstance(moved, Fire):
+                return Fire(moved.at, moved.occurrence, moved.roll, (*skipped, *moved.skipped))
+            if moved is None:
+                return None
+            skipped.append(moved)  # merged into the previous fire
+            cursor = raw
+            continue
+        # skip (or a day roll in a blackout window): jump the whole exclusion in one step
+        end = allowed_at_or_after(rule, wall)
+        if end is None:
+            return None
+        resume = to_instant(end, tz, floor=raw)
+        skipped.append(_skipped_range(schedule, raw, resume - _EPSILON, "excluded"))
+        cursor = resume - _EPSILON
+    return None
+
+
+def _day_roll(
+    schedule: schedules.Schedule,
+    rule: Rule,
+    roll: str,
+    raw: datetime,
+    wall: datetime,
+    after: datetime,
+    tz: ZoneInfo,
+) -> Fire | Skipped | None:
+    """A day roll of ``raw`` (on a wholly excluded day): the Fire it becomes, or a Skipped when
+    it merges into the previous fire, or None when no business day is within reach."""
+    step = 1 if roll == "next_business_day" else -1
+    day = business_day(rule, wall.date(), step)
+    if day is None:
+        return None
+    target = datetime.combine(day, wall.time())
+    at = to_instant(target, tz)
+    if excludes(rule, at.astimezone(tz)):  # the moved time is in a window of that day
+        return _skipped_range(schedule, raw, raw, "excluded")
+    if at <= after:  # rolled back onto or before the previous fire
+        return _skipped_range(schedule, raw, raw, "merged")
+    if step == 1:
+        # An allowed occurrence of the schedule's own before the moved time takes its place.
+        own = next_fire(schedule, Attached(Calendar("", rule), "exclude", "skip"), raw, tz)
+        if own is not None and own.at <= at:
+            merged = Skipped(raw, raw, 1, "merged")
+            return Fire(own.at, own.occurrence, None, (*own.skipped, merged))
+    return Fire(at, raw, roll)
+
+
+def _skipped_range(
+    schedule: schedules.Schedule, first: datetime, last: datetime, reason: str
+) -> Skipped:
+    count = max(1, schedules.count_fire_times(schedule, first, last))
+    newest = schedules.recent_fire_times(schedule, last, first, 1)
+    return Skipped(first, max(newest[0], first) if newest else first, count, reason)
+
+
+# --- reading a definition -------------------------------------------------------------------
+
+
+Resolver = Callable[[str], object] | Mapping[str, object]
+
+
+def parse_calendar(
+    name: str, definition: object, resolve: Resolver | None = None, field: str = "definition"
+) -> Calendar:
+    """A calendar from its JSON definition; every error names the field it came from
+    (``definition.union[1].holidays.country``). ``resolve`` gives another calendar's definition
+    by name (``{"calendar": "name"}``); a reference to a calendar being read is a cycle."""
+    return Calendar(name, _rule(definition, field, resolve, (name,), 0))
+
+
+def references(definition: object) -> set[str]:
+    """The names of the calendars a definition refers to (directly)."""
+    out: set[str] = set()
+    if isinstance(definition, dict):
+        for key, value in definition.items():
+            if key == "calendar" and isinstance(value, str):
+                out.add(value)
+            elif key in ("union", "difference") and isinstance(value, list):
+                for item in value:
+                    out |= references(item)
+    return out
+
+
+def _rule(
+    value: object, field: str, resolve: Resolver | None, stack: tuple[str, ...], depth: int
+) -> Rule:
+    if depth > MAX_DEPTH:
+        raise ScheduleError(field, f"nests deeper than {MAX_DEPTH} levels.")
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ScheduleError(
+            field,
+            "must be an object with one key: holidays, dates, weekdays, time_range, cron, "
+            "union, difference or calendar.",
+        )
+    ((kind, body),) = value.items()
+    here = f"{field}.{kind}"
+    if kind == "holidays":
+        return _holidays(body, here)
+    if kind == "dates":
+        return Dates(frozenset(_dates(body, here)))
+    if kind == "weekdays":
+        days = _weekdays(body, here)
+        if not days:
+            raise ScheduleError(here, "must name at least one day of the week.")
+        return Weekdays(days)
+    if kind == "time_range":
+        return _time_range(body, here)
+    if kind == "cron":
+        cron = schedules.parse_cron(body, "UTC", here)
+        return CronRule(cron.expr, cron.has_seconds)
+    if kind in ("union", "difference"):
+        if not isinstance(body, list) or not body:
+            raise ScheduleError(here, "must be a non-empty list of rules.")
+        rules = tuple(
+            _rule(item, f"{here}[{i}]", resolve, stack, depth + 1) for i, item in enumerate(body)
+        )
+        if kind == "union":
+            return rules[0] if len(rules) == 1 else Union(rules)
+        return Difference(rules[0], rules[1:])
+    if kind == "calendar":
+        if not isinstance(body, str) or not body.strip():
+            raise ScheduleError(here, "must be the name of another calendar.")
+        if body in stack:
+            raise ScheduleError(
+                here, f"refers back to {body!r}: a cycle ({' -> '.join((*stack, body))})."
+            )
+        target = _resolve(resolve, body)
+        if target is None:
+            raise ScheduleError(here, f"no calendar is named {body!r}.")
+        return _rule(target, here, resolve, (*stack, body), depth + 1)
+    raise ScheduleError(field, f"unknown rule {kind!r}.")
+
+
+def _resolve(resolve: Resolver | None, name: str) -> object | None:
+    if resolve is None:
+        return None
+    if isinstance(resolve, Mapping):
+        return resolve.get(name)
+    return resolve(name)
+
+
+def _holidays(body: object, field: str) -> Holidays:
+    if isinstance(body, str):
+        body = {"country": body}
+    if not isinstance(body, dict) or set(body) - {"country", "subdivision"}:
+        raise ScheduleError(field, "must be {'country': 'DE'} with an optional 'subdivision'.")
+    country, subdivision = body.get("country"), body.get("subdivision") or None
+    supported = _supported_countries()
+    if not isinstance(country, str) or country.upper() not in supported:
+        raise ScheduleError(
+            f"{field}.country", f"{country!r} is not a country code the holidays package knows."
+        )
+    country = country.upper()
+    if subdivision is not None:
+        subs = supported[country]
+        match = [
+            s for s in subs if isinstance(subdivision, str) and s.upper() == subdivision.upper()
+        ]
+        if not match:
+            raise ScheduleError(
+                f"{field}.subdivision",
+                f"{subdivision!r} is not a subdivision of {country} "
+                f"(one of {', '.join(subs[:20])}{'...' if len(subs) > 20 else ''}).",
+            )
+        subdivision = match[0]
+    return Holidays(country, subdivision)
+
+
+@lru_cache(maxsize=1)
+def _supported_countries() -> dict[str, list[str]]:
+    import holidays
+
+    return {code: list(subs) for code, subs in holidays.list_supported_countries().items()}
+
+
+def _dates(body: object, field: str) -> Iterable[date]:
+    if not isinstance(body, list) or not body:
+        raise ScheduleError(field, "must be a non-empty list of dates (YYYY-MM-DD).")
+    if len(body) > MAX_DATES:
+        raise ScheduleError(field, f"holds more than {MAX_DATES} dates.")
+    out = []
+    for i, item in enumerate(body):
+        try:
+            out.append(date.fromisoformat(item) if isinstance(item, str) else None)
+        except ValueError:
+            out.append(None)
+        if out[-1] is None:
+            raise ScheduleError(f"{field}[{i}]", f"{item!r} is not a date (YYYY-MM-DD).")
+    return out
+
+
+def _weekdays(body: object, field: str) -> frozenset[int]:
+    if not isinstance(body, list):
+        raise ScheduleError(field, "must be a list of days of the week ('mon' .. 'sun').")
+    out = set()
+    for i, item in enumerate(body):
+        key = item.strip().lower()[:3] if isinstance(item, str) else None
+        if key not in WEEKDAY_NAMES or (len(item.strip()) > 3 and not _full_day(item)):
+            raise ScheduleError(
+                f"{field}[{i}]", f"{item!r} is not a day of the week ('mon' .. 'sun')."
+            )
+        out.add(WEEKDAY_NAMES.index(key))
+    return frozenset(out)
+
+
+def _full_day(text: str) -> bool:
+    full = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+    return text.strip().lower() in full
+
+
+def _time_range(body: object, field: str) -> TimeRange:
+    if (
+        not isinstance(body, dict)
+        or not {"start", "end"} <= set(body)
+        or set(body) - {"start", "end", "weekdays"}
+    ):
+        raise ScheduleError(
+            field, "must be {'start': 'HH:MM', 'end': 'HH:MM'} with optional 'weekdays'."
+        )
+    start, end = _seconds(body["start"], f"{field}.start"), _seconds(body["end"], f"{field}.end")
+    if start == DAY:
+        raise ScheduleError(f"{field}.start", "must be before 24:00.")
+    if start == end or (start == 0 and end == DAY):
+        raise ScheduleError(
+            f"{field}.end",
+            "equals start: a range is a part of a day (a whole day is a weekdays or dates rule).",
+        )
+    days = None
+    if "weekdays" in body:
+        days = _weekdays(body["weekdays"], f"{field}.weekdays")
+        if not days:
+            raise ScheduleError(f"{field}.weekdays", "must name at least one day of the week.")
+    return TimeRange(start, end % DAY if end == DAY and start > 0 else end, days)
+
+
+def _seconds(value: object, field: str) -> int:
+    match = _TIME.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ScheduleError(field, f"{value!r} is not a time of day (HH:MM or HH:MM:SS).")
+    hours, minutes, seconds = int(match[1]), int(match[2]), int(match[3] or 0)
+    total = hours * 3600 + minutes * 60 + seconds
+    if total > DAY:
+        raise ScheduleError(field, f"{value!r} is after 24:00.")
+    return total
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def check_allows_something(rule: Rule, start: date, field: str = "definition") -> None:
+    """Refuse a calendar that excludes every moment of the ``SEARCH_DAYS`` days from
+    ``start``: a job under it could never run (as a cron that never fires is refused)."""
+    day = start
+    for _ in range(SEARCH_DAYS):
+        if rule.spans(day) != FULL:
+            return
+        day += timedelta(days=1)
+    raise ScheduleError(
+        field,
+        f"excludes every day from {start.isoformat()} for {SEARCH_DAYS} days: nothing could run.",
+    )
+
+
+def parse_mode(value: object, field: str = "calendar_mode") -> str:
+    if value is None or value == "":
+        return DEFAULT_MODE
+    if not isinstance(value, str) or value.strip().lower() not in MODES:
+        raise ScheduleError(
+            field, f"unknown calendar mode {value!r}; use one of {', '.join(MODES)}."
+        )
+    return value.strip().lower()
+
+
+def parse_roll(value: object, field: str = "calendar_roll") -> str:
+    if value is None or value == "":
+        return DEFAULT_ROLL
+    if not isinstance(value, str) or value.strip().lower() not in ROLLS:
+        raise ScheduleError(
+            field, f"unknown calendar roll {value!r}; use one of {', '.join(ROLLS)}."
+        )
+    return value.strip().lower()
+
+
+def check_job(
+    schedule: schedules.Schedule, attached: Attached, now: datetime, tz: ZoneInfo
+) -> Fire:
+    """A job's first run under its calendar; refuse (field ``calendar``) a job whose calendar
+    leaves it no run within the bound, as a cron that never fires is refused."""
+    check_allows_something(attached.excluded, now.astimezone(tz).date(), "calendar")
+    fire = next_fire(schedule, attached, now, tz)
+    if fire is None:
+        raise ScheduleError(
+            "calendar",
+            f"{attached.calendar.name!r} ({attached.mode}, {attached.roll}) leaves "
+            f"{schedules.describe(schedule)} no run after {now.isoformat()} "
+            f"(looked {MAX_WINDOWS} exclusions and {SEARCH_DAYS} days ahead).",
+        )
+    return fire
