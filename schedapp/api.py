@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 
 from . import audit, bulk, lease, policies
@@ -33,7 +33,7 @@ from .fields import (
     changed_fields,
     with_defaults,
 )
-from .models import Declaration, Job, JobChange, JobSource, JobState
+from .models import Calendar, CalendarReference, Declaration, Job, JobChange, JobSource, JobState
 from .schedules import first_fire_time
 from .store import get_store
 from .validation import (
@@ -42,6 +42,7 @@ from .validation import (
     name_taken,
     source_problem,
     stored_schedule,
+    validate_calendar,
     validate_job,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "restore",
     "resume",
     "run_now",
+    "save_calendar",
     "schedule",
     "schedule_many",
     "tagged",
@@ -403,3 +405,54 @@ def duplicate(job: JobRef, *, name: str | None = None, reason: str | None = None
         copy.state = JobState.PAUSED
         copy.save(update_fields=["state", "updated_at"])
     return copy
+
+
+# --- calendars ------------------------------------------------------------------------------
+
+
+def save_calendar(name: str, definition: Any, *, description: str = "") -> Calendar:
+    """Create the calendar ``name``, or replace the definition of the one of that name.
+
+    ``definition`` is one rule (``schedapp.calendars``): ``{"holidays": {"country": "DE",
+    "subdivision": "BY"}}``, ``{"dates": [...]}``, ``{"weekdays": ["sat", "sun"]}``,
+    ``{"time_range": {"start": "22:00", "end": "06:00"}}``, ``{"cron": "..."}``,
+    ``{"union": [...]}``, ``{"difference": [base, ...]}`` or ``{"calendar": "other"}``.
+    Bad input raises ValidationError keyed by field (the definition's by its path, such as
+    ``definition.union[1].holidays.country``); a cycle of references, or a calendar that
+    excludes every day of the next two years, is refused; nothing is written then.
+    """
+    with transaction.atomic():
+        _serialise_calendar_saves()
+        existing = Calendar.objects.select_for_update().filter(name=name).first()
+        today = db_now().date()
+        checked = validate_calendar(name, definition, description, instance=existing, today=today)
+        calendar = existing or Calendar()
+        for field, value in checked.values.items():
+            setattr(calendar, field, value)
+        try:
+            with transaction.atomic():
+                calendar.save()
+        except IntegrityError as exc:
+            raise ValidationError({"name": [f"a calendar named {name!r} already exists."]}) from exc
+        store_references(calendar, checked.references)
+    log.info("saved calendar %s", name, extra={"action": "save_calendar"})
+    return calendar
+
+
+def store_references(calendar: Calendar, names: Iterable[str]) -> None:
+    """The calendars ``calendar``'s definition names, as rows that keep them (PROTECT)."""
+    targets = list(Calendar.objects.filter(name__in=list(names)))
+    CalendarReference.objects.filter(calendar=calendar).exclude(target__in=targets).delete()
+    for target in targets:
+        CalendarReference.objects.get_or_create(calendar=calendar, target=target)
+
+
+def _serialise_calendar_saves() -> None:
+    """One calendar save at a time (PostgreSQL: a transaction's advisory lock): two saves
+    that each name the other would otherwise both pass the cycle check. Saves are rare."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CALENDAR_LOCK])
+
+
+CALENDAR_LOCK = 0x5C4E_CA1E  # schedapp's calendar saves

@@ -816,9 +816,51 @@ class Declaration(models.Model):
         return self.name
 
 
+class Calendar(models.Model):
+    """A named calendar: the days and times a business does not run, as a JSON definition
+    (``schedapp.calendars`` reads it: holidays by country, dates, weekdays, time ranges, cron
+    exclusions, union and difference, references to other calendars by name). Holidays are
+    computed on demand from the ``holidays`` package, never stored. ``references`` mirrors the
+    definition's ``{"calendar": name}`` rules, so a calendar another refers to cannot be
+    deleted (PROTECT) and a cycle is refused on save (``schedapp.validation``)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    definition = models.JSONField(
+        help_text='One rule, e.g. {"union": [{"holidays": {"country": "DE"}}, '
+        '{"weekdays": ["sat", "sun"]}]}.'
+    )
+    references = models.ManyToManyField(
+        "self", symmetrical=False, through="CalendarReference", related_name="referenced_by"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CalendarReference(models.Model):
+    """One calendar's definition naming another: the other is kept while it is named."""
+
+    calendar = models.ForeignKey(Calendar, on_delete=models.CASCADE, related_name="+")
+    target = models.ForeignKey(Calendar, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["calendar", "target"], name="schedapp_calendarreference_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.calendar_id} -> {self.target_id}"
+
+
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Calendar",
+    "CalendarReference",
     "Declaration",
     "DeclarationSet",
     "DstPolicy",

@@ -20,14 +20,17 @@ import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from . import calendars
 from .celeryapp import task_problem
 from .conf import get_settings
+from .exceptions import ScheduleError
 from .fields import JOB_FIELDS
-from .models import JobSource, field_default, schedule_of
+from .models import Calendar, CalendarReference, JobSource, field_default, schedule_of
 from .option_rules import OPTION_FIELDS, Options, message_options_verdict, options_verdict
 from .payload import (
     CONTROL_CHARS,
@@ -374,3 +377,66 @@ def _check_tags(tags: Any, checked: Checked) -> None:
         _add(checked.errors, "tags", f"at most {TAGS_MAX} labels, got {len(found)}.")
         return
     checked.values["tags"] = sorted(found)
+
+
+# --- calendars ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedCalendar:
+    """A calendar's values to store, its parsed form and the names its definition refers to."""
+
+    values: dict[str, Any]
+    calendar: calendars.Calendar
+    references: frozenset[str]
+
+
+def validate_calendar(
+    name: Any, definition: Any, description: Any = "", *, instance: Any = None, today: date
+) -> CheckedCalendar:
+    """Check a calendar (``schedapp.calendars`` reads its definition); raises ValidationError
+    keyed by field, the definition's by its path (``definition.union[1].holidays.country``).
+
+    References resolve against the stored calendars, with this one's new definition in place
+    of its stored one, so a cycle through any of them is refused. A calendar that excludes
+    every day of the next two years (``calendars.SEARCH_DAYS``) is refused: nothing could run
+    under it. A calendar others refer to keeps its name (they name it)."""
+    errors: dict[str, list[str]] = {}
+    checked = Checked({}, errors)
+    _check_name(name, checked)
+    _check_description(description, checked)
+    if "name" in checked.values:
+        others = Calendar.objects.filter(name=name)
+        if instance is not None and instance.pk is not None:
+            others = others.exclude(pk=instance.pk)
+            if instance.name != name and CalendarReference.objects.filter(target=instance).exists():
+                users = Calendar.objects.filter(references=instance).values_list("name", flat=True)
+                _add(
+                    errors,
+                    "name",
+                    f"{instance.name!r} is named by {', '.join(sorted(users))}: it keeps its name.",
+                )
+        if others.exists():
+            _add(errors, "name", f"a calendar named {name!r} already exists.")
+    parsed = None
+    if isinstance(name, str):
+        stored = instance.name if instance is not None and instance.pk is not None else name
+
+        def resolve(other: str) -> object | None:
+            if other in (name, stored):
+                return definition
+            return Calendar.objects.filter(name=other).values_list("definition", flat=True).first()
+
+        try:
+            parsed = calendars.parse_calendar(name, definition, resolve)
+            calendars.check_allows_something(parsed.rule, today)
+        except ScheduleError as exc:
+            _add(errors, exc.field, exc.message)
+            parsed = None
+        except (TypeError, ValueError, RecursionError) as exc:  # a definition no rule reads
+            _add(errors, "definition", f"cannot be read as a calendar: {exc}.")
+            parsed = None
+    if errors or parsed is None:
+        raise ValidationError(errors or {"name": ["must be a non-empty string."]})
+    values = {**checked.values, "definition": definition}
+    return CheckedCalendar(values, parsed, frozenset(calendars.references(definition)))

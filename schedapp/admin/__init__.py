@@ -1,26 +1,29 @@
 """The Django admin for schedapp: jobs, runs, fleet nodes and an overview page.
 
 Django's admin autodiscovery imports ``schedapp.admin``; importing this package registers
-the three ModelAdmins. One module per concern:
+the four ModelAdmins. One module per concern:
 
 * ``jobs``: ``JobAdmin`` (changelist, job page, save through ``schedapp.api``);
 * ``views``: the job admin's own pages (buttons, schedule preview, overview);
 * ``operations``: what an operator may do to a job, for actions and buttons alike;
 * ``runs``: read-only run history and fleet nodes;
 * ``filters``: paginator and filters that stay fast on millions of rows;
-* ``forms``: the job form, validated with the API's own rules.
+* ``forms``: the job form, validated with the API's own rules;
+* ``calendars``: ``CalendarAdmin`` (a calendar's definition, and its next year's excluded days).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Job, JobRun, Node
+from ..models import Calendar, Job, JobRun, Node
+from .calendars import CalendarAdmin
 from .jobs import JobAdmin
 from .runs import JobRunAdmin, NodeAdmin
 
-__all__ = ["JobAdmin", "JobRunAdmin", "NodeAdmin"]
+__all__ = ["CalendarAdmin", "JobAdmin", "JobRunAdmin", "NodeAdmin"]
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(JobRun, JobRunAdmin)
 admin.site.register(Node, NodeAdmin)
+admin.site.register(Calendar, CalendarAdmin)

@@ -1,0 +1,114 @@
+"""Stored calendars: the API creates and replaces them with field-named errors and writes
+nothing on a bad one; references keep their targets (PROTECT) and cycles are refused; the
+admin edits them with the same rules and shows the next year's excluded days."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db.models import ProtectedError
+from django.urls import reverse
+
+from schedapp import api, calendars
+from schedapp.models import Calendar, CalendarReference
+
+pytestmark = [pytest.mark.django_db]
+
+WEEKEND = {"weekdays": ["sat", "sun"]}
+GERMANY = {"union": [{"holidays": {"country": "DE", "subdivision": "BY"}}, {"calendar": "weekend"}]}
+
+
+def _errors(call) -> dict[str, list[str]]:
+    with pytest.raises(ValidationError) as caught:
+        call()
+    return caught.value.message_dict
+
+
+def test_save_creates_then_replaces_and_records_references() -> None:
+    weekend = api.save_calendar("weekend", WEEKEND, description="Saturdays and Sundays")
+    germany = api.save_calendar("de-by", GERMANY)
+    assert Calendar.objects.get(name="de-by").definition == GERMANY
+    assert list(germany.references.all()) == [weekend]
+    assert list(weekend.referenced_by.all()) == [germany]
+    again = api.save_calendar("de-by", {"holidays": {"country": "DE"}})
+    assert again.pk == germany.pk and again.definition == {"holidays": {"country": "DE"}}
+    assert not CalendarReference.objects.filter(calendar=germany).exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "definition", "field"),
+    [
+        ("x", {"holidays": {"country": "XX"}}, "definition.holidays.country"),
+        ("x", {"union": [WEEKEND, {"dates": ["2026-13-01"]}]}, "definition.union[1].dates[0]"),
+        ("x", {"calendar": "nowhere"}, "definition.calendar"),
+        ("x", "weekends", "definition"),
+        ("", WEEKEND, "name"),
+        ("x" * 201, WEEKEND, "name"),
+        ("x", {"weekdays": list(calendars.WEEKDAY_NAMES)}, "definition"),
+    ],
+)
+def test_a_bad_calendar_names_its_field_and_writes_nothing(name, definition, field) -> None:
+    errors = _errors(lambda: api.save_calendar(name, definition))
+    assert field in errors, errors
+    assert not Calendar.objects.exists()
+
+
+def test_a_cycle_of_references_is_refused() -> None:
+    api.save_calendar("a", WEEKEND)
+    api.save_calendar("b", {"union": [{"calendar": "a"}, {"dates": ["2026-12-24"]}]})
+    errors = _errors(lambda: api.save_calendar("a", {"calendar": "b"}))
+    assert "cycle" in errors["definition.calendar.union[0].calendar"][0]
+    assert Calendar.objects.get(name="a").definition == WEEKEND  # unchanged
+    errors = _errors(lambda: api.save_calendar("c", {"calendar": "c"}))
+    assert "cycle" in errors["definition.calendar"][0]
+
+
+def test_a_named_calendar_cannot_be_deleted() -> None:
+    weekend = api.save_calendar("weekend", WEEKEND)
+    api.save_calendar("de-by", GERMANY)
+    with pytest.raises(ProtectedError):
+        weekend.delete()
+    Calendar.objects.get(name="de-by").delete()
+    weekend.delete()  # no longer named
+
+
+def test_admin_adds_edits_and_shows_the_excluded_days(admin_client) -> None:
+    api.save_calendar("weekend", WEEKEND)
+    add = reverse("admin:schedapp_calendar_add")
+    response = admin_client.post(
+        add,
+        {"name": "de-by", "description": "", "definition": '{"holidays": {"country": "ZZ"}}'},
+    )
+    assert response.status_code == 200
+    assert "definition.holidays.country" in response.content.decode()
+    assert not Calendar.objects.filter(name="de-by").exists()
+
+    response = admin_client.post(
+        add, {"name": "de-by", "description": "Bavaria", "definition": _json(GERMANY)}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    germany = Calendar.objects.get(name="de-by")
+    assert [c.name for c in germany.references.all()] == ["weekend"]
+
+    page = admin_client.get(reverse("admin:schedapp_calendar_change", args=[germany.pk]))
+    text = page.content.decode()
+    assert "whole days excluded" in text
+    # 52 weekends and Bavaria's weekday holidays: more than 104 whole days in a year
+    count = int(text.split(" whole days excluded")[0].rsplit(">", 1)[-1])
+    assert 104 < count < 125
+
+    # the weekend calendar is named by de-by: it keeps its name
+    weekend = Calendar.objects.get(name="weekend")
+    response = admin_client.post(
+        reverse("admin:schedapp_calendar_change", args=[weekend.pk]),
+        {"name": "week-end", "description": "", "definition": _json(WEEKEND)},
+    )
+    assert response.status_code == 200
+    assert "keeps its name" in response.content.decode()
+    assert Calendar.objects.filter(name="weekend").exists()
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value)
