@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
@@ -376,12 +376,20 @@ def to_instant(wall: datetime, tz: ZoneInfo, floor: datetime | None = None) -> d
 def next_fire(
     schedule: schedules.Schedule, attached: Attached, after: datetime, tz: ZoneInfo
 ) -> Fire | None:
-    """The job's first run strictly after ``after`` under its calendar, or None (no occurrence
-    left, or none within the bounds in the module's docstring)."""
+    """The job's first run strictly after ``after`` (its previous run) under its calendar, or
+    None (no occurrence left, or none within the bounds in the module's docstring).
+
+    Every occurrence of the schedule it passes is accounted for once: the one the run stands
+    for (``Fire.occurrence``), or a range in ``Fire.skipped`` ("excluded": not run; "merged":
+    covered by a run that a roll placed at or after it, or by the previous run)."""
     after = after.astimezone(UTC)
     rule, roll = attached.excluded, attached.roll
     skipped: list[Skipped] = []
     cursor = after
+    # A previous-business-day run is at no occurrence of the schedule's own, and before the
+    # occurrence it ran for: the next search meets that occurrence again (rolled onto
+    # ``after``) and the ones before it, already accounted for: it passes them silently.
+    ran_before = roll == "previous_business_day" and not _is_occurrence(schedule, after)
     for _ in range(MAX_WINDOWS):
         raw = schedules.next_fire_time(schedule, cursor)
         if raw is None:
@@ -400,14 +408,20 @@ def next_fire(
                 if end is None:
                     return None
                 at = to_instant(end, tz, floor=at)
-            return Fire(at, raw, roll, tuple(skipped))
+            return Fire(at, raw, roll, (*skipped, *_merged(schedule, raw, at)))
         if roll in DAY_ROLLS and wholly:
             moved = _day_roll(schedule, rule, roll, raw, wall, after, tz)
-            if isinstance(moved, Fire):
-                return Fire(moved.at, moved.occurrence, moved.roll, (*skipped, *moved.skipped))
             if moved is None:
                 return None
-            skipped.append(moved)  # merged into the previous fire
+            if isinstance(moved, Fire):
+                return Fire(moved.at, moved.occurrence, moved.roll, (*skipped, *moved.skipped))
+            if moved.reason == "merged" and ran_before and _at(schedule, rule, raw, tz) == after:
+                # The occurrence the previous run stood for: it and those before it were
+                # accounted for by the search that found that run.
+                ran_before = False
+                skipped.clear()
+            else:
+                skipped.append(moved)
             cursor = raw
             continue
         # skip (or a day roll in a blackout window): jump the whole exclusion in one step
@@ -420,6 +434,28 @@ def next_fire(
     return None
 
 
+def _is_occurrence(schedule: schedules.Schedule, at: datetime) -> bool:
+    return schedules.recent_fire_times(schedule, at, at, 1) == [at]
+
+
+def _at(schedule: schedules.Schedule, rule: Rule, raw: datetime, tz: ZoneInfo) -> datetime | None:
+    """Where a previous-business-day roll puts ``raw``."""
+    wall = raw.astimezone(tz).replace(tzinfo=None)
+    day = business_day(rule, wall.date(), -1)
+    return None if day is None else to_instant(datetime.combine(day, wall.time()), tz)
+
+
+def _merged(schedule: schedules.Schedule, raw: datetime, at: datetime) -> tuple[Skipped, ...]:
+    """The occurrences after ``raw`` up to ``at`` (included): covered by the run at ``at``."""
+    count = schedules.count_fire_times(schedule, raw + _EPSILON, at)
+    if count <= 0:
+        return ()
+    first = schedules.next_fire_time(schedule, raw)
+    last = schedules.recent_fire_times(schedule, at, raw + _EPSILON, 1)
+    assert first is not None and last
+    return (Skipped(first, last[-1], count, "merged"),)
+
+
 def _day_roll(
     schedule: schedules.Schedule,
     rule: Rule,
@@ -430,23 +466,26 @@ def _day_roll(
     tz: ZoneInfo,
 ) -> Fire | Skipped | None:
     """A day roll of ``raw`` (on a wholly excluded day): the Fire it becomes, or a Skipped when
-    it merges into the previous fire, or None when no business day is within reach."""
+    it merges into the previous run or its moved time is excluded, or None when no business
+    day is within reach."""
     step = 1 if roll == "next_business_day" else -1
     day = business_day(rule, wall.date(), step)
     if day is None:
         return None
-    target = datetime.combine(day, wall.time())
-    at = to_instant(target, tz)
+    at = to_instant(datetime.combine(day, wall.time()), tz)
     if excludes(rule, at.astimezone(tz)):  # the moved time is in a window of that day
         return _skipped_range(schedule, raw, raw, "excluded")
-    if at <= after:  # rolled back onto or before the previous fire
+    if at <= after:  # rolled back onto or before the previous run
         return _skipped_range(schedule, raw, raw, "merged")
     if step == 1:
-        # An allowed occurrence of the schedule's own before the moved time takes its place.
+        # An allowed occurrence of the schedule's own at or before the moved time runs
+        # instead: this one and the excluded ones after it are merged into that run.
         own = next_fire(schedule, Attached(Calendar("", rule), "exclude", "skip"), raw, tz)
         if own is not None and own.at <= at:
-            merged = Skipped(raw, raw, 1, "merged")
-            return Fire(own.at, own.occurrence, None, (*own.skipped, merged))
+            first = Skipped(raw, raw, 1, "merged")
+            rest = tuple(replace(s, reason="merged") for s in own.skipped)
+            return Fire(own.at, own.occurrence, None, (first, *rest))
+        return Fire(at, raw, roll, _merged(schedule, raw, at))
     return Fire(at, raw, roll)
 
 

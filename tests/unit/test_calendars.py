@@ -4,6 +4,7 @@ roll: never inside an exclusion, moved to the nearest allowed day in the roll's 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -178,6 +179,47 @@ def test_a_fire_is_never_inside_an_exclusion_and_rolls_land_nearest(
     calendar = cal.parse_calendar("c", rule[0])
     schedule = schedules.parse_cron(expr, zone)
     _check_fires(schedule, cal.Attached(calendar, mode, roll), ZoneInfo(zone), start, 8)
+
+
+def _check_accounting(schedule, attached: cal.Attached, tz: ZoneInfo, start: datetime, n: int):
+    """Every occurrence of the schedule from ``start`` to the last run's is accounted for
+    exactly once: run (a fire's occurrence) or in one skipped range (DESIGN 26)."""
+    fires, after = [], start
+    for _ in range(n):
+        fire = cal.next_fire(schedule, attached, after, tz)
+        if fire is None:
+            break
+        fires.append(fire)
+        after = fire.at
+    if not fires:
+        return
+    seen: Counter[datetime] = Counter()
+    for fire in fires:
+        seen[fire.occurrence] += 1
+        for skipped in fire.skipped:
+            listed = [skipped.first, *schedules.fire_times(schedule, skipped.first, skipped.last)]
+            assert listed[-1] == skipped.last and len(listed) == skipped.count, skipped
+            seen.update(listed)
+    assert max(seen.values()) == 1, [(k, v) for k, v in seen.items() if v > 1]
+    bound = max(f.occurrence for f in fires)
+    raw = list(schedules.fire_times(schedule, start, bound))
+    assert sorted(seen)[: len(raw)] == raw, (set(raw) - set(seen), set(seen) - set(raw))
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    rules(),
+    st.sampled_from(SCHEDULES),
+    st.sampled_from(ZONES),
+    st.sampled_from(cal.MODES),
+    st.sampled_from(cal.ROLLS),
+    st.datetimes(datetime(2025, 12, 1), datetime(2026, 3, 1), timezones=st.just(UTC)),
+)
+def test_every_occurrence_is_run_or_recorded_once(rule, expr, zone, mode, roll, start) -> None:
+    calendar = cal.parse_calendar("c", rule[0])
+    schedule = schedules.parse_cron(expr, zone)
+    start = start.replace(second=17, microsecond=123)  # never a run's own time
+    _check_accounting(schedule, cal.Attached(calendar, mode, roll), ZoneInfo(zone), start, 8)
 
 
 @settings(deadline=None)
@@ -364,3 +406,21 @@ def test_business_day_rolls_equal_an_independent_reckoning(country: str) -> None
                 expected_first, datetime.min.time(), UTC
             ).replace(hour=9)
             after_last, after_first = fire.at, fire_first.at
+
+
+def test_a_previous_business_day_run_is_not_recorded_again() -> None:
+    """Found by the accounting property: with only Saturdays open, Monday's 09:00 and 15:00
+    roll back to Saturday; the search after Saturday's 15:00 run met Monday's 09:00 again
+    and recorded it merged although it had run (as Saturday's 09:00)."""
+    only_saturdays = cal.parse_calendar("sat", {"weekdays": ["sat"]})
+    schedule = schedules.parse_cron("0 9,15 * * 1-5", "UTC")
+    attached = cal.Attached(only_saturdays, "only", "previous_business_day")
+    start = datetime(2025, 12, 1, 0, 0, 17, tzinfo=UTC)
+    _check_accounting(schedule, attached, ZoneInfo("UTC"), start, 8)
+    fire = cal.next_fire(schedule, attached, start, ZoneInfo("UTC"))
+    assert fire is not None
+    assert (fire.at, fire.occurrence) == (
+        datetime(2025, 11, 29, 9, tzinfo=UTC) + timedelta(days=7),  # Saturday 6 December
+        datetime(2025, 12, 8, 9, tzinfo=UTC),  # for Monday 8 December
+    )
+    assert [(s.count, s.reason) for s in fire.skipped] == [(1, "merged")] * 10  # the week before
