@@ -62,6 +62,7 @@ SEARCH_DAYS = 366 * 2
 MAX_WINDOWS = 512
 MAX_DEPTH = 16  # nesting of union / difference / references
 MAX_DATES = 10_000
+MAX_RULES = 1_000  # rules in one definition, references expanded: each costs every day read
 MODES = ("exclude", "only")
 ROLLS = ("skip", "next_business_day", "previous_business_day", "defer")
 DAY_ROLLS = ("next_business_day", "previous_business_day")
@@ -421,7 +422,7 @@ def next_fire(
                 ran_before = False
                 skipped.clear()
             else:
-                skipped.append(moved)
+                _add(skipped, moved)
             cursor = raw
             continue
         # skip (or a day roll in a blackout window): jump the whole exclusion in one step
@@ -429,9 +430,20 @@ def next_fire(
         if end is None:
             return None
         resume = to_instant(end, tz, floor=raw)
-        skipped.append(_skipped_range(schedule, raw, resume - _EPSILON, "excluded"))
+        _add(skipped, _skipped_range(schedule, raw, resume - _EPSILON, "excluded"))
         cursor = resume - _EPSILON
     return None
+
+
+def _add(skipped: list[Skipped], new: Skipped) -> None:
+    """Record ``new``; one range with the last when the reason is the same (no occurrence of
+    the schedule lies between them: the search went from one to the next), so a job that
+    passes 270 one-minute windows in a day records one range, not 270."""
+    if skipped and skipped[-1].reason == new.reason:
+        last = skipped[-1]
+        skipped[-1] = Skipped(last.first, new.last, last.count + new.count, new.reason)
+    else:
+        skipped.append(new)
 
 
 def _is_occurrence(schedule: schedules.Schedule, at: datetime) -> bool:
@@ -509,7 +521,13 @@ def parse_calendar(
     """A calendar from its JSON definition; every error names the field it came from
     (``definition.union[1].holidays.country``). ``resolve`` gives another calendar's definition
     by name (``{"calendar": "name"}``); a reference to a calendar being read is a cycle."""
-    return Calendar(name, _rule(definition, field, resolve, (name,), 0))
+    count = [0]
+    rule = _rule(definition, field, resolve, (name,), 0, count)
+    if count[0] > MAX_RULES:
+        raise ScheduleError(
+            field, f"holds {count[0]} rules (references expanded); at most {MAX_RULES}."
+        )
+    return Calendar(name, rule)
 
 
 def references(definition: object) -> set[str]:
@@ -526,8 +544,16 @@ def references(definition: object) -> set[str]:
 
 
 def _rule(
-    value: object, field: str, resolve: Resolver | None, stack: tuple[str, ...], depth: int
+    value: object,
+    field: str,
+    resolve: Resolver | None,
+    stack: tuple[str, ...],
+    depth: int,
+    count: list[int],
 ) -> Rule:
+    count[0] += 1
+    if count[0] > MAX_RULES:
+        return Dates(frozenset())  # refused whole by parse_calendar: stop reading here
     if depth > MAX_DEPTH:
         raise ScheduleError(field, f"nests deeper than {MAX_DEPTH} levels.")
     if not isinstance(value, dict) or len(value) != 1:
@@ -556,7 +582,8 @@ def _rule(
         if not isinstance(body, list) or not body:
             raise ScheduleError(here, "must be a non-empty list of rules.")
         rules = tuple(
-            _rule(item, f"{here}[{i}]", resolve, stack, depth + 1) for i, item in enumerate(body)
+            _rule(item, f"{here}[{i}]", resolve, stack, depth + 1, count)
+            for i, item in enumerate(body)
         )
         if kind == "union":
             return rules[0] if len(rules) == 1 else Union(rules)
@@ -571,7 +598,7 @@ def _rule(
         target = _resolve(resolve, body)
         if target is None:
             raise ScheduleError(here, f"no calendar is named {body!r}.")
-        return _rule(target, here, resolve, (*stack, body), depth + 1)
+        return _rule(target, here, resolve, (*stack, body), depth + 1, count)
     raise ScheduleError(field, f"unknown rule {kind!r}.")
 
 
