@@ -431,7 +431,10 @@ def save_calendar(name: str, definition: Any, *, description: str = "") -> Calen
             setattr(calendar, field, value)
         try:
             with transaction.atomic():
-                calendar.save()
+                if existing is None:
+                    calendar.save(force_insert=True)
+                else:
+                    calendar.save(update_fields=[*checked.values, "updated_at"])
         except IntegrityError as exc:
             raise ValidationError({"name": [f"a calendar named {name!r} already exists."]}) from exc
         store_references(calendar, checked.references)

@@ -71,7 +71,10 @@ class CalendarAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Calendar, form: Any, change: bool) -> None:
         with transaction.atomic():
             api._serialise_calendar_saves()
-            obj.save()
+            if change:
+                obj.save(update_fields=["name", "description", "definition", "updated_at"])
+            else:
+                obj.save(force_insert=True)
             api.store_references(obj, form.checked.references)
 
     @admin.display(description="Excluded days, next 12 months")
