@@ -11,14 +11,14 @@ import logging
 import random
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 
-from . import audit, bulk, lease, policies
+from . import audit, bulk, calendars, lease, policies, schedules
 from .bulk import CHUNK_SIZE
 from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
@@ -55,6 +55,7 @@ __all__ = [
     "duplicate",
     "get",
     "pause",
+    "preview_calendar",
     "requeue",
     "restore",
     "resume",
@@ -459,3 +460,85 @@ def _serialise_calendar_saves() -> None:
 
 
 CALENDAR_LOCK = 0x5C4E_CA1E  # schedapp's calendar saves
+
+
+PREVIEW_MAX = 100
+
+
+def preview_calendar(
+    calendar: str | Calendar,
+    *,
+    cron: str | None = None,
+    interval: float | timedelta | None = None,
+    timezone: str = "UTC",
+    mode: str = calendars.DEFAULT_MODE,
+    roll: str = calendars.DEFAULT_ROLL,
+    count: int = 10,
+    after: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The next ``count`` runs of a ``cron`` or ``interval`` schedule under a stored calendar
+    (``mode`` exclude / only, ``roll`` skip / next_business_day / previous_business_day /
+    defer), after ``after`` (default: the database's now). Each run: ``at`` (in ``timezone``,
+    with its UTC offset), ``occurrence`` (the schedule's own time it stands for), ``roll``
+    (what moved it, or None) and ``skipped`` (the occurrences passed before it: ``first``,
+    ``last``, ``count``, ``reason`` excluded / merged). Bad input raises ValidationError keyed
+    by field; a calendar that leaves the schedule no run gives an empty list."""
+    errors: dict[str, list[str]] = {}
+    found = calendar if isinstance(calendar, Calendar) else None
+    if found is None:
+        found = (
+            Calendar.objects.filter(name=calendar).first() if isinstance(calendar, str) else None
+        )
+        if found is None:
+            errors["calendar"] = [f"no calendar is named {calendar!r}."]
+    parsed: dict[str, Any] = {}
+    for field, read in (
+        ("timezone", lambda: schedules.parse_timezone(timezone)),
+        ("mode", lambda: calendars.parse_mode(mode, "mode")),
+        ("roll", lambda: calendars.parse_roll(roll, "roll")),
+    ):
+        try:
+            parsed[field] = read()
+        except ScheduleError as exc:
+            errors.setdefault(exc.field, []).append(exc.message)
+    schedule: schedules.Schedule | None = None
+    try:
+        if (cron is None) == (interval is None):
+            raise ScheduleError("cron", "give a cron expression or an interval, one of them.")
+        if cron is not None:
+            schedule = schedules.parse_cron(cron, parsed.get("timezone", "UTC"))
+        else:
+            schedule = schedules.parse_interval(interval)
+    except ScheduleError as exc:
+        errors.setdefault(exc.field, []).append(exc.message)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= PREVIEW_MAX:
+        errors["count"] = [f"must be a whole number from 1 to {PREVIEW_MAX}."]
+    if errors or found is None or schedule is None:
+        raise ValidationError(errors)
+    try:
+        parsed_calendar = calendars.parse_calendar(
+            found.name, found.definition, stored_calendar_definition
+        )
+    except ScheduleError as exc:
+        raise ValidationError({"calendar": [f"{found.name!r} cannot be read: {exc}"]}) from exc
+    zone = schedules.get_zone(parsed["timezone"])
+    attached = calendars.Attached(parsed_calendar, parsed["mode"], parsed["roll"])
+    start = after if after is not None else db_now()
+    return [
+        {
+            "at": fire.at.astimezone(zone),
+            "utc_offset": fire.at.astimezone(zone).strftime("%z"),
+            "occurrence": fire.occurrence.astimezone(zone),
+            "roll": fire.roll,
+            "skipped": [
+                {"first": s.first, "last": s.last, "count": s.count, "reason": s.reason}
+                for s in fire.skipped
+            ],
+        }
+        for fire in calendars.fires(schedule, attached, start, zone, count)
+    ]
+
+
+def stored_calendar_definition(name: str) -> object | None:
+    """A stored calendar's definition by name (how references resolve), or None."""
+    return Calendar.objects.filter(name=name).values_list("definition", flat=True).first()

@@ -446,6 +446,21 @@ def _add(skipped: list[Skipped], new: Skipped) -> None:
         skipped.append(new)
 
 
+def fires(
+    schedule: schedules.Schedule, attached: Attached, after: datetime, tz: ZoneInfo, limit: int
+) -> list[Fire]:
+    """The next ``limit`` runs after ``after`` under the calendar (fewer when the schedule
+    ends or a bound is reached): the preview."""
+    out: list[Fire] = []
+    while len(out) < limit:
+        fire = next_fire(schedule, attached, after, tz)
+        if fire is None:
+            break
+        out.append(fire)
+        after = fire.at
+    return out
+
+
 def _is_occurrence(schedule: schedules.Schedule, at: datetime) -> bool:
     return schedules.recent_fire_times(schedule, at, at, 1) == [at]
 

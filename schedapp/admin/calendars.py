@@ -82,15 +82,13 @@ class CalendarAdmin(admin.ModelAdmin):
         if obj.pk is None:
             return "Shown once the calendar is saved."
         try:
-            parsed = calendars.parse_calendar(obj.name, obj.definition, _stored_definition)
+            parsed = calendars.parse_calendar(
+                obj.name, obj.definition, api.stored_calendar_definition
+            )
         except ScheduleError as exc:
             return f"Cannot be read: {exc}"
         first = db_now().date()
         return excluded_days_html(parsed.rule, first, first + timedelta(days=365))
-
-
-def _stored_definition(name: str) -> object | None:
-    return Calendar.objects.filter(name=name).values_list("definition", flat=True).first()
 
 
 def excluded_days_html(rule: calendars.Rule, first: date, last: date) -> str:

@@ -76,8 +76,7 @@ def test_admin_adds_edits_and_shows_the_excluded_days(admin_client) -> None:
     api.save_calendar("weekend", WEEKEND)
     add = reverse("admin:schedapp_calendar_add")
     response = admin_client.post(
-        add,
-        {"name": "de-by", "description": "", "definition": '{"holidays": {"country": "ZZ"}}'},
+        add, {"name": "de-by", "description": "", "definition": '{"holidays": {"country": "ZZ"}}'}
     )
     assert response.status_code == 200
     assert "definition.holidays.country" in response.content.decode()
@@ -112,3 +111,45 @@ def _json(value: object) -> str:
     import json
 
     return json.dumps(value)
+
+
+def test_preview_lists_runs_with_offsets_and_what_moved_them() -> None:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    api.save_calendar("weekend", WEEKEND)
+    api.save_calendar("de-by", GERMANY)
+    berlin = ZoneInfo("Europe/Berlin")
+    runs = api.preview_calendar(
+        "de-by",
+        cron="0 17 L * *",
+        timezone="Europe/Berlin",
+        roll="previous_business_day",
+        count=3,
+        after=datetime(2026, 12, 1, tzinfo=berlin),
+    )
+    # 31 Dec 2026 is a Thursday (a working day in Bavaria); January 2027 ends on a Sunday
+    # (Friday the 29th); February 2027 on a Sunday (Friday the 26th)
+    assert [(r["at"].date().isoformat(), r["utc_offset"], r["roll"]) for r in runs] == [
+        ("2026-12-31", "+0100", None),
+        ("2027-01-29", "+0100", "previous_business_day"),
+        ("2027-02-26", "+0100", "previous_business_day"),
+    ]
+    assert runs[1]["occurrence"].date().isoformat() == "2027-01-31"
+    skipping = api.preview_calendar(
+        "weekend", cron="0 9 * * *", count=1, after=datetime(2026, 12, 4, 10, tzinfo=berlin)
+    )
+    assert skipping[0]["at"].date().isoformat() == "2026-12-07"
+    assert [(s["count"], s["reason"]) for s in skipping[0]["skipped"]] == [(2, "excluded")]
+
+
+def test_preview_names_each_bad_field() -> None:
+    api.save_calendar("weekend", WEEKEND)
+    errors = _errors(
+        lambda: api.preview_calendar(
+            "nowhere", cron="61 * * * *", timezone="Mars/Olympus", mode="x", roll="y", count=0
+        )
+    )
+    assert set(errors) == {"calendar", "cron", "timezone", "mode", "roll", "count"}
+    errors = _errors(lambda: api.preview_calendar("weekend"))
+    assert set(errors) == {"cron"}
