@@ -269,10 +269,6 @@ class Attached:
         object.__setattr__(self, "excluded", Complement(rule) if self.mode == "only" else rule)
 
 
-def excluded_spans(rule: Rule, day: date) -> Spans:
-    return rule.spans(day)
-
-
 def excludes(rule: Rule, wall: datetime) -> bool:
     """Whether the wall time ``wall`` (its date and time of day, any tzinfo ignored) is
     excluded."""
@@ -306,6 +302,8 @@ def allowed_at_or_after(rule: Rule, wall: datetime) -> datetime | None:
     if span[1] < DAY:
         return datetime.combine(day, time()) + timedelta(seconds=span[1])
     for _ in range(SEARCH_DAYS):
+        if day == date.max:
+            return None
         day += timedelta(days=1)
         spans = rule.spans(day)
         if not spans or spans[0][0] > 0:
@@ -319,6 +317,8 @@ def business_day(rule: Rule, day: date, step: int) -> date | None:
     """The nearest day after (``step`` 1) or before (-1) ``day`` that is not wholly excluded,
     at most ``SEARCH_DAYS`` away."""
     for _ in range(SEARCH_DAYS):
+        if day == (date.max if step > 0 else date.min):
+            return None
         day += timedelta(days=step)
         if not whole_day(rule, day):
             return day
@@ -383,7 +383,15 @@ def next_fire(
     Every occurrence of the schedule it passes is accounted for once: the one the run stands
     for (``Fire.occurrence``), or a range in ``Fire.skipped`` ("excluded": not run; "merged":
     covered by a run that a roll placed at or after it, or by the previous run)."""
-    after = after.astimezone(UTC)
+    try:
+        return _next_fire(schedule, attached, after.astimezone(UTC), tz)
+    except OverflowError:  # a search that walked off the end of datetime: no run there
+        return None
+
+
+def _next_fire(
+    schedule: schedules.Schedule, attached: Attached, after: datetime, tz: ZoneInfo
+) -> Fire | None:
     rule, roll = attached.excluded, attached.roll
     skipped: list[Skipped] = []
     cursor = after

@@ -472,3 +472,23 @@ def test_a_definition_past_the_size_limit_is_refused() -> None:
     with pytest.raises(ScheduleError, match="rules") as caught:
         cal.parse_calendar("big", many)
     assert caught.value.field == "definition"
+
+
+def test_the_ends_of_time_give_no_run_not_an_error() -> None:
+    weekend = cal.parse_calendar("we", {"weekdays": ["sat", "sun"]})
+    assert cal.next_business_day(weekend.rule, date(9999, 12, 31)) is None
+    assert cal.previous_business_day(weekend.rule, date(1, 1, 1)) is None
+    fridays = cal.parse_calendar("fri", {"weekdays": ["fri"]})
+    assert cal.allowed_at_or_after(fridays.rule, datetime(9999, 12, 31, 12)) is None  # last day
+    last_friday = schedules.parse_cron("0 9 * * 5", "UTC")  # 9999-12-31, rolled past the end
+    attached = cal.Attached(fridays, "exclude", "next_business_day")
+    after = datetime(9999, 12, 30, tzinfo=UTC)
+    assert cal.next_fire(last_friday, attached, after, ZoneInfo("UTC")) is None
+
+
+def test_excluded_days_lists_the_whole_days() -> None:
+    rule = cal.parse_calendar(
+        "c",
+        {"union": [{"dates": ["2026-12-24"]}, {"time_range": {"start": "22:00", "end": "23:00"}}]},
+    ).rule
+    assert cal.excluded_days(rule, date(2026, 12, 20), date(2026, 12, 27)) == [date(2026, 12, 24)]
