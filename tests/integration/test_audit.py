@@ -19,6 +19,7 @@ from schedapp import api, audit, declared
 from schedapp.admin.history import history_page
 from schedapp.importer import from_beat_schedule, import_candidates
 from schedapp.models import Job, JobChange, JobState
+from tests.integration.test_admin import form_data
 
 pytestmark = [pytest.mark.django_db]
 
@@ -78,15 +79,13 @@ def test_the_admin_form_records_its_user_and_the_reason_it_asks_for():
     client = admin_client("alice")
     job = api.schedule(TASK, name="edited", interval=60)
     url = reverse("admin:schedapp_job_change", args=[job.pk])
-    form = client.get(url).context["adminform"].form
-    data = {k: v for k, v in form.initial.items() if v is not None}
-    data.update(
+    data = form_data(
+        name="edited",
         task=TASK,
-        schedule_kind="interval",
-        interval="120",
-        args="[]",
         kwargs="{}",
-        message_options="{}",
+        cron="",
+        interval="120",
+        timezone="UTC",
         change_reason="load is lower at 2 minutes",
     )
     response = client.post(url, data)

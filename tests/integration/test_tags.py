@@ -18,6 +18,7 @@ from schedapp import api, declared
 from schedapp.fields import with_defaults
 from schedapp.models import Job, JobChange
 from schedapp.validation import TAG_LENGTH_MAX, TAG_PATTERN, TAGS_MAX, JobValidator, job_defaults
+from tests.integration.test_admin import form_data
 
 TASK = "project.tasks.noop"
 
@@ -119,15 +120,13 @@ def test_the_admin_form_takes_tags_as_words_and_the_list_filters_by_tag():
     job = api.schedule(TASK, name="tag-me", interval=60)
     api.schedule(TASK, name="other", interval=60, tags=["reports"])
     url = reverse("admin:schedapp_job_change", args=[job.pk])
-    form = client.get(url).context["adminform"].form
-    data = {k: v for k, v in form.initial.items() if v is not None}
-    data.update(
+    data = form_data(
+        name="tag-me",
         task=TASK,
-        schedule_kind="interval",
-        interval="60",
-        args="[]",
         kwargs="{}",
-        message_options="{}",
+        cron="",
+        interval="60",
+        timezone="UTC",
         tags="Billing, team-eu  billing",
     )
     response = client.post(url, data)
