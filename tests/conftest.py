@@ -14,7 +14,7 @@ from hypothesis import settings as hypothesis_settings
 from schedapp.testing.fleet import RABBITMQ, Fleet, fleet_for
 from schedapp.testing.pgproxy import PgProxy
 from schedapp.testing.servers import PGBOUNCER, PgBouncer, PrivateRedis
-from tests import APP, ROOT, SETTINGS
+from tests import APP, ROOT, SETTINGS, dbreset
 
 # Hypothesis profiles. "default", the loop of minutes: each property a quarter of its weight of
 # examples (tests.examples(n): n/4 here; 25 for a property that names none). "ci", what .ci/run
@@ -35,6 +35,14 @@ def _the_portable_alias_answers_checks_without_a_query() -> None:
 
     if "portable" in connections:
         connections["portable"].features.supports_json_field = True
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_reset() -> Iterator[dbreset.FastReset]:
+    """Tests that commit are followed by deletes instead of Django's flush (tests/dbreset.py:
+    the same state in a few milliseconds instead of 0.2 s)."""
+    with dbreset.installed() as reset:
+        yield reset
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
