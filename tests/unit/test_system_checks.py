@@ -575,3 +575,29 @@ def test_the_checks_celerys_django_fixup_runs_ask_nothing_of_the_database():
 
     # Then none read the database (a query raises above), and nothing is reported
     assert [m.id for m in found if m.id.startswith("schedapp.")] == []
+
+
+def test_celerys_run_of_every_check_from_inside_one_goes_no_deeper(monkeypatch):
+    """A check that loads the tasks modules makes Celery's fixup run every check again from
+    inside it (messages thrown away). schedapp's checks skip themselves inside another of
+    theirs: one level of nesting, not one per check (16 runs of every check for one
+    ``manage.py check``, and at each beat and worker's start, when each skipped only itself)."""
+    import django.core.checks
+
+    real = django.core.checks.run_checks
+    depth, deepest, runs = [0], [0], [0]
+
+    def counting(*args, **kwargs):
+        depth[0] += 1
+        runs[0] += 1
+        deepest[0] = max(deepest[0], depth[0])
+        try:
+            return real(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    # Celery's fixup imports run_checks from django.core.checks each time it runs them
+    monkeypatch.setattr(django.core.checks, "run_checks", counting)
+    django.core.checks.run_checks()
+    assert deepest[0] == 2  # the fixup's runs, one level down, and none below them
+    assert runs[0] <= 5
