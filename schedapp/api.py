@@ -8,6 +8,7 @@ an operation that does not fit the job's state raises ``JobStateError``.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import uuid
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,7 @@ __all__ = [
     "cancel",
     "duplicate",
     "get",
+    "import_calendar",
     "pause",
     "preview_calendar",
     "requeue",
@@ -441,6 +443,31 @@ def save_calendar(name: str, definition: Any, *, description: str = "") -> Calen
         store_references(calendar, checked.references)
     log.info("saved calendar %s", name, extra={"action": "save_calendar"})
     return calendar
+
+
+def import_calendar(
+    name: str, path: str | os.PathLike[str], *, timezone: str | None = None, description: str = ""
+) -> Calendar:
+    """Save the iCalendar file at ``path`` (RFC 5545, read from disk: nothing is fetched) as
+    the calendar ``name``, whose one rule excludes its events: ``{"ical": {"text": ...,
+    "timezone": ...}}`` (``timezone``: the wall clock its timed events are placed on; default
+    the file's X-WR-TIMEZONE, else UTC). A file that cannot be read, larger than
+    ``calendars.MAX_ICAL_CHARS``, or not UTF-8 is refused on field ``file``; a document the
+    calendar rules refuse, on its definition path; nothing is written then."""
+    try:
+        size = os.path.getsize(path)
+        if size > calendars.MAX_ICAL_CHARS * 4:  # UTF-8: at most four bytes a character
+            raise ValidationError({"file": [f"{size} bytes; too large for a calendar."]})
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            text = handle.read(calendars.MAX_ICAL_CHARS + 1)
+    except UnicodeDecodeError as exc:
+        raise ValidationError({"file": [f"{path} is not UTF-8 text: {exc}."]}) from exc
+    except OSError as exc:
+        raise ValidationError({"file": [f"cannot read {path}: {exc.strerror or exc}."]}) from exc
+    body: dict[str, Any] = {"text": text}
+    if timezone:
+        body["timezone"] = timezone
+    return save_calendar(name, {"ical": body}, description=description)
 
 
 def store_references(calendar: Calendar, names: Iterable[str]) -> None:

@@ -19,6 +19,10 @@ gives, for one local day, the parts of that day it excludes as half-open spans o
   that started the evening before); ``weekdays`` limits the days it *starts* on;
 * ``{"cron": "* 0-5 * * mon-fri"}``: every minute (second, with six fields) the expression
   matches;
+* ``{"ical": "BEGIN:VCALENDAR..."}`` (or ``{"ical": {"text": ..., "timezone": "Europe/Berlin"}}``):
+  the events of an iCalendar document (RFC 5545), recurring ones expanded, each excluding
+  exactly its own time (an all-day event its days); an event at a fixed instant is placed on
+  the wall clock of the rule's ``timezone`` (years expanded on demand, a bounded cache);
 * ``{"union": [rule, ...]}``, ``{"difference": [base, rule, ...]}`` (base minus the others),
   and ``{"calendar": "name"}``, another stored calendar (cycles are refused).
 
@@ -63,6 +67,8 @@ MAX_WINDOWS = 512
 MAX_DEPTH = 16  # nesting of union / difference / references
 MAX_DATES = 10_000
 MAX_RULES = 1_000  # rules in one definition, references expanded: each costs every day read
+MAX_ICAL_CHARS = 1_000_000  # one iCalendar document
+MAX_ICAL_YEARLY = 10_000  # its occurrences in any one year, at most (counted statically)
 MODES = ("exclude", "only")
 ROLLS = ("skip", "next_business_day", "previous_business_day", "defer")
 DAY_ROLLS = ("next_business_day", "previous_business_day")
@@ -221,6 +227,87 @@ class Complement(Rule):
 
     def spans(self, day: date) -> Spans:
         return complement_spans(self.rule.spans(day))
+
+
+@dataclass(frozen=True)
+class ICal(Rule):
+    """The events of an iCalendar document; instants placed on the wall clock of ``zone``."""
+
+    text: str = field(repr=False)
+    zone: str = "UTC"
+
+    def spans(self, day: date) -> Spans:
+        return ical_year(self.text, self.zone, day.year).get(day, EMPTY)
+
+
+@lru_cache(maxsize=128)
+def ical_year(text: str, zone: str, year: int) -> dict[date, Spans]:
+    """The excluded spans of each local day of ``year`` that the document's events touch,
+    computed on demand (the cache holds at most 128 document-years, never stored)."""
+    import recurring_ical_events
+
+    tz = ZoneInfo(zone)
+    first = datetime(year, 1, 1)
+    last = datetime(year + 1, 1, 1) if year < date.max.year else datetime.max
+    # Two days either side: an event of another zone can be on this year's wall clock.
+    margin = timedelta(days=2)
+    low = first - margin if year > 1 else first
+    high = last + margin if year < date.max.year - 1 else datetime.max
+    parts: dict[date, list[Span]] = {}
+    try:
+        events = recurring_ical_events.of(_ical_document(text), components=["VEVENT"]).between(
+            low, high
+        )
+        walls = [
+            _event_walls(event, tz)
+            for event in events
+            if str(event.get("STATUS", "")).upper() != "CANCELLED"
+        ]
+    except Exception as exc:  # the library's errors are of many kinds; none may reach a beat
+        raise ScheduleError("definition.ical", f"cannot be expanded for {year}: {exc}") from exc
+    for start, end in walls:
+        start, end = max(start, first), min(end, last)
+        day = start.date()
+        while datetime.combine(day, time()) < end:
+            midnight = datetime.combine(day, time())
+            lo = max(0, _ceil_seconds(start - midnight, floor=True))
+            hi = min(DAY, _ceil_seconds(end - midnight))
+            if lo < hi:
+                parts.setdefault(day, []).append((lo, hi))
+            if day == date.max:
+                break
+            day += timedelta(days=1)
+    return {day: union_spans(tuple(spans)) for day, spans in parts.items()}
+
+
+def _ceil_seconds(delta: timedelta, floor: bool = False) -> int:
+    seconds = delta.days * DAY + delta.seconds
+    return seconds + (1 if delta.microseconds and not floor else 0)
+
+
+def _event_walls(event: object, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """An event's excluded wall-clock interval ``[start, end)``: an all-day one's days, a
+    timed one's instants on ``tz``'s clock (a floating one's times as written). A timed event
+    with no end or duration takes no time (RFC 5545)."""
+    start, end = _wall(event.start, tz), _wall(event.end, tz)  # type: ignore[attr-defined]
+    if not isinstance(event.start, datetime) and end <= start:  # type: ignore[attr-defined]
+        end = start + timedelta(days=1)
+    return (start, end) if start <= end else (end, start)  # a fall-back fold
+
+
+def _wall(value: date | datetime, tz: ZoneInfo) -> datetime:
+    if not isinstance(value, datetime):
+        return datetime.combine(value, time())
+    if value.tzinfo is None:
+        return value
+    return value.astimezone(tz).replace(tzinfo=None)
+
+
+@lru_cache(maxsize=16)
+def _ical_document(text: str) -> object:
+    import icalendar
+
+    return icalendar.Calendar.from_ical(text)
 
 
 @lru_cache(maxsize=64)
@@ -583,7 +670,7 @@ def _rule(
         raise ScheduleError(
             field,
             "must be an object with one key: holidays, dates, weekdays, time_range, cron, "
-            "union, difference or calendar.",
+            "ical, union, difference or calendar.",
         )
     ((kind, body),) = value.items()
     here = f"{field}.{kind}"
@@ -601,6 +688,8 @@ def _rule(
     if kind == "cron":
         cron = schedules.parse_cron(body, "UTC", here)
         return CronRule(cron.expr, cron.has_seconds)
+    if kind == "ical":
+        return _ical(body, here)
     if kind in ("union", "difference"):
         if not isinstance(body, list) or not body:
             raise ScheduleError(here, "must be a non-empty list of rules.")
@@ -665,6 +754,89 @@ def _supported_countries() -> dict[str, list[str]]:
     import holidays
 
     return {code: list(subs) for code, subs in holidays.list_supported_countries().items()}
+
+
+_FINER_THAN_DAILY = ("SECONDLY", "MINUTELY", "HOURLY")
+
+
+def _ical(body: object, field: str) -> ICal:
+    """An ``ical`` rule: the document parsed, bounded (``MAX_ICAL_CHARS``; at most
+    ``MAX_ICAL_YEARLY`` occurrences a year, counted from its rules: a recurrence at most once a
+    day) and expanded once, so a document the libraries cannot read is refused here."""
+    if isinstance(body, str):
+        body = {"text": body}
+    if not isinstance(body, dict) or "text" not in body or set(body) - {"text", "timezone"}:
+        raise ScheduleError(
+            field, "must be an iCalendar document, or {'text': ..., 'timezone': ...}."
+        )
+    text, zone = body["text"], body.get("timezone")
+    if not isinstance(text, str) or not text.strip():
+        raise ScheduleError(f"{field}.text", "must be an iCalendar document (BEGIN:VCALENDAR).")
+    if len(text) > MAX_ICAL_CHARS:
+        raise ScheduleError(
+            f"{field}.text", f"holds {len(text)} characters; at most {MAX_ICAL_CHARS}."
+        )
+    import icalendar
+
+    try:
+        document = icalendar.Calendar.from_ical(text)
+    except Exception as exc:  # icalendar raises ValueError, KeyError, IndexError...
+        raise ScheduleError(f"{field}.text", f"is not an iCalendar document: {exc}") from exc
+    if not isinstance(document, icalendar.Calendar) or document.name != "VCALENDAR":
+        raise ScheduleError(f"{field}.text", "must be one VCALENDAR.")
+    if zone is None:
+        zone = str(document.get("X-WR-TIMEZONE", "") or "") or "UTC"
+        zone_field = f"{field}.text"
+    else:
+        zone_field = f"{field}.timezone"
+    if not _is_zone(zone):
+        raise ScheduleError(zone_field, f"{zone!r} is not an IANA time zone.")
+    events = list(document.walk("VEVENT"))
+    yearly = 0
+    for i, event in enumerate(events):
+        if event.get("DTSTART") is None:
+            raise ScheduleError(f"{field}.text", f"event {i + 1} has no DTSTART.")
+        rules = event.get("RRULE")
+        for rule in rules if isinstance(rules, list) else [rules] if rules is not None else []:
+            freq = (rule.get("FREQ") or ["?"])[0]
+            if str(freq).upper() in _FINER_THAN_DAILY or {"BYHOUR", "BYMINUTE", "BYSECOND"} & set(
+                rule
+            ):
+                raise ScheduleError(
+                    f"{field}.text",
+                    f"event {i + 1} recurs more than once a day (FREQ={freq}); "
+                    "a daily window is a time_range or cron rule.",
+                )
+            yearly += 366
+        dates = event.get("RDATE")
+        for rdate in dates if isinstance(dates, list) else [dates] if dates is not None else []:
+            yearly += len(getattr(rdate, "dts", [rdate]))
+        yearly += 1
+    if yearly > MAX_ICAL_YEARLY:
+        raise ScheduleError(
+            f"{field}.text",
+            f"may hold {yearly} occurrences a year (366 per recurrence rule, one per date); "
+            f"at most {MAX_ICAL_YEARLY}.",
+        )
+    rule = ICal(text, zone)
+    try:
+        first = min((_wall(e.start, ZoneInfo(zone)).year for e in events), default=2000)
+        rule.spans(date(first, 1, 1))
+    except ScheduleError as exc:
+        raise ScheduleError(f"{field}.text", exc.message) from exc
+    except Exception as exc:  # an event whose start or end the library cannot read
+        raise ScheduleError(f"{field}.text", f"cannot be expanded: {exc}") from exc
+    return rule
+
+
+def _is_zone(zone: object) -> bool:
+    if not isinstance(zone, str) or not zone or zone.startswith("/") or "\x00" in zone:
+        return False
+    try:
+        ZoneInfo(zone)
+    except (ValueError, KeyError, OSError):
+        return False
+    return True
 
 
 def _dates(body: object, field: str) -> Iterable[date]:

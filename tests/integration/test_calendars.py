@@ -4,8 +4,13 @@ admin edits them with the same rules and shows the next year's excluded days."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from io import StringIO
+from pathlib import Path
+
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
 from django.db.models import ProtectedError
 from django.urls import reverse
 
@@ -153,3 +158,52 @@ def test_preview_names_each_bad_field() -> None:
     assert set(errors) == {"calendar", "cron", "timezone", "mode", "roll", "count"}
     errors = _errors(lambda: api.preview_calendar("weekend"))
     assert set(errors) == {"cron"}
+
+
+# --- iCalendar files ---------------------------------------------------------------------------
+
+FIXTURE_ICS = Path(__file__).parent.parent / "data" / "closures.ics"
+
+
+def test_import_saves_an_ics_file_as_a_calendar() -> None:
+    saved = api.import_calendar("closures", FIXTURE_ICS, description="from a file")
+    stored = Calendar.objects.get(name="closures")
+    assert stored.pk == saved.pk and stored.description == "from a file"
+    assert stored.definition == {"ical": {"text": FIXTURE_ICS.read_bytes().decode()}}  # as is
+    rule = calendars.parse_calendar("closures", stored.definition).rule
+    assert calendars.excludes(rule, datetime(2026, 12, 25, 12, 0))
+    again = api.import_calendar("closures", FIXTURE_ICS, timezone="America/New_York")
+    assert again.pk == saved.pk
+    assert Calendar.objects.get(pk=saved.pk).definition["ical"]["timezone"] == "America/New_York"
+
+
+def test_a_bad_ics_file_is_refused_on_a_named_field_and_nothing_is_written(tmp_path) -> None:
+    broken = tmp_path / "broken.ics"
+    broken.write_text("BEGIN:VCALENDAR\r\nthis is not a content line\r\n")
+    latin = tmp_path / "latin.ics"
+    latin.write_bytes("BEGIN:VCALENDAR\r\nSUMMARY:Fête\r\nEND:VCALENDAR\r\n".encode("latin-1"))
+    hourly = tmp_path / "hourly.ics"
+    hourly.write_text(
+        FIXTURE_ICS.read_text().replace("FREQ=WEEKLY;BYDAY=MO;COUNT=5", "FREQ=HOURLY")
+    )
+    assert "definition.ical.text" in _errors(lambda: api.import_calendar("c", broken))
+    assert "definition.ical.text" in _errors(lambda: api.import_calendar("c", hourly))
+    assert "file" in _errors(lambda: api.import_calendar("c", latin))
+    assert "file" in _errors(lambda: api.import_calendar("c", tmp_path / "missing.ics"))
+    zone = _errors(lambda: api.import_calendar("c", FIXTURE_ICS, timezone="Nowhere/Else"))
+    assert "definition.ical.timezone" in zone
+    assert not Calendar.objects.exists()
+
+
+def test_the_command_imports_and_reports_a_bad_file(tmp_path) -> None:
+    out = StringIO()
+    call_command("schedapp_calendar", "import", "closures", str(FIXTURE_ICS), stdout=out)
+    assert "saved calendar 'closures'" in out.getvalue()
+    assert Calendar.objects.get(name="closures").definition["ical"]["text"].startswith(
+        "BEGIN:VCALENDAR"
+    )
+    broken = tmp_path / "broken.ics"
+    broken.write_text("nonsense")
+    with pytest.raises(CommandError, match=r"definition\.ical\.text"):
+        call_command("schedapp_calendar", "import", "other", str(broken))
+    assert not Calendar.objects.filter(name="other").exists()
