@@ -28,7 +28,7 @@ from .db import (
     reset_connection,
     with_retries,
 )
-from .declared import sync_declared_jobs
+from .declared import sync_declared_calendars, sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .lease import Superseded, claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .models import Node
@@ -419,8 +419,16 @@ class LeaseScheduler(Scheduler):
         record_node(self.beat_id, "beat", self._started_at, dict(self.stats))
 
     def _sync_declared_jobs(self) -> None:
-        """Jobs declared in code (SCHEDAPP_JOBS, @periodic) are created or updated; a bad
-        declaration is reported and never stops the beat."""
+        """Calendars (SCHEDAPP_CALENDARS), then jobs (SCHEDAPP_JOBS, @periodic) declared in
+        code are created or updated; a bad declaration is reported and never stops the beat."""
+        try:
+            with_retries(sync_declared_calendars, what="declared calendars sync", attempts=3)
+        except Exception as exc:
+            log.exception(
+                "could not sync declared calendars: %s",
+                exc,
+                extra={"action": "declared_calendars_sync_failed"},
+            )
         try:
             # the sync logs its report (and names each conflict) itself
             with_retries(sync_declared_jobs, what="declared jobs sync", attempts=3)

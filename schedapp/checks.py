@@ -30,6 +30,7 @@ def register() -> None:
     checks.register(check_dependencies, "schedapp")
     checks.register(check_declared_jobs, "schedapp")
     checks.register(check_beat_schedule, "schedapp")
+    checks.register(check_declared_calendars, "schedapp")
     # Tagged 'database': Django 6.1 hands every other check all the database aliases when
     # none is named (Celery's fixup, in each beat and worker's start), and leaves these out.
     checks.register(check_declared_names, "schedapp", checks.Tags.database)
@@ -428,6 +429,50 @@ def check_declared_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                         id="schedapp.E020" if task else "schedapp.E021",
                     )
                 )
+    return found
+
+
+# A stored calendar a declared one names: not read here (no database), checked at beat start.
+_STORED_STAND_IN = {"dates": ["0001-01-01"]}
+
+
+def check_declared_calendars(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``SCHEDAPP_CALENDARS`` entries a beat would refuse at its start (E022, each field
+    named by its path in the definition), read without the database: a reference to a
+    calendar not declared stands for a stored one, whose existence the beat's sync checks."""
+    from datetime import UTC, datetime
+
+    from . import calendars
+    from .declared import declared_calendars
+    from .exceptions import ScheduleError
+
+    decls = declared_calendars()
+    found: list[checks.CheckMessage] = []
+    today = datetime.now(UTC).date()
+
+    def resolve(other: str) -> object:
+        return decls.get(other, _STORED_STAND_IN)
+
+    for name, definition in decls.items():
+        if not isinstance(name, str) or not name.strip():
+            problem = f"name: {name!r} is not a non-empty string."
+        else:
+            try:
+                parsed = calendars.parse_calendar(name, definition, resolve)
+                calendars.check_allows_something(parsed.rule, today)
+                continue
+            except ScheduleError as exc:
+                problem = f"{exc.field}: {exc.message}"
+            except (TypeError, ValueError, RecursionError) as exc:
+                problem = f"definition: cannot be read as a calendar: {exc}."
+        found.append(
+            checks.Error(
+                f"Declared calendar {name!r}, {problem}",
+                hint="Fix it in SCHEDAPP_CALENDARS (docs/semantics.md, Calendars).",
+                obj=str(name),
+                id="schedapp.E022",
+            )
+        )
     return found
 
 

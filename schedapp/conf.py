@@ -53,6 +53,8 @@ class Settings:
     METRICS_TOKEN: str | None = None
     # Jobs declared in code: {"name": {"task": ..., "cron": ..., ...}}, synced at beat start.
     JOBS: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Calendars declared in code: {"name": definition}, created or replaced at beat start.
+    CALENDARS: Mapping[str, Any] = field(default_factory=dict)
     # This deploy's release, ordered: a larger one is newer (compared part by part, runs of
     # digits as numbers: "41" < "100", "2026.12.2" < "2026.12.10"). In a rolling deploy the
     # declared jobs of the newest release win; unset, a set of declarations the database saw

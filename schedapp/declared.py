@@ -31,6 +31,9 @@ written a few at a time, each transaction holding its rows about a tenth of a se
 (note 23), so running jobs' lease renewals and doors never wait behind the sync; beats
 syncing at once serialise on each name's ``Declaration`` row, never on a lock held for the
 whole sync.
+
+Calendars declared in code (``SCHEDAPP_CALENDARS``) are synced first by
+``sync_declared_calendars``: created or replaced, never removed (see its docstring).
 """
 
 from __future__ import annotations
@@ -644,3 +647,100 @@ def _messages(exc: Exception) -> list[str]:
 def clear_registry() -> None:
     """Forget @periodic declarations (for tests)."""
     _registry.clear()
+
+
+# --- calendars declared in code ----------------------------------------------------------------
+
+DECLARED_CALENDAR_DESCRIPTION = "Declared in code (SCHEDAPP_CALENDARS)."
+
+
+@dataclass
+class CalendarSyncReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    errors: dict[str, list[str]] = field(default_factory=dict)  # name -> "field: message"
+
+    def __str__(self) -> str:
+        parts = [
+            f"{len(self.created)} created",
+            f"{len(self.updated)} updated",
+            f"{len(self.unchanged)} unchanged",
+        ]
+        if self.errors:
+            parts.append(f"{len(self.errors)} invalid ({', '.join(sorted(self.errors))})")
+        return "declared calendars: " + ", ".join(parts)
+
+
+def declared_calendars() -> dict[str, Any]:
+    """``SCHEDAPP_CALENDARS``: calendar name -> definition (empty when it is not a mapping,
+    which the settings check reports)."""
+    found = get_settings().CALENDARS
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
+def calendar_order(decls: Mapping[Any, Any]) -> list[Any]:
+    """The declared names, each after the declared calendars its definition names, so a
+    reference to another declared calendar finds it stored (a cycle is left in any order: the
+    save refuses it)."""
+    from .calendars import references
+
+    out: list[Any] = []
+    seen: set[Any] = set()
+
+    def visit(name: Any) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for other in sorted(references(decls[name])):
+            if other in decls:
+                visit(other)
+        out.append(name)
+
+    for name in sorted(decls, key=str):
+        visit(name)
+    return out
+
+
+def sync_declared_calendars(decls: Mapping[Any, Any] | None = None) -> CalendarSyncReport:
+    """Create or replace each declared calendar (``SCHEDAPP_CALENDARS``) whose stored
+    definition differs, through ``api.save_calendar`` (its validation: an invalid one is
+    reported in ``errors`` and skipped, the others still synced). Idempotent: an unchanged one
+    is not written. The declaration wins over an edit made in the admin or the API (at the
+    next beat start). A calendar no longer declared is left as it is: jobs may use it, and a
+    calendar has nothing to pause; delete it in the admin when nothing names it."""
+    from .models import Calendar
+
+    decls = declared_calendars() if decls is None else decls
+    report = CalendarSyncReport()
+    for name in calendar_order(decls):
+        if not isinstance(name, str):
+            report.errors[repr(name)] = [f"name: {name!r} is not a string."]
+            continue
+        try:
+            definition = json.loads(json.dumps(decls[name]))
+        except (TypeError, ValueError) as exc:
+            report.errors[name] = [f"definition: is not JSON ({exc})."]
+            continue
+        stored = Calendar.objects.filter(name=name).first()
+        if stored is not None and stored.definition == definition:
+            report.unchanged.append(name)
+            continue
+        description = stored.description if stored is not None else DECLARED_CALENDAR_DESCRIPTION
+        try:
+            api.save_calendar(name, definition, description=description)
+        except ValidationError as exc:
+            report.errors[name] = [
+                f"{key}: {' '.join(messages)}" for key, messages in exc.message_dict.items()
+            ]
+            continue
+        (report.updated if stored is not None else report.created).append(name)
+    for name, messages in sorted(report.errors.items()):
+        log.error(
+            "declared calendar %s is invalid and was not synced: %s",
+            name,
+            "; ".join(messages),
+            extra={"action": "declared_calendar_invalid"},
+        )
+    log.info("%s", report, extra={"action": "declared_calendars_synced"})
+    return report

@@ -84,6 +84,11 @@ def settings_problems() -> list[str]:
         found.append(f"SCHEDAPP_IMPORT_DST_POLICY: {exc.message}")
     if not isinstance(s.JOBS, Mapping):
         found.append(f"SCHEDAPP_JOBS must be a mapping of job name to options, not {s.JOBS!r}.")
+    if not isinstance(s.CALENDARS, Mapping):
+        found.append(
+            f"SCHEDAPP_CALENDARS must be a mapping of calendar name to definition, "
+            f"not {s.CALENDARS!r}."
+        )
     found.extend(_default_problems())
     return found
 
