@@ -265,7 +265,7 @@ def ical_year(text: str, zone: str, year: int) -> dict[date, Spans]:
         ]
     except Exception as exc:  # the library's errors are of many kinds; none may reach a beat
         raise ScheduleError("definition.ical", f"cannot be expanded for {year}: {exc}") from exc
-    for start, end in walls:
+    for start, end in (piece for pieces in walls for piece in pieces):
         start, end = max(start, first), min(end, last)
         day = start.date()
         while datetime.combine(day, time()) < end:
@@ -285,14 +285,54 @@ def _ceil_seconds(delta: timedelta, floor: bool = False) -> int:
     return seconds + (1 if delta.microseconds and not floor else 0)
 
 
-def _event_walls(event: object, tz: ZoneInfo) -> tuple[datetime, datetime]:
-    """An event's excluded wall-clock interval ``[start, end)``: an all-day one's days, a
-    timed one's instants on ``tz``'s clock (a floating one's times as written). A timed event
-    with no end or duration takes no time (RFC 5545)."""
-    start, end = _wall(event.start, tz), _wall(event.end, tz)  # type: ignore[attr-defined]
-    if not isinstance(event.start, datetime) and end <= start:  # type: ignore[attr-defined]
-        end = start + timedelta(days=1)
-    return (start, end) if start <= end else (end, start)  # a fall-back fold
+def _event_walls(event: object, tz: ZoneInfo) -> list[tuple[datetime, datetime]]:
+    """An event's excluded wall-clock intervals ``[start, end)``: an all-day one's days, a
+    floating one's times as written, a timed one's instants on ``tz``'s clock (``_on_clock``).
+    A timed event with no end or duration takes no time (RFC 5545)."""
+    start, end = event.start, event.end  # type: ignore[attr-defined]
+    if not isinstance(start, datetime):
+        first = datetime.combine(start, time())
+        last = _wall(end, tz)
+        return [(first, last if last > first else first + timedelta(days=1))]
+    if start.tzinfo is None or not isinstance(end, datetime) or end.tzinfo is None:
+        return [(_wall(start, tz), _wall(end, tz))]
+    return _on_clock(start, end, tz)
+
+
+_STEADY = timedelta(days=7)  # no zone changes its offset twice within a week
+
+
+def _on_clock(start: datetime, end: datetime, tz: ZoneInfo) -> list[tuple[datetime, datetime]]:
+    """The wall times of the instants ``[start, end)`` on ``tz``'s clock, exactly: cut where
+    the offset changes (found to the second by bisection). Across an autumn change both
+    passes through the repeated hour count; across a spring change the span is unbroken
+    (the skipped wall times exist on no clock, as a time range over them)."""
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    out: list[tuple[datetime, datetime]] = []
+    at = start
+    while at < end:
+        until = end if end - at <= _STEADY else at + _STEADY
+        offset = _offset(at, tz)
+        if _offset(until, tz) != offset:
+            low, high = at, until  # offset(low) == offset, offset(high) differs
+            while high - low > timedelta(seconds=1):
+                middle = low + (high - low) / 2
+                if _offset(middle, tz) == offset:
+                    low = middle
+                else:
+                    high = middle
+            until = high.replace(microsecond=0) if high.microsecond else high
+            if _offset(until, tz) == offset:  # bisection left it a fraction short
+                until += timedelta(seconds=1)
+        after = _offset(until, tz) if until < end else offset
+        wall_end = until.replace(tzinfo=None) + max(offset, after)  # a gap is not a break
+        out.append((at.replace(tzinfo=None) + offset, wall_end))
+        at = until
+    return out
+
+
+def _offset(instant: datetime, tz: ZoneInfo) -> timedelta:
+    return instant.astimezone(tz).utcoffset() or timedelta(0)
 
 
 def _wall(value: date | datetime, tz: ZoneInfo) -> datetime:

@@ -308,3 +308,20 @@ def test_any_text_is_a_rule_or_a_named_error(text: str) -> None:
         assert exc.field.startswith("definition.ical")
     else:
         rule.spans(date(2026, 1, 1))
+
+
+def test_an_event_across_the_autumn_change_excludes_every_wall_time_it_covers() -> None:
+    """Berlin, 2026-10-25: 03:00 summer time is 02:00 winter time at 01:00 UTC. An event from
+    00:30 to 01:30 UTC covers 02:30-03:00 summer time, then 02:00-02:30 winter time: every wall
+    time of the repeated hour, and one of 00:45 to 01:15 UTC all of 02:45-03:00 and 02:00-02:15."""
+    one_hour = _document(["DTSTART:20261025T003000Z\r\nDTEND:20261025T013000Z\r\n"])
+    rule = _rule({"ical": {"text": one_hour, "timezone": "Europe/Berlin"}})
+    day = date(2026, 10, 25)
+    assert rule.spans(day) == ((2 * 3600, 3 * 3600),)
+    half = _document(["DTSTART:20261025T004500Z\r\nDTEND:20261025T011500Z\r\n"])
+    rule = _rule({"ical": {"text": half, "timezone": "Europe/Berlin"}})
+    assert rule.spans(day) == ((2 * 3600, 2 * 3600 + 900), (2 * 3600 + 2700, 3 * 3600))
+    # across the spring change (02:00 winter time is 03:00 summer time): no gap in the span
+    spring = _document(["DTSTART:20260329T003000Z\r\nDTEND:20260329T013000Z\r\n"])
+    rule = _rule({"ical": {"text": spring, "timezone": "Europe/Berlin"}})
+    assert rule.spans(date(2026, 3, 29)) == ((1 * 3600 + 1800, 3 * 3600 + 1800),)
