@@ -19,6 +19,7 @@ from schedapp import api, audit, declared
 from schedapp.admin.history import history_page
 from schedapp.importer import from_beat_schedule, import_candidates
 from schedapp.models import Job, JobChange, JobState
+from tests import examples
 from tests.integration.test_admin import form_data
 
 pytestmark = [pytest.mark.django_db]
@@ -215,7 +216,11 @@ OPTIONS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(OPTIONS, min_size=1, max_size=5))
 def test_each_recorded_version_reads_back_as_the_job_was_right_after_it(updates):
     Job.objects.filter(name="versioned").delete()
