@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from . import audit, bulk, calendars, lease, policies, schedules
@@ -425,23 +425,33 @@ def save_calendar(name: str, definition: Any, *, description: str = "") -> Calen
     excludes every day of the next two years, is refused; nothing is written then.
     """
     with transaction.atomic():
-        _serialise_calendar_saves()
+        serialise_calendar_saves()
         existing = Calendar.objects.select_for_update().filter(name=name).first()
-        today = db_now().date()
-        checked = validate_calendar(name, definition, description, instance=existing, today=today)
-        calendar = existing or Calendar()
-        for field, value in checked.values.items():
-            setattr(calendar, field, value)
-        try:
-            with transaction.atomic():
-                if existing is None:
-                    calendar.save(force_insert=True)
-                else:
-                    calendar.save(update_fields=[*checked.values, "updated_at"])
-        except IntegrityError as exc:
-            raise ValidationError({"name": [f"a calendar named {name!r} already exists."]}) from exc
-        store_references(calendar, checked.references)
+        calendar = write_calendar(existing, name, definition, description)
     log.info("saved calendar %s", name, extra={"action": "save_calendar"})
+    return calendar
+
+
+def write_calendar(
+    existing: Calendar | None, name: str, definition: Any, description: str
+) -> Calendar:
+    """``save_calendar``'s checks and writes for ``existing`` (None: a new calendar), in the
+    caller's transaction after ``serialise_calendar_saves``: the admin's edit goes through
+    them too, and may rename the calendar it edits."""
+    today = db_now().date()
+    checked = validate_calendar(name, definition, description, instance=existing, today=today)
+    calendar = existing or Calendar()
+    for field, value in checked.values.items():
+        setattr(calendar, field, value)
+    try:
+        with transaction.atomic():
+            if existing is None:
+                calendar.save(force_insert=True)
+            else:
+                calendar.save(update_fields=[*checked.values, "updated_at"])
+    except IntegrityError as exc:
+        raise ValidationError({"name": [f"a calendar named {name!r} already exists."]}) from exc
+    store_references(calendar, checked.references)
     return calendar
 
 
@@ -478,12 +488,11 @@ def store_references(calendar: Calendar, names: Iterable[str]) -> None:
         CalendarReference.objects.get_or_create(calendar=calendar, target=target)
 
 
-def _serialise_calendar_saves() -> None:
-    """One calendar save at a time (PostgreSQL: a transaction's advisory lock): two saves
-    that each name the other would otherwise both pass the cycle check. Saves are rare."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CALENDAR_LOCK])
+def serialise_calendar_saves() -> None:
+    """One calendar save at a time (the store's transaction lock: an advisory lock on
+    PostgreSQL): two saves that each name the other would otherwise both pass the cycle
+    check. Saves are rare."""
+    get_store().lock(CALENDAR_LOCK)
 
 
 CALENDAR_LOCK = 0x5C4E_CA1E  # schedapp's calendar saves

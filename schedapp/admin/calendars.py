@@ -45,7 +45,7 @@ class CalendarForm(forms.ModelForm):
         if self.errors:
             return data
         try:
-            self.checked = validate_calendar(
+            validate_calendar(
                 data.get("name"),
                 data.get("definition"),
                 data.get("description") or "",
@@ -69,13 +69,14 @@ class CalendarAdmin(admin.ModelAdmin):
     fields = ("name", "description", "definition", "excluded_next_year", "updated_at")
 
     def save_model(self, request: HttpRequest, obj: Calendar, form: Any, change: bool) -> None:
+        """Through the API's checks and writes, under its lock (the form checked without it,
+        to name each problem on its field)."""
         with transaction.atomic():
-            api._serialise_calendar_saves()
-            if change:
-                obj.save(update_fields=["name", "description", "definition", "updated_at"])
-            else:
-                obj.save(force_insert=True)
-            api.store_references(obj, form.checked.references)
+            api.serialise_calendar_saves()
+            existing = Calendar.objects.select_for_update().get(pk=obj.pk) if change else None
+            saved = api.write_calendar(existing, obj.name, obj.definition, obj.description)
+        obj.pk, obj.updated_at = saved.pk, saved.updated_at
+        obj._state.adding = False
 
     @admin.display(description="Excluded days, next 12 months")
     def excluded_next_year(self, obj: Calendar) -> str:

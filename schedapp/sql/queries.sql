@@ -167,7 +167,8 @@ SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text
 SELECT set_config('idle_in_transaction_session_timeout', %s, true)
 
 -- name: advisory_lock
--- A transaction-scoped lock on one key (declared jobs' sync: one beat at a time).
+-- A transaction-scoped lock on one key (declared jobs' sync: one beat at a time; calendar
+-- saves: one at a time).
 SELECT pg_advisory_xact_lock(%s)
 
 -- name: backlog
