@@ -153,10 +153,28 @@ def version_values(change: JobChange, job: Job | None = None) -> dict[str, Any]:
     values = snapshot(job)
     later = JobChange.objects.filter(job_id=change.job_id, id__gt=change.id).order_by("-id")
     for newer in later.exclude(Q(changes__isnull=True)).values_list("changes", flat=True):
-        for name, pair in (newer or {}).items():
-            if name in values and isinstance(pair, list) and len(pair) == 2:
-                values[name] = pair[0]
+        values = undone(values, newer)
     return decode(values)
+
+
+def pairs(changes: Mapping[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    """(field, before, after) of a record's ``changes``; anything else in them (a row written
+    behind the API's back) is passed over."""
+    return [
+        (name, pair[0], pair[1])
+        for name, pair in (changes or {}).items()
+        if isinstance(pair, list) and len(pair) == 2
+    ]
+
+
+def undone(values: Mapping[str, Any], changes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The version before a record: ``values`` (the version after it) with its changes to the
+    job's own fields undone (a state, also in a record's changes, is not one of them)."""
+    before = dict(values)
+    for name, old, _new in pairs(changes):
+        if name in before:
+            before[name] = old
+    return before
 
 
 def decode(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -50,20 +50,13 @@ def history_page(job: Job) -> HistoryPage:
     after = audit.snapshot(job)  # the version the newest record left
     entries = []
     for index, record in enumerate(records):
-        changes = record.changes or {}
-        before = dict(after)
-        for name, pair in changes.items():
-            if name in before and isinstance(pair, list) and len(pair) == 2:
-                before[name] = pair[0]
+        before = audit.undone(after, record.changes)
+        changed = audit.pairs(record.changes)
         entry = Entry(record, local_time(record.at, job.timezone, seconds=True))
-        entry.fields = [
-            (name, _shown(pair[0]), _shown(pair[1]))
-            for name, pair in changes.items()
-            if isinstance(pair, list) and len(pair) == 2
-        ]
+        entry.fields = [(name, _shown(old), _shown(new)) for name, old, new in changed]
         # The newest version is the job as it is: nothing to restore to.
         entry.restorable = index > 0 and record.action != JobChange.Action.DELETED
-        if any(name in _SCHEDULE for name in changes) and record.changes is not None:
+        if any(name in _SCHEDULE for name, _old, _new in changed):
             entry.fires_before = _fires(before, now)
             entry.fires_after = _fires(after, now)
         entries.append(entry)
