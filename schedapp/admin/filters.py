@@ -22,9 +22,9 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
+from .. import api
 from ..db import is_postgresql
 from ..models import Job
-from ..store import get_store
 
 COUNT_CAP = 10_000
 # Below this many estimated rows an exact count is cheap, and better.
@@ -135,7 +135,7 @@ class TagFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
-        return queryset.filter(get_store().tagged(value)) if value else queryset
+        return queryset & api.tagged(value) if value else queryset
 
 
 class TaskFilter(admin.SimpleListFilter):
