@@ -351,16 +351,14 @@ def sync_declared_jobs(
     named = get_settings().RELEASE if release is None else release
     why = f"declared in code, release {named}" if named else "declared in code"
     with audit.acting(source="declared", reason=why):
-        return _sync_declared_jobs(decls, release=release)
+        return _sync_declared_jobs(decls, named)
 
 
-def _sync_declared_jobs(
-    decls: Mapping[str, Mapping[str, Any]] | None = None, *, release: str | None = None
-) -> SyncReport:
-    """``sync_declared_jobs``'s work, inside its audit actor."""
+def _sync_declared_jobs(decls: Mapping[str, Mapping[str, Any]] | None, release: str) -> SyncReport:
+    """``sync_declared_jobs``'s work, inside its audit actor, for the release it resolved."""
     decls = declarations() if decls is None else decls
     report = SyncReport()
-    ours = _our_set(decls, get_settings().RELEASE if release is None else release)
+    ours = _our_set(decls, release)
     sets = _Sets()
     values: dict[str, dict[str, Any]] = {}
     for name, spec in decls.items():
