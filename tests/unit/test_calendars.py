@@ -122,15 +122,35 @@ def test_union_difference_complement_are_set_algebra(a, b, wall, day) -> None:
 
 SCHEDULES = ["0 9 * * *", "30 2 * * *", "0 9 L * *", "*/30 * * * *", "0 9,15 * * 1-5", "0 12 1 * *"]
 ZONES = ["UTC", "Europe/Paris", "America/New_York"]
+# A rule, a cron, its zone, the calendar's mode and roll, and when to start looking.
+JOB_UNDER_A_CALENDAR = (
+    rules(),
+    st.sampled_from(SCHEDULES),
+    st.sampled_from(ZONES),
+    st.sampled_from(cal.MODES),
+    st.sampled_from(cal.ROLLS),
+    st.datetimes(datetime(2025, 12, 1), datetime(2026, 3, 1), timezones=st.just(UTC)),
+)
+
+
+def _fires(schedule, attached: cal.Attached, tz: ZoneInfo, start: datetime, n: int) -> list:
+    """The first ``n`` runs after ``start``, each searched from the one before (fewer when
+    the calendar leaves no more)."""
+    fires: list[cal.Fire] = []
+    after = start
+    for _ in range(n):
+        fire = cal.next_fire(schedule, attached, after, tz)
+        if fire is None:
+            break
+        fires.append(fire)
+        after = fire.at
+    return fires
 
 
 def _check_fires(schedule, attached: cal.Attached, tz: ZoneInfo, start: datetime, n: int) -> None:
     rule = attached.excluded
     after = start
-    for _ in range(n):
-        fire = cal.next_fire(schedule, attached, after, tz)
-        if fire is None:
-            return
+    for fire in _fires(schedule, attached, tz, start, n):
         wall = fire.at.astimezone(tz).replace(tzinfo=None)
         assert fire.at > after
         assert not cal.excludes(rule, wall), (fire, wall)
@@ -165,14 +185,7 @@ def _check_fires(schedule, attached: cal.Attached, tz: ZoneInfo, start: datetime
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(
-    rules(),
-    st.sampled_from(SCHEDULES),
-    st.sampled_from(ZONES),
-    st.sampled_from(cal.MODES),
-    st.sampled_from(cal.ROLLS),
-    st.datetimes(datetime(2025, 12, 1), datetime(2026, 3, 1), timezones=st.just(UTC)),
-)
+@given(*JOB_UNDER_A_CALENDAR)
 def test_a_fire_is_never_inside_an_exclusion_and_rolls_land_nearest(
     rule, expr, zone, mode, roll, start
 ) -> None:
@@ -184,13 +197,7 @@ def test_a_fire_is_never_inside_an_exclusion_and_rolls_land_nearest(
 def _check_accounting(schedule, attached: cal.Attached, tz: ZoneInfo, start: datetime, n: int):
     """Every occurrence of the schedule from ``start`` to the last run's is accounted for
     exactly once: run (a fire's occurrence) or in one skipped range (DESIGN 26)."""
-    fires, after = [], start
-    for _ in range(n):
-        fire = cal.next_fire(schedule, attached, after, tz)
-        if fire is None:
-            break
-        fires.append(fire)
-        after = fire.at
+    fires = _fires(schedule, attached, tz, start, n)
     if not fires:
         return
     seen: Counter[datetime] = Counter()
@@ -207,14 +214,7 @@ def _check_accounting(schedule, attached: cal.Attached, tz: ZoneInfo, start: dat
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(
-    rules(),
-    st.sampled_from(SCHEDULES),
-    st.sampled_from(ZONES),
-    st.sampled_from(cal.MODES),
-    st.sampled_from(cal.ROLLS),
-    st.datetimes(datetime(2025, 12, 1), datetime(2026, 3, 1), timezones=st.just(UTC)),
-)
+@given(*JOB_UNDER_A_CALENDAR)
 def test_every_occurrence_is_run_or_recorded_once(rule, expr, zone, mode, roll, start) -> None:
     calendar = cal.parse_calendar("c", rule[0])
     schedule = schedules.parse_cron(expr, zone)
