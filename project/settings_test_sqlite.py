@@ -1,9 +1,11 @@
-"""The test settings with SQLite (the portable store) as the default database: the whole
-suite can be run on it by hand (``pytest --ds=project.settings_test_sqlite``), and a test of
-the system checks starts a process with it. The default run tests the portable store next to
+"""The test settings with SQLite (the portable store) as the default database, for a test of
+the system checks that starts a process with it. The portable store is tested next to
 PostgreSQL in one process instead (tests/integration/test_store_contract.py, through the
-``portable`` alias of project.settings_test). Tests that only make sense on PostgreSQL are
-marked ``postgresql``."""
+``portable`` alias of project.settings_test), in the default run. The whole suite on these
+settings (``pytest --ds=project.settings_test_sqlite``) is not kept green: about 40 tests
+assume PostgreSQL's SQL or its clock held still for a transaction (schedule_many's raw rows,
+lock and LISTEN tests not yet marked ``postgresql``), and the contract suite's ``portable``
+alias is not defined here."""
 
 import os
 

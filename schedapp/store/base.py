@@ -178,10 +178,11 @@ class Store(Protocol):
         """(due scheduled jobs, counted up to ``cap``; the oldest next_run_at)."""
 
     def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
-        """(minute or None for the whole window, runs, p50, p95, max); [] where unsupported."""
+        """(minute or None for the whole window, runs, p50, p95, max) over the newest ``sample``
+        runs dispatched in the last ``minutes``: the whole window first, always."""
 
     def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
-        """Runs claimed in the last ``minutes`` by status; {} where unsupported."""
+        """Runs claimed in the last ``minutes`` by status (among the newest ``sample``)."""
 
     def label(self) -> str:
         """Where the beats meet, for log lines."""

@@ -189,10 +189,29 @@ class PortableStore:
         return due, oldest
 
     def dispatch_lag(self, minutes: int, sample: int) -> list[tuple[Any, ...]]:
-        return []
+        """What the PostgreSQL query says (its ``ROLLUP``: the whole window first, always, then
+        each minute), computed here over the same bounded read of the newest runs."""
+        since = self.now() - timedelta(minutes=minutes)
+        runs = JobRun.objects.using(self.using).order_by("-id")
+        by_minute: dict[datetime, list[float]] = {}
+        for dispatched, due in runs.values_list("dispatched_at", "due_at")[:sample]:
+            if dispatched is None or due is None or dispatched < since:
+                continue
+            minute = dispatched.astimezone(UTC).replace(second=0, microsecond=0)
+            by_minute.setdefault(minute, []).append((dispatched - due).total_seconds())
+        every = [lag for lags in by_minute.values() for lag in lags]
+        return [_lag_row(None, every)] + [
+            _lag_row(minute, by_minute[minute]) for minute in sorted(by_minute)
+        ]
 
     def recent_statuses(self, minutes: int, sample: int) -> dict[str, int]:
-        return {}
+        since = self.now() - timedelta(minutes=minutes)
+        runs = JobRun.objects.using(self.using).order_by("-id")
+        counts: dict[str, int] = {}
+        for status, dispatched in runs.values_list("status", "dispatched_at")[:sample]:
+            if dispatched is not None and dispatched >= since:
+                counts[status] = counts.get(status, 0) + 1
+        return dict(sorted(counts.items()))
 
     def label(self) -> str:
         db = connections[self.using]
@@ -355,3 +374,20 @@ def _lease_job(row: dict[str, Any] | None) -> LeaseJob | None:
     if row is None:
         return None
     return LeaseJob(row["state"], row["token"], row["lease_expires_at"], row["lease_seconds"])
+
+
+def _lag_row(minute: datetime | None, lags: list[float]) -> tuple[Any, ...]:
+    """(minute, runs, p50, p95, max) as the PostgreSQL query's row: None for an empty group."""
+    if not lags:
+        return (minute, 0, None, None, None)
+    ordered = sorted(lags)
+    p50, p95 = _percentile(ordered, 0.5), _percentile(ordered, 0.95)
+    return (minute, len(ordered), p50, p95, ordered[-1])
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    """PostgreSQL's ``percentile_cont``: linear between the two nearest ranks."""
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

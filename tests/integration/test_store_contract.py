@@ -742,19 +742,49 @@ def test_backlog_counts_due_jobs_up_to_the_cap(store):
     assert store.backlog(2)[0] == 2
 
 
-def test_dispatch_lag_and_recent_statuses_or_nothing(store):
-    # Given two runs dispatched in the last minutes, one admitted
-    admitted(store, "lag-a")
-    claimed(store, "lag-b")
+def test_dispatch_lag_and_recent_statuses_say_the_same_on_every_store(store):
+    # Given runs in two minutes of the window (lags 1, 2, 4, 10 s in one, 0.5 s in the other),
+    # one dispatched before the window, and the oldest one outside the newest-runs sample
+    now = store.now()
+    job = make_job(store, "lag")
+    early = now.replace(second=0, microsecond=0) - timedelta(minutes=3)
+    late = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
+    runs = [
+        (early, 0.0, RunStatus.SUCCEEDED),  # the oldest: outside the sample of 6
+        (now - timedelta(hours=2), 0.0, RunStatus.SUCCEEDED),  # before the window
+        (early + timedelta(seconds=1), 1.0, RunStatus.SUCCEEDED),
+        (early + timedelta(seconds=2), 2.0, RunStatus.FAILED),
+        (early + timedelta(seconds=3), 4.0, RunStatus.SUCCEEDED),
+        (early + timedelta(seconds=4), 10.0, RunStatus.SUCCEEDED),
+        (late + timedelta(seconds=5), 0.5, RunStatus.RUNNING),
+    ]
+    for token, (dispatched, lag, status) in enumerate(runs, start=1):
+        JobRun.objects.using(store.using).create(
+            job=job,
+            token=token,
+            scheduled_for=dispatched,
+            due_at=dispatched - timedelta(seconds=lag),
+            dispatched_at=dispatched,
+            task_id=f"lag-{token}",
+            status=status,
+        )
 
-    lag = store.dispatch_lag(60, 1000)
-    statuses = store.recent_statuses(60, 1000)
+    lag = store.dispatch_lag(5, 6)
+    statuses = store.recent_statuses(5, 6)
 
-    if isinstance(store, PortableStore):
-        # The portable store does not compute them (the overview shows none)
-        assert (lag, statuses) == ([], {})
-        return
-    assert statuses == {RunStatus.RUNNING: 1, RunStatus.DISPATCHED: 1}
-    whole = [r for r in lag if r[0] is None]
-    assert len(whole) == 1 and whole[0][1] == 2  # the whole window: both runs
-    assert whole[0][4] == pytest.approx(1.0)  # each dispatched a second after it was due
+    # Then the whole window first (p50 and p95 as percentile_cont interpolates them), then
+    # each minute, oldest first
+    expected = [
+        (None, 5, 2.0, 8.8, 10.0),
+        (early, 4, 3.0, 9.1, 10.0),
+        (late, 1, 0.5, 0.5, 0.5),
+    ]
+    assert [(m, int(n)) for m, n, *_ in lag] == [(m, n) for m, n, *_ in expected]
+    for row, want in zip(lag, expected, strict=True):
+        assert [float(v) for v in row[2:]] == pytest.approx(want[2:])
+    assert statuses == {RunStatus.FAILED: 1, RunStatus.RUNNING: 1, RunStatus.SUCCEEDED: 3}
+
+
+def test_dispatch_lag_of_an_empty_window_is_one_empty_row(store):
+    assert store.dispatch_lag(5, 100) == [(None, 0, None, None, None)]
+    assert store.recent_statuses(5, 100) == {}
