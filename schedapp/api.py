@@ -19,12 +19,13 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from . import audit, bulk, calendars, lease, policies, schedules
+from . import audit, bulk, calendars, job_calendars, lease, ledger, policies, schedules
 from .bulk import CHUNK_SIZE
 from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
 from .exceptions import JobStateError, ScheduleError
 from .fields import (
+    CALENDAR_FIELDS,
     JOB_FIELDS,
     NONE_IS_A_VALUE,
     SCHEDULE_DETAIL_FIELDS,
@@ -79,14 +80,30 @@ def _spec(task: Any, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _first_run(job: Job, now: datetime, rng: policies.Rng = random.random) -> None:
+    """The job's first run: its schedule's first occurrence, under its calendar if it follows
+    one (refused, field ``calendar``, when the calendar leaves it none within its bounds).
+    What the calendar decided on the way waits on ``job._calendar_ranges`` for the ledger
+    (``_record_calendar``), once the job has an id."""
     try:
-        first = first_fire_time(stored_schedule(job.__dict__), now)
-    except ScheduleError as exc:  # an expiry already passed
+        schedule = stored_schedule(job.__dict__)
+        first = first_fire_time(schedule, now)
+        if job.interval is not None and job.interval_anchor is None:
+            job.interval_anchor = first  # the phase every later occurrence keeps
+            schedule = stored_schedule(job.__dict__)
+        first, ranges = policies.first_run(schedule, now, job_calendars.for_job(job))
+    except ScheduleError as exc:  # an expiry already passed; a calendar that allows nothing
         raise ValidationError({exc.field: [exc.message]}) from exc
-    if job.interval is not None and job.interval_anchor is None:
-        job.interval_anchor = first  # the phase every later occurrence keeps
     job.scheduled_for = first
     job.next_run_at = first + policies.compute_jitter(job.jitter, rng)
+    job._calendar_ranges = ranges  # type: ignore[attr-defined]
+
+
+def _record_calendar(job: Job, decided_by: str) -> None:
+    """The occurrences the job's calendar excluded or merged before its first run."""
+    ranges = getattr(job, "_calendar_ranges", ())
+    if ranges:
+        ledger.record([(job.pk, r) for r in ranges], decided_by)
+        job._calendar_ranges = ()  # type: ignore[attr-defined]
 
 
 class ScheduleOptions(JobOptions, total=False):
@@ -144,6 +161,7 @@ def schedule(
         except IntegrityError as exc:
             raise _integrity_error(exc, values["name"]) from exc
         audit.record(job, JobChange.Action.CREATED, reason=reason)
+        _record_calendar(job, "schedule")
         notify_due(job.next_run_at)
     log.info("scheduled job %s (%s)", job.pk, job.name, extra={"action": "schedule", "job": job.pk})
     return job
@@ -241,12 +259,19 @@ def _update(
         setattr(current, field, value)
     rescheduled = any(
         f in changes
-        for f in (*SCHEDULE_FIELDS, *SCHEDULE_DETAIL_FIELDS, "timezone", "interval_anchor")
+        for f in (
+            *SCHEDULE_FIELDS,
+            *SCHEDULE_DETAIL_FIELDS,
+            *CALENDAR_FIELDS,
+            "timezone",
+            "interval_anchor",
+        )
     )
     if rescheduled and current.state in (JobState.SCHEDULED, JobState.PAUSED, JobState.RUNNING):
         # A run in flight finishes under the old schedule; its completion sees that the
         # job's occurrence is no longer the one it ran, and keeps this one.
         _first_run(current, db_now())
+        _record_calendar(current, "update")
     # The job's own fields only: its lease, token and dispatch counter are the lease's.
     written = [*cleaned, "interval_anchor", "scheduled_for", "next_run_at", "updated_at"]
     try:
@@ -327,6 +352,7 @@ def resume(job: JobRef, *, reason: str | None = None) -> Job:
         _still_allowed(current)
         _a_persons_pause(current)
         lease.resume_locked(current, db_now(), _first_run)
+        _record_calendar(current, "resume")
         _recorded(current, JobChange.Action.RESUMED, JobState.PAUSED, reason)
     return current
 

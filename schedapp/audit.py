@@ -91,7 +91,14 @@ def enabled() -> bool:
 
 def snapshot(job: Job) -> dict[str, Any]:
     """The job's own fields, JSON-encoded as the trail stores them."""
-    return {f: _encode(getattr(job, f)) for f in JOB_FIELDS}
+    return {f: _encode(_field_value(job, f)) for f in JOB_FIELDS}
+
+
+def _field_value(job: Job, field: str) -> Any:
+    """A field as the trail keeps it: a calendar by its name (what the API takes back)."""
+    if field == "calendar":
+        return job.calendar.name if job.calendar_id is not None else None
+    return getattr(job, field)
 
 
 def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -179,7 +186,10 @@ def undone(values: Mapping[str, Any], changes: Mapping[str, Any] | None) -> dict
 
 def decode(values: Mapping[str, Any]) -> dict[str, Any]:
     """Stored JSON back to field values (datetimes, durations), as the model reads them."""
-    return {name: Job._meta.get_field(name).to_python(value) for name, value in values.items()}
+    return {
+        name: value if name == "calendar" else Job._meta.get_field(name).to_python(value)
+        for name, value in values.items()
+    }
 
 
 class _Encoder(DjangoJSONEncoder):

@@ -14,8 +14,10 @@ from typing import Any, TypedDict
 SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
 # Fields where None, given, is the value and not "the default": a schedule field's None is
 # "not this kind of schedule"; a catch-up window's is "no window", which a job must be able
-# to say when SCHEDAPP_DEFAULT_CATCHUP_WINDOW sets one.
-NONE_IS_A_VALUE = (*SCHEDULE_FIELDS, "catchup_window")
+# to say when SCHEDAPP_DEFAULT_CATCHUP_WINDOW sets one; a calendar's is "no calendar".
+NONE_IS_A_VALUE = (*SCHEDULE_FIELDS, "catchup_window", "calendar")
+# The fields of a job's calendar: a change to any of them recomputes its next run.
+CALENDAR_FIELDS = ("calendar", "calendar_mode", "calendar_roll")
 # The fields of one schedule kind beyond its main one, and of any recurring schedule.
 SCHEDULE_DETAIL_FIELDS = (
     "cron_day_or",
@@ -94,6 +96,11 @@ class JobOptions(TypedDict, total=False):
     overlap: str | None
     max_buffer: int | None
     fixed_delay: bool
+    # A stored calendar (``schedapp.models.Calendar``, or its name) the job follows, how
+    # (``exclude`` / ``only``) and what an excluded occurrence does (``calendars.ROLLS``).
+    calendar: Any
+    calendar_mode: str | None
+    calendar_roll: str | None
 
 
 class JobChanges(JobOptions, total=False):

@@ -18,6 +18,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 
+from .calendars import MODES as CALENDAR_MODES
+from .calendars import ROLLS as CALENDAR_ROLLS
 from .conf import get_settings
 from .message import idempotency_key, parse_task_id, task_id_for
 from .policies import (
@@ -266,6 +268,22 @@ class Overlap(models.TextChoices):
 assert tuple(Overlap.values) == OVERLAP_POLICIES
 
 
+class CalendarMode(models.TextChoices):
+    EXCLUDE = "exclude", "Exclude: never run inside the calendar"
+    ONLY = "only", "Only: run only inside the calendar's windows"
+
+
+class CalendarRoll(models.TextChoices):
+    SKIP = "skip", "Skip an occurrence that falls in an exclusion"
+    NEXT_BUSINESS_DAY = "next_business_day", "Move it to the next business day"
+    PREVIOUS_BUSINESS_DAY = "previous_business_day", "Move it to the previous business day"
+    DEFER = "defer", "Defer it to the end of the exclusion"
+
+
+assert tuple(CalendarMode.values) == CALENDAR_MODES
+assert tuple(CalendarRoll.values) == CALENDAR_ROLLS
+
+
 class Job(models.Model):
     # Unique through a constraint, not unique=True: on PostgreSQL that would add a second,
     # varchar_pattern_ops index that nothing uses, and every claim rewrites every index.
@@ -407,6 +425,33 @@ class Job(models.Model):
         "rather than from its first occurrence (a fixed rate).",
     )
 
+    # A calendar the job follows (schedapp.calendars): every path that sets next_run_at asks
+    # it (policies.next_run). PROTECT: a calendar a job follows cannot be deleted.
+    calendar = models.ForeignKey(
+        "Calendar",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        db_index=False,  # a partial index: most jobs follow none (Meta.indexes)
+        help_text="A calendar this job follows: its exclusions, or its only allowed windows.",
+    )
+    calendar_mode = models.CharField(
+        max_length=8,
+        choices=CalendarMode.choices,
+        default=CalendarMode.EXCLUDE,
+        db_default=CalendarMode.EXCLUDE,
+        help_text="exclude: never run inside the calendar; only: run only inside it.",
+    )
+    calendar_roll = models.CharField(
+        max_length=24,
+        choices=CalendarRoll.choices,
+        default=CalendarRoll.SKIP,
+        db_default=CalendarRoll.SKIP,
+        help_text="An occurrence the calendar excludes: skipped, moved to the next or previous "
+        "business day, or deferred to the end of the exclusion.",
+    )
+
     # When the next attempt is due (occurrence + jitter, or now + backoff), and the occurrence
     # it belongs to: recurring jobs compute the next occurrence from it, so there is no drift.
     next_run_at = models.DateTimeField(null=True, blank=True)
@@ -463,6 +508,12 @@ class Job(models.Model):
                 condition=Q(state__in=["running", "paused"]),
             ),
             models.Index(fields=["state", "task"], name="schedapp_job_state_task"),
+            # The jobs following a calendar (its delete's PROTECT check, the admin's list).
+            models.Index(
+                fields=["calendar"],
+                name="schedapp_job_calendar",
+                condition=Q(calendar__isnull=False),
+            ),
             # Runs in flight a later occurrence is to cancel (cancel_other, terminate_other).
             models.Index(
                 fields=["supersede_at"],
@@ -653,6 +704,8 @@ class Fate(models.TextChoices):
     QUARANTINED = "quarantined", "Job quarantined"
     OVERLAPPED = "overlapped", "Overlapped a run in flight (overlap policy skip)"
     BUFFER_FULL = "buffer_full", "Dropped from a full buffer (overlap policy buffer_all)"
+    EXCLUDED = "excluded", "Excluded by the job's calendar"
+    MERGED = "merged", "Merged by the job's calendar into a run moved onto or over it"
 
 
 assert tuple(Fate.values) == FATES

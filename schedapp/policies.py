@@ -10,12 +10,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
+from . import calendars
+from .exceptions import ScheduleError
 from .schedules import (
     Interval,
     Once,
     Schedule,
     count_fire_times,
+    first_fire_time,
     next_fire_time,
     no_occurrence_error,
     recent_fire_times,
@@ -129,7 +133,19 @@ CANCELLED = "cancelled"  # the job was cancelled with this occurrence pending
 QUARANTINED = "quarantined"  # the job's row could not be followed; set aside for a person
 OVERLAPPED = "overlapped"  # came due while a run was in flight (skip; a later one ran instead)
 BUFFER_FULL = "buffer_full"  # came due while a run was in flight, beyond max_buffer
-FATES = (MISFIRED, OUTSIDE_WINDOW, PAUSED, CANCELLED, QUARANTINED, OVERLAPPED, BUFFER_FULL)
+EXCLUDED = "excluded"  # the job's calendar excludes it (roll skip, or no business day fits)
+MERGED = "merged"  # a calendar roll moved a run onto or over it: that run covers it
+FATES = (
+    MISFIRED,
+    OUTSIDE_WINDOW,
+    PAUSED,
+    CANCELLED,
+    QUARANTINED,
+    OVERLAPPED,
+    BUFFER_FULL,
+    EXCLUDED,
+    MERGED,
+)
 
 _TICK = timedelta(microseconds=1)  # the finest step between two times a schedule can tell
 
@@ -172,6 +188,172 @@ def _missed(
     return (MissedRange(start, last[-1], count, fate, detail),)
 
 
+# --- a job's calendar ------------------------------------------------------------------------
+
+# The most runs under a calendar that one decision walks (a misfire plan in the claim, a
+# resume): each costs at most calendars.MAX_WINDOWS exclusion windows and SEARCH_DAYS day
+# steps. Past it, the rest of the missed occurrences are counted without the calendar (one
+# arithmetic range), so nothing in the claim grows with how long a job was away.
+CALENDAR_WALK = 64
+
+
+@dataclass(frozen=True)
+class OnCalendar:
+    """A job's calendar as the rules use it: the calendar with its mode and roll, and the zone
+    its wall times are read in (the job's)."""
+
+    attached: calendars.Attached
+    tz: ZoneInfo
+
+    @property
+    def detail(self) -> str:
+        a = self.attached
+        return f"calendar {a.calendar.name!r} ({a.mode}, roll {a.roll})"
+
+
+def calendar_ranges(fire: calendars.Fire, cal: OnCalendar) -> tuple[MissedRange, ...]:
+    """What the calendar did on the way to ``fire``, as the ledger records it: the occurrences
+    it excluded or merged, and the occurrence it moved (merged into the moved run)."""
+    out = [
+        MissedRange(
+            s.first, s.last, s.count, EXCLUDED if s.reason == "excluded" else MERGED, cal.detail
+        )
+        for s in fire.skipped
+    ]
+    if fire.moved:
+        out.append(
+            MissedRange(
+                fire.occurrence,
+                fire.occurrence,
+                1,
+                MERGED,
+                f"moved to {fire.at.isoformat()} by {cal.detail}; the run there stands for it",
+            )
+        )
+    return tuple(out)
+
+
+def next_run(
+    schedule: Schedule, after: datetime, cal: OnCalendar | None
+) -> tuple[datetime | None, tuple[MissedRange, ...]]:
+    """The job's next run strictly after ``after`` and what its calendar decided on the way
+    (ledger ranges, ``excluded`` / ``merged``). Every path that sets a job's next run asks
+    this, never ``next_fire_time`` alone. None: the schedule has ended (its expires); a
+    calendar that leaves no run within its bounds raises ScheduleError (field ``calendar``),
+    which the beat turns into a quarantine."""
+    if cal is None or isinstance(schedule, Once):
+        return next_fire_time(schedule, after), ()
+    fire = calendars.next_fire(schedule, cal.attached, after, cal.tz)
+    if fire is None:
+        if next_fire_time(schedule, after) is None:
+            return None, ()
+        raise ScheduleError(
+            "calendar",
+            f"{cal.detail} leaves {schedule!r} no run after {after.isoformat()} within its "
+            f"bounds ({calendars.MAX_WINDOWS} exclusions, {calendars.SEARCH_DAYS} days).",
+        )
+    return fire.at, calendar_ranges(fire, cal)
+
+
+def first_run(
+    schedule: Schedule, now: datetime, cal: OnCalendar | None
+) -> tuple[datetime, tuple[MissedRange, ...]]:
+    """A new (or rescheduled, or resumed) job's first run under its calendar: the calendar's
+    first allowed run at or after the schedule's first occurrence."""
+    first = first_fire_time(schedule, now)
+    if cal is None or isinstance(schedule, Once):
+        return first, ()
+    calendars.check_allows_something(
+        cal.attached.excluded, now.astimezone(cal.tz).date(), "calendar"
+    )
+    at, ranges = next_run(schedule, first - _TICK, cal)
+    if at is None:
+        raise ScheduleError("expires_at", "leaves no run the calendar allows.")
+    return at, ranges
+
+
+def _calendar_misfire(
+    schedule: Schedule,
+    due: datetime,
+    now: datetime,
+    policy: str,
+    max_catchup: int,
+    grace: timedelta,
+    window: timedelta | None,
+    fate: str,
+    cal: OnCalendar,
+) -> Catchup:
+    """``plan_misfire`` under a calendar: the missed runs are the calendar's (``due`` is one),
+    walked at most ``CALENDAR_WALK`` of them; the occurrences the calendar excluded or merged
+    on the way are recorded as such, and only the runs it allowed count as missed.
+
+    Past the bound, the occurrences up to the latest before ``now`` are counted without the
+    calendar (one range, arithmetic); that latest one runs if the calendar allows it at its own
+    time and the policy runs one (``run_all`` then runs just it), else the job waits."""
+    runs = [due]
+    ranges: list[MissedRange] = []
+    cursor = due
+    while True:
+        at, found = next_run(schedule, cursor, cal)
+        if at is None or at > now or len(runs) >= CALENDAR_WALK:
+            break
+        ranges.extend(found)
+        runs.append(at)
+        cursor = at
+    why = "passed while the job was paused; " if fate == PAUSED else ""
+    detail = f"{why}missed under {cal.detail} (misfire policy {policy})"
+    out = list(ranges)
+    if window is not None:
+        outside = [r for r in runs if now - r > window]
+        runs = runs[len(outside) :]
+        text = f"older than its catch-up window ({window})"
+        out.extend(MissedRange(r, r, 1, OUTSIDE_WINDOW, text) for r in outside)
+    else:
+        outside = []
+    run_for: datetime | None = None
+    if at is not None and at <= now:  # past the bound: count the rest without the calendar
+        out.extend(MissedRange(r, r, 1, fate, detail) for r in runs)
+        missed = len(outside) + len(runs)
+        latest = recent_fire_times(schedule, now, cursor + _TICK, 1)[-1]
+        wall = latest.astimezone(cal.tz)
+        runs_one = policy in (RUN_ONCE, RUN_ALL) or (policy == RUN_RECENT and now - latest <= grace)
+        if runs_one and not calendars.excludes(cal.attached.excluded, wall):
+            run_for = latest
+        end = latest - _TICK if run_for is not None else latest
+        count = count_fire_times(schedule, cursor + _TICK, end)
+        if count > 0:
+            first = next_fire_time(schedule, cursor)
+            last = recent_fire_times(schedule, end, cursor + _TICK, 1)[-1]
+            assert first is not None
+            text = f"missed; past {CALENDAR_WALK} runs of {cal.detail}, counted without it"
+            out.append(MissedRange(first, last, count, fate, text))
+        missed += count
+        if run_for is None:
+            at, found = next_run(schedule, latest, cal)
+            while at is not None and at <= now:  # a previous-business-day run: pass it
+                at, found = next_run(schedule, at, cal)
+            out.extend(found)
+        out.sort(key=lambda r: r.first)
+        return Catchup(run_for, None if run_for else at, missed, tuple(out))
+    out.extend(found)  # what the calendar did on the way to the next run after now
+    if runs:
+        if policy == RUN_RECENT:
+            run_for = runs[-1] if now - runs[-1] <= grace else None
+        elif policy == RUN_ONCE:
+            run_for = runs[-1]
+        elif policy == RUN_ALL:
+            run_for = runs[max(0, len(runs) - max(1, max_catchup))]
+    missed_runs = runs if run_for is None else runs[: runs.index(run_for)]
+    out.extend(MissedRange(r, r, 1, fate, detail) for r in missed_runs)
+    out.sort(key=lambda r: r.first)
+    missed = len(outside) + len(missed_runs)
+    if run_for is not None:
+        # The calendar's ranges past run_for are decided again when it ends: keep them out.
+        out = [r for r in out if r.first <= run_for]
+        return Catchup(run_for, None, missed, tuple(out))
+    return Catchup(None, at, missed, tuple(out))
+
+
 def plan_misfire(
     schedule: Schedule,
     due: datetime,
@@ -181,6 +363,7 @@ def plan_misfire(
     grace: timedelta = timedelta(0),
     window: timedelta | None = None,
     fate: str = MISFIRED,
+    calendar: OnCalendar | None = None,
 ) -> Catchup:
     """Decide a misfire: ``due`` is an occurrence that should have run a while before ``now``.
 
@@ -202,6 +385,10 @@ def plan_misfire(
     """
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
+    if calendar is not None:
+        return _calendar_misfire(
+            schedule, due, now, policy, max_catchup, grace, window, fate, calendar
+        )
     outside: tuple[MissedRange, ...] = ()
     if window is not None and now - due > window:  # (never now - window: it may overflow)
         cutoff = now - window
@@ -303,6 +490,8 @@ class JobFacts:
     # The run ending was cancelled by a later occurrence (cancel_other, terminate_other): its
     # outcome, whatever it is, moves the job on to the latest occurrence due, never a retry.
     superseded: bool = False
+    # The job's calendar (None: none): its next run is the calendar's (``next_run``).
+    calendar: OnCalendar | None = None
 
     @property
     def rescheduled(self) -> bool:
@@ -350,7 +539,7 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
             None,
             0,
         )
-    nxt = next_fire_time(job.schedule, job.scheduled_for)
+    nxt, ranges = next_run(job.schedule, job.scheduled_for, job.calendar)
     if nxt is None and not isinstance(job.schedule, Once):
         # Only its ``expires`` ends a recurring job; a schedule with no occurrence left
         # otherwise is one the beat cannot follow (the caller quarantines the job), not done.
@@ -360,7 +549,11 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
     if isinstance(job.schedule, Once) or nxt is None:
         return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
     fixed_delay = job.fixed_delay and isinstance(job.schedule, Interval)
-    if job.now is not None and end_decides(job.overlap, fixed_delay, nxt <= job.now):
+    if (
+        job.now is not None
+        and job.calendar is None  # validation refuses a calendar with these
+        and end_decides(job.overlap, fixed_delay, nxt <= job.now)
+    ):
         return _after_overlap(job, nxt, job.now, rng)
     return AfterRun(
         _keep_operator_state(job.state, "scheduled"),
@@ -368,6 +561,7 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
         nxt + compute_jitter(job.jitter, rng),
         None,
         0,
+        ranges=ranges,
     )
 
 

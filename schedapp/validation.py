@@ -25,7 +25,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from . import calendars
+from . import calendars, job_calendars
 from .celeryapp import task_problem
 from .conf import get_settings
 from .exceptions import ScheduleError
@@ -42,7 +42,7 @@ from .payload import (
     type_name,
 )
 from .schedule_checks import PLAIN_TYPES, ScheduleChecks, remember
-from .schedules import Interval, Schedule
+from .schedules import Interval, Once, Schedule
 
 NAME_MAX = 200
 _KNOWN_FIELDS = frozenset(JOB_FIELDS)
@@ -153,6 +153,7 @@ class JobValidator:
         _check_tags(values.get("tags"), checked)
         self._check_options(values, checked)
         _check_fixed_delay(checked)
+        _check_calendar(values, checked)
         return checked
 
     # --- task --------------------------------------------------------------------------------
@@ -308,6 +309,62 @@ def _check_fixed_delay(checked: Checked) -> None:
     if checked.options.values.get("fixed_delay") and checked.schedule is not None:
         if not isinstance(checked.schedule, Interval):
             _add(checked.errors, "fixed_delay", "needs an interval schedule (interval=...).")
+
+
+def _check_calendar(values: Mapping[str, Any], checked: Checked) -> None:
+    """The job's calendar: a stored one (or its name), a mode and a roll that make sense
+    together and with the schedule. Whether it leaves the job a run is checked where its
+    first run is computed (``policies.first_run``, field ``calendar``), on the database's
+    clock."""
+    errors = checked.errors
+    try:
+        calendar = job_calendars.resolve(values.get("calendar"))
+    except ScheduleError as exc:
+        _add(errors, exc.field, exc.message)
+        return
+    for field, parse in (
+        ("calendar_mode", calendars.parse_mode),
+        ("calendar_roll", calendars.parse_roll),
+    ):
+        try:
+            checked.values[field] = parse(values.get(field), field)
+        except ScheduleError as exc:
+            _add(errors, exc.field, exc.message)
+    checked.values["calendar"] = calendar
+    if errors:
+        return
+    mode, roll = checked.values["calendar_mode"], checked.values["calendar_roll"]
+    if calendar is None:
+        for field, value, default in (
+            ("calendar_mode", mode, calendars.DEFAULT_MODE),
+            ("calendar_roll", roll, calendars.DEFAULT_ROLL),
+        ):
+            if value != default:
+                _add(errors, field, f"{value!r} needs a calendar (none is given).")
+        return
+    if isinstance(checked.schedule, Once):
+        _add(
+            errors,
+            "calendar",
+            "a one-off (run_at) runs at its time; a calendar is for a recurring schedule.",
+        )
+    if values.get("overlap") not in (None, "", "buffer_one"):
+        _add(
+            errors,
+            "calendar",
+            f"a job under a calendar takes overlap buffer_one (the "
+            f"default), not {values.get('overlap')!r}.",
+        )
+    if values.get("fixed_delay"):
+        _add(
+            errors,
+            "calendar",
+            "a fixed-delay interval counts from each run's end; it cannot follow a calendar.",
+        )
+    try:
+        job_calendars.parsed(calendar)
+    except ScheduleError as exc:
+        _add(errors, "calendar", exc.message)
 
 
 def _check_name(name: Any, checked: Checked) -> None:

@@ -50,6 +50,9 @@ FORM_FIELDS = [
     "not_before",
     "expires_at",
     "timezone",
+    "calendar",
+    "calendar_mode",
+    "calendar_roll",
     "priority",
     "queue",
     "lease_seconds",
@@ -197,8 +200,9 @@ class JobForm(forms.ModelForm):
         for name in ("args", "kwargs", "description", "message_options"):
             if name in self.fields:
                 self.fields[name].widget.attrs.update({"rows": 2, "cols": 60})
-        if "dst_policy" in self.fields:  # a post without it (a script's) keeps the default
-            self.fields["dst_policy"].required = False
+        for name in ("dst_policy", "calendar_mode", "calendar_roll"):
+            if name in self.fields:  # a post without it (a script's) keeps the default
+                self.fields[name].required = False
         instance = self.instance
         for name in WALL_TIMES:  # in the job's zone
             value = getattr(instance, name)

@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .. import ledger, policies
+from .. import job_calendars, ledger, policies
 from ..db import notify_due
 from ..models import Job, JobRun, JobState, RunStatus
 from ..schedules import Schedule
@@ -55,6 +55,7 @@ def job_facts(job: Job, ran_for: datetime | None = None) -> policies.JobFacts:
         max_buffer=job.max_buffer,
         fixed_delay=job.fixed_delay,
         superseded=job.superseded,
+        calendar=job_calendars.for_job(job),
     )
 
 

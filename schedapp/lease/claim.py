@@ -19,7 +19,7 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .. import ledger, policies
+from .. import job_calendars, ledger, policies
 from ..db import beat_transaction
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
@@ -230,6 +230,7 @@ def _apply_misfires(
     quarantined: list[Quarantined] = []
     to_run: list[dict] = []
     decided: list[tuple[int, policies.MissedRange]] = []
+    read = job_calendars.for_rows(rows)  # the batch's calendars: one query, parsed once
     for row in rows:
         try:
             schedule = schedule_of(row)
@@ -241,6 +242,7 @@ def _apply_misfires(
                 row["misfire_max_catchup"],
                 row["misfire_grace"],
                 row["catchup_window"],
+                calendar=job_calendars.for_row(row, read),
             )
         except Exception as exc:  # a row the beat cannot understand: set it aside, go on
             quarantined.append(quarantine_locked(row["id"], unschedulable(exc)))
@@ -331,9 +333,12 @@ def _claimed_at(row: dict) -> datetime:
 
 def _schedule_ref(row: dict) -> ScheduleRef | None:
     """What a worker needs to compute the next occurrence itself (the fast success path);
-    None for a one-off, and for solar, windowed and non-default DST policy jobs, which take
-    the general path (it reads the row, so a policy changed during the run is honoured)."""
+    None for a one-off, and for solar, windowed, calendar and non-default DST policy jobs,
+    which take the general path (it reads the row, so a policy changed during the run is
+    honoured)."""
     if row["solar_event"] or row["not_before"] is not None or row["expires_at"] is not None:
+        return None
+    if row.get("calendar_id") is not None:  # the worker does not read calendars
         return None
     if row.get("dst_policy", DEFAULT_DST_POLICY) != DEFAULT_DST_POLICY:
         return None

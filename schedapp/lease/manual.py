@@ -9,7 +9,7 @@ from datetime import datetime
 
 from django.db.models.functions import Now
 
-from .. import ledger, policies
+from .. import job_calendars, ledger, policies
 from ..db import notify_due
 from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
 
@@ -70,8 +70,9 @@ def _decide_paused(job: Job, now: datetime) -> None:
             job.misfire_grace,
             job.catchup_window,
             fate=policies.PAUSED,
+            calendar=job_calendars.for_job(job),
         )
-    except Exception:
+    except Exception:  # the claim quarantines what cannot be computed
         return
     job.missed_runs += plan.missed
     if plan.run_for is None:

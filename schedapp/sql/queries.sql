@@ -73,6 +73,7 @@ claimed AS (
               j.misfire_max_catchup, j.misfire_grace, j.catchup_window, j.overlap, j.priority,
               j.cron_day_or, j.dst_policy, j.solar_event,
               j.latitude, j.longitude, j.not_before, j.expires_at,
+              j.calendar_id, j.calendar_mode, j.calendar_roll,
               j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               coalesce(j.manual_at = j.scheduled_for, false) AS manual,

@@ -51,6 +51,9 @@ _CLAIM_FIELDS = (
     "catchup_window",
     "overlap",
     "fixed_delay",
+    "calendar_id",
+    "calendar_mode",
+    "calendar_roll",
     *CELERY_FIELDS,
 )
 

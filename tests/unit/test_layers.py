@@ -53,6 +53,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "celeryapp",
             "option_rules",
             "validation",
+            "job_calendars",
             "lease",
             "lease.*",
             "settings_checks",
