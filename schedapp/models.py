@@ -434,6 +434,11 @@ class Job(models.Model):
         blank=True,
         related_name="jobs",
         db_index=False,  # a partial index: most jobs follow none (Meta.indexes)
+        # No database constraint: PostgreSQL's is deferred, a trigger event queued for every
+        # job inserted (a COPY of a million) and pending until commit, which also stops a
+        # migration from altering the table after writing rows. PROTECT is the ORM's (the API,
+        # the admin); a calendar deleted behind its back quarantines its jobs (the beat).
+        db_constraint=False,
         help_text="A calendar this job follows: its exclusions, or its only allowed windows.",
     )
     calendar_mode = models.CharField(

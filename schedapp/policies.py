@@ -83,6 +83,9 @@ CANCEL_OTHER = "cancel_other"
 TERMINATE_OTHER = "terminate_other"
 OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL, CANCEL_OTHER, TERMINATE_OTHER)
 SUPERSEDING = (CANCEL_OTHER, TERMINATE_OTHER)  # the policies that act while a run is in flight
+# Runs of a job side by side (another change adds it to OVERLAP_POLICIES): never the one-call
+# success (end_decides), whose job moves on one run after another.
+ALLOW_ALL = "allow_all"
 
 
 def misfire_after(policy: str, grace: timedelta) -> timedelta:
@@ -565,13 +568,21 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
     )
 
 
-def end_decides(overlap: str, fixed_delay: bool, next_passed: bool) -> bool:
+def end_decides(
+    overlap: str, fixed_delay: bool, next_passed: bool, has_calendar: bool = False
+) -> bool:
     """Whether the time a run ends decides what its job does next: a fixed-delay interval
     counts from it, and an overlap policy other than ``buffer_one`` decides the occurrences
     that came due before it (``next_passed``: the next occurrence is not after the database's
-    now()). ``plan_after_success`` computes those; the worker's one-call success
-    (``schedapp_succeed_run_v3``, held to this by a differential test) leaves them."""
-    return fixed_delay or (overlap != BUFFER_ONE and next_passed)
+    now()); a job following a calendar, or whose overlap is ``allow_all``, is never the
+    common case. ``plan_after_success`` computes those; the worker's one-call success
+    (``schedapp_succeed_run_v4``, held to this by a differential test) leaves them."""
+    return (
+        has_calendar
+        or overlap == ALLOW_ALL
+        or fixed_delay
+        or (overlap != BUFFER_ONE and next_passed)
+    )
 
 
 def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> AfterRun:

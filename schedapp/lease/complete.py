@@ -102,7 +102,7 @@ def complete_run(
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
-    """The common success in one call of ``schedapp_succeed_run_v3`` (sql/functions.sql): the next
+    """The common success in one call of ``schedapp_succeed_run_v4`` (sql/functions.sql): the next
     occurrence computed here from the schedule the claim saw. False: take the general path."""
     args = _success_args(job_id, token, headers)
     if args is None:
@@ -111,7 +111,7 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
 
 
 def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
-    """The arguments of ``schedapp_succeed_run_v3``; None if the schedule cannot be computed here
+    """The arguments of ``schedapp_succeed_run_v4``; None if the schedule cannot be computed here
     (the general path then quarantines the job, with the reason)."""
     ref = headers.schedule
     nxt = None
@@ -132,7 +132,7 @@ def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | N
         headers.scheduled_for,
         nxt,
         ref is None,
-        # Celery's day rule marked with "&", as schedapp_succeed_run_v3 compares it
+        # Celery's day rule marked with "&", as schedapp_succeed_run_v4 compares it
         (ref.cron if ref.day_or else "&" + ref.cron) if ref else "",
         ref.timezone if ref else "",
         ref.interval if ref else None,
@@ -144,7 +144,7 @@ def complete_successes(
     items: Sequence[tuple[int, int, RunHeaders]], rng: policies.Rng = random.random
 ) -> list[CompletionResult]:
     """Several successes at once (a pool process's, when no door came to carry them): the
-    common case of all of them in one round trip and one commit (``schedapp_succeed_runs_v2``);
+    common case of all of them in one round trip and one commit (``schedapp_succeed_runs_v3``);
     any other case each on the general path."""
     columns, batch = _success_columns(items)
     rows = get_store().succeed_runs(columns) if batch else []
@@ -171,7 +171,7 @@ def admit_run_after_successes(
 def _success_columns(
     items: Sequence[tuple[int, int, RunHeaders]],
 ) -> tuple[list[list[Any]], list[tuple[int, list[Any]]]]:
-    """``schedapp_succeed_runs_v2``'s arguments as columns, and the items they cover (index,
+    """``schedapp_succeed_runs_v3``'s arguments as columns, and the items they cover (index,
     arguments): those whose next occurrence could be computed here."""
     batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
     covered = [(i, a) for i, a in batch if a is not None]

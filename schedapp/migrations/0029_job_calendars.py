@@ -2,7 +2,10 @@
 with database defaults (``exclude``, ``skip``), so existing rows follow no calendar and an older
 release's inserts during a rolling deploy keep today's behaviour; PostgreSQL adds them without
 rewriting the table. The jobs following a calendar get a partial index (most follow none). The
-ledger's fates gain ``excluded`` and ``merged`` (choices only: no database change)."""
+ledger's fates gain ``excluded`` and ``merged`` (choices only: no database change).
+
+The foreign key has no database constraint (PostgreSQL's would be deferred: a trigger event
+queued for every job inserted and held to commit); PROTECT is enforced by the ORM."""
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -18,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='calendar',
-            field=models.ForeignKey(blank=True, db_index=False, help_text='A calendar this job follows: its exclusions, or its only allowed windows.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='schedapp.calendar'),
+            field=models.ForeignKey(blank=True, db_constraint=False, db_index=False, help_text='A calendar this job follows: its exclusions, or its only allowed windows.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='schedapp.calendar'),
         ),
         migrations.AddField(
             model_name='job',

@@ -157,7 +157,10 @@ $$;
 -- (v3): a fixed-delay interval, a next occurrence that came due during the run of a job whose
 -- overlap policy is not buffer_one (policies.plan_after_success decides those), and a DST
 -- policy other than the default (a worker computes the next occurrence under the default only).
-CREATE OR REPLACE FUNCTION schedapp_succeed_run_v3(
+-- Not common (v4): a job following a calendar (its next run is the calendar's, which a worker
+-- does not read) and one whose overlap is allow_all (its runs are not one after another);
+-- policies.end_decides says the same, held to this by a differential test.
+CREATE OR REPLACE FUNCTION schedapp_succeed_run_v4(
     p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
     p_once boolean, p_cron text, p_timezone text, p_interval interval,
     p_anchor timestamptz
@@ -168,7 +171,7 @@ DECLARE
 BEGIN
     SELECT token, state, scheduled_for, run_at, cron, timezone, "interval", interval_anchor,
            jitter, cron_day_or, solar_event, not_before, expires_at, overlap, fixed_delay,
-           dst_policy INTO j
+           dst_policy, calendar_id INTO j
     FROM schedapp_job WHERE id = p_job FOR UPDATE;
     -- Anything but the common case (the run still running under the current token, the
     -- schedule the claim saw; not solar, no start or expiry window) goes to the general path.
@@ -176,7 +179,8 @@ BEGIN
        OR j.scheduled_for IS DISTINCT FROM p_scheduled_for
        OR j.solar_event <> '' OR j.not_before IS NOT NULL OR j.expires_at IS NOT NULL
        OR j.fixed_delay OR (j.overlap <> 'buffer_one' AND p_next <= now())
-       OR j.dst_policy <> 'gap_end+first' THEN
+       OR j.dst_policy <> 'gap_end+first'
+       OR j.calendar_id IS NOT NULL OR j.overlap = 'allow_all' THEN
         RETURN false;
     END IF;
     IF p_once THEN
@@ -214,9 +218,9 @@ END
 $$;
 
 
--- Several successes in one call: the arguments of schedapp_succeed_run_v3, as arrays. Returns
+-- Several successes in one call: the arguments of schedapp_succeed_run_v4, as arrays. Returns
 -- each success's (1-based) index and whether the common path applied it.
-CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v2(
+CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v3(
     p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamptz[], p_next timestamptz[],
     p_once boolean[], p_cron text[], p_timezone text[], p_interval interval[],
     p_anchor timestamptz[]
@@ -229,7 +233,7 @@ BEGIN
     -- locked in id order, as renewals lock them, so two such transactions cannot deadlock.
     FOR i IN SELECT s.i FROM generate_subscripts(p_jobs, 1) AS s (i) ORDER BY p_jobs[s.i] LOOP
         idx := i;
-        applied := schedapp_succeed_run_v3(
+        applied := schedapp_succeed_run_v4(
             p_jobs[i], p_tokens[i], p_scheduled_for[i], p_next[i], p_once[i], p_cron[i],
             p_timezone[i], p_interval[i], p_anchor[i]
         );

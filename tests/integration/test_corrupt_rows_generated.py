@@ -97,6 +97,8 @@ def bad_values(field: models.Field) -> list[tuple[str, str, Any]]:
             values.append(("not a choice", "bogus"))
     elif kind == "JSONField":
         values += _json_kinds()
+    elif kind == "ForeignKey":  # (Job.calendar has no database constraint)
+        values += [("no such row", 2**62), ("minimum", -(2**63))]
     elif kind == "BooleanField":
         pass  # NOT NULL: true and false are both meaningful
     else:  # a column type this generator does not know yet: add its kinds above
@@ -116,6 +118,10 @@ KINDS = {
     "solar_event": {"solar_event": "sunrise", "latitude": 48.85, "longitude": 2.35},
     "latitude": {"solar_event": "sunrise", "latitude": 48.85, "longitude": 2.35},
     "longitude": {"solar_event": "sunrise", "latitude": 48.85, "longitude": 2.35},
+    # a calendar's columns on a job that follows one (two_due_jobs saves the calendar)
+    "calendar_id": {"interval": 60, "calendar": "sundays"},
+    "calendar_mode": {"interval": 60, "calendar": "sundays"},
+    "calendar_roll": {"interval": 60, "calendar": "sundays"},
 }
 # The loop of minutes runs each column's first bad value in one situation, the claim's and the
 # reaper's in turn from column to column (both paths, every column); the rest of the matrix
@@ -141,6 +147,8 @@ def two_due_jobs(schedule: dict[str, Any]) -> tuple[Job, Job]:
     due = db_now() - timedelta(seconds=1)
     if schedule.get("run_at") == "due":
         schedule = {"run_at": due}
+    if "calendar" in schedule:
+        api.save_calendar(schedule["calendar"], {"weekdays": ["sun"]})
     bad = api.schedule(TASK, name="bad", max_retries=2, **schedule)
     healthy = api.schedule(TASK, name="healthy", interval=60)
     Job.objects.filter(pk__in=[bad.pk, healthy.pk]).update(scheduled_for=due, next_run_at=due)

@@ -30,8 +30,8 @@ from schedapp import api
 from schedapp.db import db_now
 from schedapp.lease import complete_run, rules
 from schedapp.message import task_id_for
-from schedapp.models import Job, JobRun
-from schedapp.policies import OVERLAP_POLICIES, end_decides
+from schedapp.models import Calendar, Job, JobRun
+from schedapp.policies import ALLOW_ALL, OVERLAP_POLICIES, end_decides
 from schedapp.store import PostgreSQLStore, portable
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgresql]
@@ -71,6 +71,7 @@ class Case:
     fixed_delay: bool = False
     next_passed: bool = False  # the next occurrence the success passes is not after now()
     dst_policy: str = "gap_end+first"  # a worker's next occurrence assumes the default
+    calendar: bool = False  # the job follows a calendar (its next run is not a worker's)
 
     @property
     def token(self) -> int:
@@ -124,10 +125,11 @@ END_CASES = enumerate_cases(
     lease=("just alive",),
     unstarted=(0,),
     run=("running",),
-    overlap=OVERLAP_POLICIES,
+    overlap=(*OVERLAP_POLICIES, ALLOW_ALL),
     fixed_delay=(False, True),
     next_passed=(False, True),
     dst_policy=("gap_end+first", "celery"),
+    calendar=(False, True),
 )
 
 def lease_at(label: str, now: datetime) -> datetime | None:
@@ -150,6 +152,7 @@ def build(cases: list[Case], now: datetime) -> list[int]:
     )
     fields = Job.objects.filter(pk=template.pk).values().first()
     assert fields is not None
+    calendar = Calendar.objects.create(name="rules-weekends", definition={"weekdays": ["sun"]})
     del fields["id"]
     jobs = Job.objects.bulk_create(
         Job(
@@ -164,6 +167,7 @@ def build(cases: list[Case], now: datetime) -> list[int]:
                 "overlap": c.overlap,
                 "fixed_delay": c.fixed_delay,
                 "dst_policy": c.dst_policy,
+                "calendar_id": calendar.pk if c.calendar else None,
             }
         )
         for i, c in enumerate(cases)
@@ -429,7 +433,9 @@ def expect_success(now: datetime, fast: bool) -> Callable:
                 case.token,
                 # a DST policy the worker's computation did not assume: not the same schedule
                 same_schedule=case.same_schedule and case.dst_policy == "gap_end+first",
-                end_decides=end_decides(case.overlap, case.fixed_delay, case.next_passed),
+                end_decides=end_decides(
+                    case.overlap, case.fixed_delay, case.next_passed, case.calendar
+                ),
             )
             accepted = rules.Completion.APPLIED if applies else None
         job, run = dict(job), None if run is None else dict(run)
@@ -466,8 +472,12 @@ def test_the_postgresql_success_leaves_what_the_end_of_a_run_decides(now):
 
     problems = sweep(END_CASES, now, call, expect_success(now, fast=True), {})
     assert not problems, report(problems, len(END_CASES))
-    declined = [c for c in END_CASES if end_decides(c.overlap, c.fixed_delay, c.next_passed)]
+    declined = [
+        c for c in END_CASES if end_decides(c.overlap, c.fixed_delay, c.next_passed, c.calendar)
+    ]
     assert 0 < len(declined) < len(END_CASES)
+    # a calendar job, and an allow_all one, are declined whatever else holds
+    assert all(c in declined for c in END_CASES if c.calendar or c.overlap == ALLOW_ALL)
 
 
 def test_the_general_completion_accepts_as_the_table(now):
