@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from . import audit, bulk, calendars, job_calendars, lease, ledger, policies, schedules
+from . import audit, bulk, calendars, display, job_calendars, lease, ledger, policies, schedules
 from .bulk import CHUNK_SIZE
 from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
@@ -542,9 +542,11 @@ def preview_calendar(
     (``mode`` exclude / only, ``roll`` skip / next_business_day / previous_business_day /
     defer), after ``after`` (default: the database's now). Each run: ``at`` (in ``timezone``,
     with its UTC offset), ``occurrence`` (the schedule's own time it stands for), ``roll``
-    (what moved it, or None) and ``skipped`` (the occurrences passed before it: ``first``,
-    ``last``, ``count``, ``reason`` excluded / merged). Bad input raises ValidationError keyed
-    by field; a calendar that leaves the schedule no run gives an empty list."""
+    (what moved it, or None), ``dst`` (what a cron's DST rule did to it: run at a gap's end,
+    one offset of a repeated hour; None otherwise) and ``skipped`` (the occurrences passed
+    before it: ``first``, ``last``, ``count``, ``reason`` excluded / merged). Bad input raises
+    ValidationError keyed by field; a calendar that leaves the schedule no run gives an empty
+    list. A job's own preview under its calendar is the admin's (``preview_for``)."""
     errors: dict[str, list[str]] = {}
     found = calendar if isinstance(calendar, Calendar) else None
     if found is None:
@@ -592,6 +594,7 @@ def preview_calendar(
             "utc_offset": fire.at.astimezone(zone).strftime("%z"),
             "occurrence": fire.occurrence.astimezone(zone),
             "roll": fire.roll,
+            "dst": display.dst_note(schedule, fire.at) or None,
             "skipped": [
                 {"first": s.first, "last": s.last, "count": s.count, "reason": s.reason}
                 for s in fire.skipped

@@ -26,19 +26,19 @@ import itertools
 import random
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import audit, policies
+from . import audit, job_calendars, policies
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
 from .fields import with_defaults
 from .models import JobSource
-from .schedules import Once, Schedule, first_fire_time
+from .schedules import Interval, Once, Schedule, first_fire_time
 from .store import CopyingStore, InsertedJobs, JobRows, NameTaken, Store, get_store
 from .validation import (
     Checked,
@@ -107,7 +107,8 @@ class _Ingest:
     def __init__(self, now: datetime, encoder: JobRows) -> None:
         self.now = now
         self.encoder = encoder
-        self.validator = JobValidator()
+        # every calendar read now: no other statement may run while the COPY streams the rows
+        self.validator = JobValidator(calendars=job_calendars.known())
         self.defaults = job_defaults()
         # Unnamed jobs get "<task>-<call>-<index>": unique within the call by construction
         # (random 48-bit suffixes would collide somewhere in ten million with odds ~1 in 6).
@@ -122,7 +123,7 @@ class _Ingest:
         # (index, name) of the specs refused in this chunk: told after it is written whether
         # their name is taken too, so a spec's report holds all of its problems
         self._refused: list[tuple[int, str]] = []
-        self._firsts: dict[Schedule, datetime] = {}
+        self._firsts: dict[Any, tuple[datetime, datetime | None]] = {}
         self._random = random.random
 
     def rows(self, specs: Iterator[Any], start: int, limit: int) -> Iterator[Row]:
@@ -166,18 +167,55 @@ class _Ingest:
         """(occurrence, due time): as ``api.schedule`` computes them, from the same ``now``."""
         schedule = checked.schedule
         assert schedule is not None
+        values = checked.values
+        calendar = values.get("calendar")
         if isinstance(schedule, Once):
             first = schedule.at
         else:
-            first = self._firsts.get(schedule)  # type: ignore[assignment]
-            if first is None:
+            key = (
+                schedule
+                if calendar is None
+                else (
+                    schedule,
+                    calendar.pk,
+                    values["calendar_mode"],
+                    values["calendar_roll"],
+                    values["timezone"],
+                )
+            )
+            found = self._firsts.get(key)
+            if found is None:
                 if len(self._firsts) > 4096:
                     self._firsts.clear()
-                first = self._firsts[schedule] = first_fire_time(schedule, self.now)
+                found = self._firsts[key] = self._first(schedule, values)
+            first, anchor = found
+            if anchor is not None:
+                values["interval_anchor"] = anchor
         jitter = checked.options.values["jitter"]  # type: ignore[union-attr]
         if jitter > 0:
             return first, first + policies.compute_jitter(jitter, self._random)
         return first, first
+
+    def _first(
+        self, schedule: Schedule, values: dict[str, Any]
+    ) -> tuple[datetime, datetime | None]:
+        """The first run, under the job's calendar if it follows one (as ``api.schedule``;
+        what the calendar excluded before it is not recorded in the ledger here), and the
+        interval's phase to store when the first run is not its first occurrence."""
+        if values.get("calendar") is None:
+            return first_fire_time(schedule, self.now), None
+        anchor = None
+        if isinstance(schedule, Interval) and schedule.anchor is None:
+            # the phase is the first occurrence (as api.schedule keeps it), not the first run
+            anchor = first_fire_time(schedule, self.now)
+            schedule = replace(schedule, anchor=anchor)
+        cal = job_calendars.on_calendar(
+            job_calendars.parsed(values["calendar"], known=self.validator.calendars),
+            values["calendar_mode"],
+            values["calendar_roll"],
+            values["timezone"],
+        )
+        return policies.first_run(schedule, self.now, cal)[0], anchor
 
     def _source(self, source: Any) -> tuple[str, str | None]:
         """(the value to store, why it may not be stored): the API's rule, as text."""

@@ -17,6 +17,7 @@ import struct
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .calendars import DEFAULT_MODE, DEFAULT_ROLL
 from .fields import CELERY_FIELDS
 from .option_rules import Options
 from .schedules import DEFAULT_DST_POLICY, Once
@@ -66,6 +67,10 @@ COPY_COLUMNS = (
     *CELERY_FIELDS,
     "description",  # free text: its own encoding, per job
     "tags",  # a JSON list, shared by many jobs: encoded once per distinct list
+    # A calendar (migration 0029): encoded once per (calendar, mode, roll).
+    "calendar_id",
+    "calendar_mode",
+    "calendar_roll",
 )
 _EXTRA_FIELDS = CELERY_FIELDS
 _MEMO_LIMIT = 4096
@@ -96,6 +101,22 @@ class CopyRows:
         self._options = _Memo()
         self._extras = _Memo()
         self._tags = _Memo()
+        self._calendars = _Memo()
+
+    def _calendar_of(self, values: dict[str, Any]) -> Any:
+        calendar = values.get("calendar")
+        key = (
+            None if calendar is None else calendar.pk,
+            values.get("calendar_mode") or DEFAULT_MODE,
+            values.get("calendar_roll") or DEFAULT_ROLL,
+        )
+        encoded = self._calendars.get(key)
+        if encoded is None:
+            encoded = self._calendars.put(key, self._encode_calendar(*key))
+        return encoded
+
+    def _encode_calendar(self, calendar_id: int | None, mode: str, roll: str) -> Any:
+        raise NotImplementedError
 
     def _tags_of(self, values: dict[str, Any]) -> Any:
         key = tuple(values.get("tags") or ())
@@ -203,8 +224,11 @@ class TextRows(CopyRows):
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
             f"{self._extras_of(values)}\t{_free_text(values.get('description') or '')}"
-            f"\t{self._tags_of(values)}\n"
+            f"\t{self._tags_of(values)}\t{self._calendar_of(values)}\n"
         )
+
+    def _encode_calendar(self, calendar_id: int | None, mode: str, roll: str) -> str:
+        return f"{_NULL if calendar_id is None else calendar_id}\t{mode}\t{roll}"
 
     def _encode_tags(self, tags_json: str) -> str:
         return _text(tags_json)
@@ -340,8 +364,13 @@ class BinaryRows(CopyRows):
                 self._extras_of(values),
                 _b_text(values.get("description") or ""),
                 self._tags_of(values),
+                self._calendar_of(values),
             )
         )
+
+    def _encode_calendar(self, calendar_id: int | None, mode: str, roll: str) -> bytes:
+        ident = _NULL_B if calendar_id is None else _LEN_I64(8, calendar_id)
+        return ident + _b_text(mode) + _b_text(roll)
 
     def _encode_tags(self, tags_json: str) -> bytes:
         data = tags_json.encode()

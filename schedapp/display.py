@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from .exceptions import ScheduleError
-from .schedules import get_zone, parse_timezone, zone_names
+from .schedules import Cron, Schedule, get_zone, parse_timezone, zone_names
 
 PREVIEW_COUNT = 5
 
@@ -134,6 +134,25 @@ def preview_text(value: datetime, timezone: str) -> str:
     local = value.astimezone(safe_zone(timezone))
     offset = local.strftime("%z")
     return f"{local:%a %Y-%m-%d %H:%M:%S} {local.tzname()} (UTC{offset[:3]}:{offset[3:]})"
+
+
+def dst_note(schedule: Schedule, at: datetime) -> str:
+    """Why a cron's fire time is not at a wall time it names, or is in the repeated hour: its
+    DST rule (a time the clocks skipped runs at the gap's end; a repeated one at one offset or
+    both). "" for any other time, and for intervals (absolute durations)."""
+    if not isinstance(schedule, Cron):
+        return ""
+    local = at.astimezone(schedule.tz)
+    sets = schedule.sets
+    if local.hour not in sets.hours or local.minute not in sets.minutes:
+        return "moved by its DST rule (the clocks skipped the time it names)"
+    naive = local.replace(tzinfo=None)
+    first = naive.replace(tzinfo=schedule.tz, fold=0).utcoffset()
+    second = naive.replace(tzinfo=schedule.tz, fold=1).utcoffset()
+    if first != second:
+        which = "first" if local.utcoffset() == first else "second"
+        return f"in the repeated hour: its {which} offset (DST rule {schedule.dst_policy})"
+    return ""
 
 
 def duration_text(value: timedelta | None) -> str:

@@ -11,8 +11,8 @@ the beat quarantines that job, never crashes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from django.db.models import Max
@@ -23,13 +23,34 @@ from .models import Calendar
 from .policies import OnCalendar
 from .schedules import get_zone
 
-# (id, updated_at, newest) -> parsed calendar; a few hundred calendars at most in practice.
+# Parsed calendars kept, at most; a few hundred calendars at most in practice.
 _CACHE_SIZE = 256
 
 
-def resolve(value: object, field: str = "calendar") -> Calendar | None:
+@dataclass(frozen=True)
+class Known:
+    """Every stored calendar, read in one query before a bulk write: ``schedule_many``'s rows
+    are checked while its COPY holds the connection, where no other statement may run."""
+
+    by_name: dict[str, Calendar]
+    by_id: dict[int, Calendar]
+    newest: datetime | None
+
+    def definition(self, name: str) -> object | None:
+        found = self.by_name.get(name)
+        return None if found is None else found.definition
+
+
+def known() -> Known:
+    rows = list(Calendar.objects.all())
+    newest = max((c.updated_at for c in rows), default=None)
+    return Known({c.name: c for c in rows}, {c.pk: c for c in rows}, newest)
+
+
+def resolve(value: object, field: str = "calendar", known: Known | None = None) -> Calendar | None:
     """The stored calendar a job names: a ``Calendar``, its name, or None (no calendar).
-    Raises ScheduleError naming ``field`` for anything else or an unknown name."""
+    Raises ScheduleError naming ``field`` for anything else or an unknown name. ``known``:
+    look in it instead of the database."""
     if value is None or value == "":
         return None
     if isinstance(value, Calendar):
@@ -37,12 +58,19 @@ def resolve(value: object, field: str = "calendar") -> Calendar | None:
             raise ScheduleError(field, f"calendar {value.name!r} is not saved.")
         return value
     if isinstance(value, str):
-        found = Calendar.objects.filter(name=value.strip()).first()
+        name = value.strip()
+        if known is not None:
+            found = known.by_name.get(name)
+        else:
+            found = Calendar.objects.filter(name=name).first()
         if found is None:
             raise ScheduleError(field, f"no calendar is named {value!r}.")
         return found
     if isinstance(value, int) and not isinstance(value, bool):
-        found = Calendar.objects.filter(pk=value).first()
+        if known is not None:
+            found = known.by_id.get(value)
+        else:
+            found = Calendar.objects.filter(pk=value).first()
         if found is None:
             raise ScheduleError(field, f"no calendar has id {value}.")
         return found
@@ -53,23 +81,45 @@ def _newest() -> datetime | None:
     return Calendar.objects.aggregate(newest=Max("updated_at"))["newest"]
 
 
-@lru_cache(maxsize=_CACHE_SIZE)
-def _parsed(calendar_id: int, updated_at: datetime, newest: datetime | None) -> calendars.Calendar:
-    row = Calendar.objects.filter(pk=calendar_id).values("name", "definition").first()
+# (id, updated_at, newest) -> the parsed calendar
+_PARSED: dict[tuple[int, datetime, datetime | None], calendars.Calendar] = {}
+
+
+def _parsed(
+    calendar_id: int, updated_at: datetime, newest: datetime | None, known: Known | None = None
+) -> calendars.Calendar:
+    key = (calendar_id, updated_at, newest)
+    found = _PARSED.get(key)
+    if found is not None:
+        return found
+    if known is not None:
+        stored = known.by_id.get(calendar_id)
+        row = None if stored is None else {"name": stored.name, "definition": stored.definition}
+        definition: Any = known.definition
+    else:
+        row = Calendar.objects.filter(pk=calendar_id).values("name", "definition").first()
+
+        def definition(name: str) -> object | None:
+            return Calendar.objects.filter(name=name).values_list("definition", flat=True).first()
+
     if row is None:
         raise ScheduleError("calendar", f"calendar {calendar_id} no longer exists.")
-
-    def definition(name: str) -> object | None:
-        return Calendar.objects.filter(name=name).values_list("definition", flat=True).first()
-
     try:
-        return calendars.parse_calendar(row["name"], row["definition"], definition)
+        parsed = calendars.parse_calendar(row["name"], row["definition"], definition)
     except ScheduleError as exc:
         raise ScheduleError("calendar", f"{row['name']!r} cannot be read: {exc}") from exc
+    if len(_PARSED) >= _CACHE_SIZE:
+        _PARSED.clear()
+    _PARSED[key] = parsed
+    return parsed
 
 
-def parsed(calendar: Calendar, newest: datetime | None = None) -> calendars.Calendar:
+def parsed(
+    calendar: Calendar, newest: datetime | None = None, known: Known | None = None
+) -> calendars.Calendar:
     """``calendar`` parsed (cached while neither it nor any calendar changes)."""
+    if known is not None:
+        return _parsed(calendar.pk, calendar.updated_at, known.newest, known)
     return _parsed(calendar.pk, calendar.updated_at, newest if newest is not None else _newest())
 
 

@@ -513,7 +513,7 @@ class Job(models.Model):
                 condition=Q(state__in=["running", "paused"]),
             ),
             models.Index(fields=["state", "task"], name="schedapp_job_state_task"),
-            # The jobs following a calendar (its delete's PROTECT check, the admin's list).
+            # The jobs following a calendar (its delete's PROTECT check; 0030, CONCURRENTLY).
             models.Index(
                 fields=["calendar"],
                 name="schedapp_job_calendar",

@@ -115,9 +115,14 @@ class JobValidator:
     the task registry afresh.
     """
 
-    def __init__(self, *, check_task: bool = True) -> None:
+    def __init__(
+        self, *, check_task: bool = True, calendars: job_calendars.Known | None = None
+    ) -> None:
         settings = get_settings()
         self.check_task = check_task
+        # The stored calendars, read beforehand (bulk scheduling: no query during its COPY);
+        # None: each job's calendar is read from the database.
+        self.calendars = calendars
         self.max_payload_bytes = settings.MAX_PAYLOAD_BYTES
         self.max_payload_depth = settings.MAX_PAYLOAD_DEPTH
         self._tasks: dict[Any, tuple[str | None, str | None]] = {}
@@ -153,7 +158,7 @@ class JobValidator:
         _check_tags(values.get("tags"), checked)
         self._check_options(values, checked)
         _check_fixed_delay(checked)
-        _check_calendar(values, checked)
+        _check_calendar(values, checked, self.calendars)
         return checked
 
     # --- task --------------------------------------------------------------------------------
@@ -311,14 +316,16 @@ def _check_fixed_delay(checked: Checked) -> None:
             _add(checked.errors, "fixed_delay", "needs an interval schedule (interval=...).")
 
 
-def _check_calendar(values: Mapping[str, Any], checked: Checked) -> None:
+def _check_calendar(
+    values: Mapping[str, Any], checked: Checked, known: job_calendars.Known | None = None
+) -> None:
     """The job's calendar: a stored one (or its name), a mode and a roll that make sense
     together and with the schedule. Whether it leaves the job a run is checked where its
     first run is computed (``policies.first_run``, field ``calendar``), on the database's
     clock."""
     errors = checked.errors
     try:
-        calendar = job_calendars.resolve(values.get("calendar"))
+        calendar = job_calendars.resolve(values.get("calendar"), known=known)
     except ScheduleError as exc:
         _add(errors, exc.field, exc.message)
         return
@@ -362,7 +369,7 @@ def _check_calendar(values: Mapping[str, Any], checked: Checked) -> None:
             "a fixed-delay interval counts from each run's end; it cannot follow a calendar.",
         )
     try:
-        job_calendars.parsed(calendar)
+        job_calendars.parsed(calendar, known=known)
     except ScheduleError as exc:
         _add(errors, "calendar", exc.message)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -22,9 +22,10 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone as django_tz
 from django.utils.dateparse import parse_date, parse_duration, parse_time
 
+from .. import calendars, job_calendars
 from ..celeryapp import task_not_allowed, task_problem
 from ..cronmath import end_of_gap, instants
-from ..display import PREVIEW_COUNT, describe_schedule, preview_text, safe_zone
+from ..display import PREVIEW_COUNT, describe_schedule, dst_note, preview_text, safe_zone
 from ..fields import JOB_FIELDS, SCHEDULE_FIELDS
 from ..models import Job, field_default
 from ..schedules import DEFAULT_DST_POLICY, OUT_OF_RANGE, Once, fire_times
@@ -375,13 +376,45 @@ def preview_for(
 
     schedule = stored_schedule(values)
     now = now or db_now()
+    zone = values["timezone"]
+    if values.get("calendar") is not None and not isinstance(schedule, Once):
+        return _calendar_preview(values, schedule, scheduled_for, now, count)
     if isinstance(schedule, Once):
         times = [schedule.at]
     elif scheduled_for is not None and scheduled_for > now:
         times = [scheduled_for, *fire_times(schedule, scheduled_for, limit=count - 1)]
     else:
         times = list(fire_times(schedule, now, limit=count))
-    return [preview_text(t, values["timezone"]) for t in times]
+    return [_marked(preview_text(t, zone), dst_note(schedule, t)) for t in times]
+
+
+def _marked(text: str, note: str) -> str:
+    return f"{text} — {note}" if note else text
+
+
+def _calendar_preview(
+    values: dict[str, Any], schedule: Any, scheduled_for: datetime | None, now: datetime, count: int
+) -> list[str]:
+    """The runs under the job's calendar, each moved one marked with what moved it (the
+    calendar's roll, or the schedule's DST rule)."""
+    cal = job_calendars.on_calendar(
+        job_calendars.parsed(values["calendar"]),
+        values.get("calendar_mode") or "",
+        values.get("calendar_roll") or "",
+        values["timezone"],
+    )
+    assert cal is not None
+    start = now
+    if scheduled_for is not None and scheduled_for > now:
+        start = scheduled_for - timedelta(microseconds=1)
+    out = []
+    for fire in calendars.fires(schedule, cal.attached, start, cal.tz, count):
+        note = dst_note(schedule, fire.at)
+        if fire.moved:
+            was = preview_text(fire.occurrence, values["timezone"])
+            note = f"moved from {was} by {cal.detail}"
+        out.append(_marked(preview_text(fire.at, values["timezone"]), note))
+    return out
 
 
 def schedule_preview(

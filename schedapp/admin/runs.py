@@ -40,6 +40,8 @@ COLOURS = {
     "outside_window": "#8d6e00",
     "overlapped": "#6d6d6d",
     "buffer_full": "#8d6e00",
+    "excluded": "#5a6a7a",  # by the job's calendar
+    "merged": "#5a6a7a",
     "quarantined": "#ba2121",
 }
 RECENT_RUNS_ON_JOB_PAGE = 5

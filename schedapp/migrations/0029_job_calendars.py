@@ -1,8 +1,8 @@
 """Calendars on jobs: ``calendar`` (nullable, PROTECT), ``calendar_mode`` and ``calendar_roll``
 with database defaults (``exclude``, ``skip``), so existing rows follow no calendar and an older
 release's inserts during a rolling deploy keep today's behaviour; PostgreSQL adds them without
-rewriting the table. The jobs following a calendar get a partial index (most follow none). The
-ledger's fates gain ``excluded`` and ``merged`` (choices only: no database change).
+rewriting the table. The partial index of the jobs following a calendar is 0030's (built
+CONCURRENTLY). The ledger's fates gain ``excluded`` and ``merged`` (choices only: no database change).
 
 The foreign key has no database constraint (PostgreSQL's would be deferred: a trigger event
 queued for every job inserted and held to commit); PROTECT is enforced by the ORM."""
@@ -37,9 +37,5 @@ class Migration(migrations.Migration):
             model_name='occurrence',
             name='fate',
             field=models.CharField(choices=[('misfired', 'Misfired (found late; the misfire policy ran another or none)'), ('outside_window', 'Outside the catch-up window'), ('paused', 'Passed while paused'), ('cancelled', 'Job cancelled'), ('quarantined', 'Job quarantined'), ('overlapped', 'Overlapped a run in flight (overlap policy skip)'), ('buffer_full', 'Dropped from a full buffer (overlap policy buffer_all)'), ('excluded', "Excluded by the job's calendar"), ('merged', "Merged by the job's calendar into a run moved onto or over it")], max_length=16),
-        ),
-        migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('calendar__isnull', False)), fields=['calendar'], name='schedapp_job_calendar'),
         ),
     ]

@@ -450,3 +450,57 @@ def test_specs_may_query_the_database_while_they_are_read(writer):
         signal.signal(signal.SIGALRM, previous)
     assert created == 3
     assert Job.objects.filter(name__startswith="copy-of-job-").count() == 3
+
+
+def test_calendars_are_written_as_schedule_writes_them(writer):
+    # Given a calendar, and specs naming it (by name and as the object) or none
+    weekends = api.save_calendar("weekends", {"weekdays": ["sat", "sun"]})
+    specs = [
+        {
+            "task": TASK,
+            "cron": "0 9 * * *",
+            "name": "rolled",
+            "calendar": "weekends",
+            "calendar_roll": "next_business_day",
+        },
+        {
+            "task": TASK,
+            "interval": 3600,
+            "name": "deferred",
+            "calendar": weekends,
+            "calendar_mode": "exclude",
+            "calendar_roll": "defer",
+        },
+        {"task": TASK, "cron": "0 9 * * *", "name": "plain"},
+    ]
+    # When they are scheduled in bulk
+    api.schedule_many(specs)
+    # Then each holds the calendar, mode, roll and first run api.schedule gives it
+    columns = ("calendar_id", "calendar_mode", "calendar_roll", "scheduled_for")
+    stored = {row[0]: row[1:] for row in Job.objects.values_list("name", *columns)}
+    assert stored["rolled"][:3] == (weekends.pk, "exclude", "next_business_day")
+    assert stored["deferred"][:3] == (weekends.pk, "exclude", "defer")
+    assert stored["plain"][:3] == (None, "exclude", "skip")
+    single = api.schedule(
+        TASK,
+        cron="0 9 * * *",
+        name="single",
+        calendar="weekends",
+        calendar_roll="next_business_day",
+    )
+    assert single.scheduled_for == stored["rolled"][3]
+    assert single.scheduled_for.weekday() < 5
+    deferred = Job.objects.get(name="deferred")
+    assert deferred.scheduled_for.weekday() < 5
+    assert deferred.interval_anchor is not None  # its phase: the first occurrence
+    assert (deferred.scheduled_for - deferred.interval_anchor) % timedelta(hours=1) == timedelta(
+        0
+    ) or deferred.scheduled_for.weekday() == 0  # or deferred to Monday's midnight
+    # and a bad calendar option refuses the lot, naming spec and field
+    errors = refused(
+        [
+            {"task": TASK, "cron": "0 9 * * *", "name": "a", "calendar": "no-such"},
+            {"task": TASK, "cron": "0 9 * * *", "name": "b", "calendar_roll": "defer"},
+        ]
+    )
+    assert sorted(errors) == ["0.calendar", "1.calendar_roll"]

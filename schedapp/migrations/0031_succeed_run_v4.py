@@ -117,6 +117,6 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0029_job_calendars")]
+    dependencies = [("schedapp", "0030_job_calendar_index")]
 
     operations = [migrations.RunPython(create, drop, elidable=False)]
