@@ -409,10 +409,17 @@ def _calendar_preview(
         start = scheduled_for - timedelta(microseconds=1)
     out = []
     for fire in calendars.fires(schedule, cal.attached, start, cal.tz, count):
-        note = dst_note(schedule, fire.at)
+        notes = [dst_note(schedule, fire.at)]
         if fire.moved:
             was = preview_text(fire.occurrence, values["timezone"])
-            note = f"moved from {was} by {cal.detail}"
+            notes = [f"moved from {was} by {cal.detail}"]
+        merged = sum(s.count for s in fire.skipped if s.reason == "merged")
+        excluded = sum(s.count for s in fire.skipped if s.reason == "excluded")
+        if merged:
+            notes.append(f"also stands for {merged} earlier occurrence(s) merged by {cal.detail}")
+        if excluded:
+            notes.append(f"{excluded} occurrence(s) before it excluded by {cal.detail}")
+        note = "; ".join(n for n in notes if n)
         out.append(_marked(preview_text(fire.at, values["timezone"]), note))
     return out
 

@@ -7,7 +7,7 @@ database holds afterwards.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -16,8 +16,10 @@ from django.test import override_settings
 from django.urls import reverse
 
 from schedapp import api
+from schedapp.admin.forms import preview_for
 from schedapp.db import db_now
-from schedapp.models import Job, JobSource, JobState
+from schedapp.fields import JOB_FIELDS
+from schedapp.models import Calendar, Job, JobSource, JobState, field_default
 from schedapp.schedules import fire_times, parse_cron
 
 pytestmark = [pytest.mark.django_db]
@@ -459,3 +461,73 @@ def test_the_overlap_policy_and_a_fixed_delay_are_set_in_the_form(admin_client):
     errors = form_errors(response)
     assert set(errors) == {"overlap", "max_buffer"}, errors
     assert "allow_all" in errors["overlap"][0]
+
+
+def test_the_form_attaches_a_calendar_and_the_preview_marks_what_it_moved(admin_client):
+    # Given a calendar of weekends
+    api.save_calendar("weekends", {"weekdays": ["sat", "sun"]})
+    calendar_id = Calendar.objects.get(name="weekends").pk
+    # When the operator adds a daily job following it, rolled to the next business day
+    response = admin_client.post(
+        reverse(ADD),
+        form_data(
+            cron="0 9 * * *",
+            calendar=str(calendar_id),
+            calendar_mode="exclude",
+            calendar_roll="next_business_day",
+        ),
+    )
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(name="nightly-report")
+    assert (job.calendar_id, job.calendar_roll) == (calendar_id, "next_business_day")
+    assert job.scheduled_for.astimezone(ZoneInfo("Europe/Paris")).weekday() < 5
+    # Then its page previews runs on weekdays only, a weekend one marked as moved
+    preview = preview_for(
+        {f: getattr(job, f) for f in JOB_FIELDS},
+        scheduled_for=None,
+        now=datetime(2026, 12, 4, 12, tzinfo=UTC),  # a Friday after 09:00 in Paris
+        count=3,
+    )
+    assert preview[0].startswith("Mon 2026-12-07 09:00:00 CET (UTC+01:00)"), preview
+    # (Monday's own 09:00 runs for Saturday's and Sunday's too)
+    assert "also stands for 2 earlier occurrence(s) merged by calendar 'weekends'" in preview[0]
+    assert preview[1].startswith("Tue 2026-12-08 09:00:00") and "moved" not in preview[1]
+    # ... and a deferred run says where it was moved from
+    api.save_calendar("mornings", {"time_range": {"start": "06:00", "end": "12:00"}})
+    deferred = {f: getattr(job, f) for f in JOB_FIELDS}
+    deferred.update(calendar=Calendar.objects.get(name="mornings"), calendar_roll="defer")
+    (moved,) = preview_for(
+        deferred, scheduled_for=None, now=datetime(2026, 12, 4, 12, tzinfo=UTC), count=1
+    )
+    assert moved.startswith("Sat 2026-12-05 12:00:00 CET"), moved
+    assert "moved from Sat 2026-12-05 09:00:00 CET (UTC+01:00) by calendar 'mornings'" in moved
+    # And a roll with no calendar is refused on its field
+    response = admin_client.post(change_url(job), form_data(calendar="", calendar_roll="defer"))
+    assert "calendar_roll" in form_errors(response)
+
+
+def test_the_preview_marks_a_time_its_dst_rule_moved():
+    values = {f: field_default(f) for f in JOB_FIELDS}
+    values.update(
+        task="t",
+        name="n",
+        args=[],
+        kwargs={},
+        queue="",
+        message_options={},
+        cron="30 2 * * *",
+        timezone="Europe/Paris",
+        run_at=None,
+        interval=None,
+        solar_event="",
+    )
+    times = preview_for(
+        values, scheduled_for=None, now=datetime(2026, 3, 28, 12, tzinfo=UTC), count=2
+    )
+    assert times[0].startswith("Sun 2026-03-29 03:00:00 CEST"), times
+    assert "moved by its DST rule" in times[0]
+    assert "DST" not in times[1]
+    times = preview_for(
+        values, scheduled_for=None, now=datetime(2026, 10, 24, 12, tzinfo=UTC), count=1
+    )
+    assert "repeated hour: its first offset" in times[0], times

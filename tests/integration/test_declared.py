@@ -238,3 +238,28 @@ def test_a_bad_declared_window_names_job_and_field(window, says):
         report = declared.sync_declared_jobs()
     assert report.errors["bad-window"][0].startswith("bad-window.catchup_window: ")
     assert not Job.objects.filter(name="bad-window").exists()
+
+
+def test_a_declared_job_follows_a_declared_calendar_and_a_second_sync_changes_nothing():
+    api.save_calendar("weekends", {"weekdays": ["sat", "sun"]})
+    jobs = {
+        "payroll": {
+            "task": "project.tasks.record",
+            "cron": "0 9 * * *",
+            "timezone": "UTC",
+            "calendar": "weekends",
+            "calendar_roll": "next_business_day",
+        }
+    }
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        assert declared.sync_declared_jobs().created == ["payroll"]
+        first = snapshot()
+        again = declared.sync_declared_jobs()
+    assert not again.changed and snapshot() == first
+    job = Job.objects.get(name="payroll")
+    assert (job.calendar.name, job.calendar_roll) == ("weekends", "next_business_day")
+    assert job.scheduled_for.weekday() < 5
+    bad = {"payroll": {**jobs["payroll"], "calendar": "no-such"}}
+    with override_settings(SCHEDAPP_JOBS=bad):
+        report = declared.sync_declared_jobs()
+    assert "payroll.calendar" in str(report.errors) or "calendar" in str(report.errors)

@@ -25,7 +25,7 @@ import pytest
 from django.db import connections, transaction
 
 from schedapp.fields import with_defaults
-from schedapp.models import Job, JobChange, JobRun, JobState, RunStatus
+from schedapp.models import Calendar, Job, JobChange, JobRun, JobState, RunStatus
 from schedapp.policies import dispatch_wait
 from schedapp.store import (
     DoorVerdict,
@@ -788,3 +788,25 @@ def test_dispatch_lag_and_recent_statuses_say_the_same_on_every_store(store):
 def test_dispatch_lag_of_an_empty_window_is_one_empty_row(store):
     assert store.dispatch_lag(5, 100) == [(None, 0, None, None, None)]
     assert store.recent_statuses(5, 100) == {}
+
+
+def test_the_claim_reads_a_jobs_calendar_with_it(store):
+    """The misfire planning of a claim follows a job's calendar: both stores' claim rows carry
+    what ``job_calendars.for_rows`` and ``for_row`` read."""
+    calendar = Calendar.objects.using(store.using).create(
+        name="contract-sundays", definition={"weekdays": ["sun"]}
+    )
+    row = claimed(
+        store, "under-a-calendar", calendar=calendar, calendar_mode="only", calendar_roll="defer"
+    )
+    plain = claimed(store, "without")
+    assert (row["calendar_id"], row["calendar_mode"], row["calendar_roll"]) == (
+        calendar.pk,
+        "only",
+        "defer",
+    )
+    assert (plain["calendar_id"], plain["calendar_mode"], plain["calendar_roll"]) == (
+        None,
+        "exclude",
+        "skip",
+    )
