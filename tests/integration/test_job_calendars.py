@@ -17,6 +17,7 @@ from schedapp import api, calendars, lease
 from schedapp.db import db_now
 from schedapp.lease import admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobChange, JobRun, JobState, Occurrence
+from schedapp.store import PortableStore
 from tests import examples
 
 pytestmark = [pytest.mark.django_db]
@@ -57,6 +58,18 @@ def latest_business_nine(until: datetime, holidays: list[date]) -> datetime:
         if at <= until and business(day, holidays):
             return at
         day -= timedelta(days=1)
+
+
+@pytest.fixture(params=["postgresql", "portable"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The claim and the door through each store: PostgreSQL's statements, or the portable
+    store's ORM (SQLite's path, on this database as bulk scheduling's tests force it)."""
+    if request.param == "portable":
+        from schedapp.lease import claim, door
+
+        monkeypatch.setattr(claim, "get_store", PortableStore)
+        monkeypatch.setattr(door, "get_store", PortableStore)
+    return request.param
 
 
 @pytest.fixture
@@ -110,7 +123,7 @@ def test_schedule_puts_the_first_run_on_the_next_business_day(office, holidays):
     assert (job.calendar_mode, job.calendar_roll) == ("exclude", "next_business_day")
 
 
-def test_completion_follows_the_calendar_and_the_ledger_names_it(office, holidays):
+def test_completion_follows_the_calendar_and_the_ledger_names_it(store, office, holidays):
     job = payroll()
     start = datetime.combine(holidays[0] - timedelta(days=3), NINE, tzinfo=UTC)
     start = latest_business_nine(start, holidays)
@@ -135,7 +148,7 @@ def test_completion_follows_the_calendar_and_the_ledger_names_it(office, holiday
     assert passed <= covered
 
 
-def test_a_failure_going_on_to_the_next_occurrence_follows_the_calendar(office, holidays):
+def test_a_failure_going_on_to_the_next_occurrence_follows_the_calendar(store, office, holidays):
     job = payroll(max_retries=0, when_retries_exhausted="next_occurrence")
     friday = latest_business_nine(db_now() - timedelta(days=7), holidays)
     while friday.weekday() != 4 or not business(friday.date(), holidays):
@@ -148,7 +161,7 @@ def test_a_failure_going_on_to_the_next_occurrence_follows_the_calendar(office, 
 
 
 def test_a_misfire_after_an_outage_runs_the_latest_business_day_and_records_the_rest(
-    office, holidays
+    store, office, holidays
 ):
     job = payroll(misfire_policy="run_once")
     now = db_now()
@@ -178,7 +191,7 @@ def test_a_misfire_after_an_outage_runs_the_latest_business_day_and_records_the_
         assert business(r.scheduled_for.date(), holidays)
 
 
-def test_resume_decides_the_paused_weeks_under_the_calendar(office, holidays):
+def test_resume_decides_the_paused_weeks_under_the_calendar(store, office, holidays):
     job = payroll(misfire_policy="run_once")
     api.pause(job)
     gone = latest_business_nine(db_now() - timedelta(days=16), holidays)
@@ -250,7 +263,7 @@ def test_a_calendar_a_job_follows_cannot_be_deleted(office):
         api.get(Job.objects.get().pk).calendar.delete()
 
 
-def test_a_calendar_that_cannot_be_computed_quarantines_its_job_not_the_beat(office):
+def test_a_calendar_that_cannot_be_computed_quarantines_its_job_not_the_beat(store, office):
     job = payroll(misfire_policy="run_once")
     Job.objects.filter(pk=job.pk).update(calendar_roll="sideways")  # behind the API's back
     gone = db_now() - timedelta(days=3)
