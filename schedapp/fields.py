@@ -117,13 +117,21 @@ def changed_fields(job: Any, values: Mapping[str, Any]) -> dict[str, Any]:
     zone) when any part of it changed: a new schedule replaces the old one whole, so an update
     must say all of it. What the admin, declared jobs and the importer pass to
     ``api.update``."""
-    changes = {f: v for f, v in values.items() if getattr(job, f) != v}
+    changes = {f: v for f, v in values.items() if not _same(f, getattr(job, f), v)}
     if any(f in changes for f in (*_WHOLE_SCHEDULE, *SCHEDULE_DETAIL_FIELDS)):
         changes.update({f: values[f] for f in _WHOLE_SCHEDULE if f in values})
     return changes
 
 
 _WHOLE_SCHEDULE = (*SCHEDULE_FIELDS, "timezone")
+
+
+def _same(field: str, current: Any, value: Any) -> bool:
+    """A calendar is the same by its name (a stored calendar, or the name the audit trail and
+    declarations give)."""
+    if field == "calendar":
+        return getattr(current, "name", current) == getattr(value, "name", value)
+    return bool(current == value)
 
 
 def with_defaults(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

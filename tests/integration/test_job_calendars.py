@@ -336,3 +336,20 @@ def test_no_run_ever_lands_inside_an_exclusion_through_the_real_completion_path(
         assert not calendars.excludes(parsed.rule, at.astimezone(paris)), (roll, at)
         job = run_due(job)
         assert job.state == JobState.SCHEDULED
+
+
+def test_a_restore_or_a_duplicate_keeps_the_calendar_and_only_a_change_of_it_moves_the_run(
+    office, holidays
+):
+    job = payroll(description="v1")
+    first = job.scheduled_for
+    job = api.update(job, description="v2")
+    created = JobChange.objects.filter(job_id=job.pk).order_by("id").first()
+    Job.objects.filter(pk=job.pk).update(scheduled_for=first + timedelta(days=1))
+    # restoring the first version (its calendar by name) changes the description only
+    job = api.restore(job, created)
+    assert job.description == "v1"
+    assert job.scheduled_for == first + timedelta(days=1)  # not recomputed
+    copy = api.duplicate(job, name="payroll-copy")
+    assert (copy.calendar_id, copy.calendar_roll) == (job.calendar_id, "next_business_day")
+    assert copy.scheduled_for == next_business_nine(db_now(), holidays)
