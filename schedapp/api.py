@@ -129,8 +129,10 @@ def schedule(
     ``misfire_max_catchup``, ``catchup_window`` (an occurrence missed longer ago than it is
     recorded as missed and not run; not shorter than ``misfire_grace``; None: no window),
     ``overlap`` (``"buffer_one"``, ``"skip"``, ``"buffer_all"`` with ``max_buffer``,
-    ``"cancel_other"`` or ``"terminate_other"``: the occurrences that come due while a run is
-    in flight), ``fixed_delay`` (an interval counted from the end of each run) and
+    ``"cancel_other"``, ``"terminate_other"``, or ``"allow_all"`` with ``max_concurrent``: each
+    occurrence starts on time beside the runs in flight, at most that many of them, each run
+    under a lease of its own: the occurrences that come due while a run is in flight),
+    ``fixed_delay`` (an interval counted from the end of each run) and
     ``description`` (free text for people); Celery's semantics:
     ``dst_policy`` (a cron's DST rule: ``"gap_end+first"``, the default, ... or ``"celery"``),
     ``cron_day_or`` (False: both day fields must match, as Celery's crontab), ``not_before``

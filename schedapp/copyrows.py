@@ -49,6 +49,7 @@ COPY_COLUMNS = (
     "overlap",
     "max_buffer",
     "fixed_delay",
+    "max_concurrent",
     "source",
     "next_run_at",
     "scheduled_for",
@@ -266,6 +267,7 @@ class TextRows(CopyRows):
             f"{_interval_text(v['misfire_grace'])}\t{v['misfire_policy']}\t"
             f"{v['when_retries_exhausted']}\t{_optional_interval_text(v['catchup_window'])}\t"
             f"{v['overlap']}\t{v['max_buffer']}\t{'t' if v['fixed_delay'] else 'f'}\t"
+            f"{v['max_concurrent']}\t"
         )
 
 
@@ -427,6 +429,7 @@ class BinaryRows(CopyRows):
                 _b_text(v["overlap"]),
                 _b_int4(v["max_buffer"]),
                 _I32(1) + (b"\x01" if v["fixed_delay"] else b"\x00"),
+                _b_int4(v["max_concurrent"]),
             )
         )
 

@@ -46,6 +46,7 @@ from .message import (
     HEADER_JOB,
     HEADER_KEY,
     HEADER_LEASE,
+    HEADER_OWN_LEASE,
     HEADER_RUN,
     HEADER_SCHEDULE,
     HEADER_SCHEDULED_FOR,
@@ -197,6 +198,7 @@ def message_headers(
         HEADER_KEY: run.idempotency_key,
         HEADER_LEASE: run.lease_seconds,
         HEADER_SCHEDULE: run.schedule.encode() if run.schedule else None,
+        HEADER_OWN_LEASE: True if run.own_lease else None,
     }
     if route is not None and route.headers:
         headers.update(route.headers)  # apply_async(headers=...) merges them the same way

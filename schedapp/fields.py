@@ -95,6 +95,7 @@ class JobOptions(TypedDict, total=False):
     catchup_window: timedelta | float | None
     overlap: str | None
     max_buffer: int | None
+    max_concurrent: int | None
     fixed_delay: bool
     # A stored calendar (``schedapp.models.Calendar``, or its name) the job follows, how
     # (``exclude`` / ``only``) and what an excluded occurrence does (``calendars.ROLLS``).

@@ -30,6 +30,9 @@ HEADER_SCHEDULE = "schedapp_schedule"
 # The admission (the door call) that started the run: carried only by the message of a task
 # that replaced the run's task (``Task.replace``), whose door then admits it as the same run.
 HEADER_ADMISSION = "schedapp_admission"
+# Present (true) on a run with a lease of its own (overlap policy allow_all): its outcome is
+# recorded on the general path, never by the one-call success, which fences on the job.
+HEADER_OWN_LEASE = "schedapp_own_lease"
 RUN_HEADERS = (
     HEADER_JOB,
     HEADER_RUN,
@@ -39,6 +42,7 @@ RUN_HEADERS = (
     HEADER_KEY,
     HEADER_LEASE,
     HEADER_SCHEDULE,
+    HEADER_OWN_LEASE,
 )
 
 
@@ -110,6 +114,7 @@ class RunHeaders:
     attempt: int
     idempotency_key: str
     schedule: ScheduleRef | None
+    own_lease: bool = False
 
     @classmethod
     def read(cls, headers: Mapping[str, Any]) -> RunHeaders | None:
@@ -125,4 +130,5 @@ class RunHeaders:
             attempt=int(headers[HEADER_ATTEMPT]),
             idempotency_key=str(headers[HEADER_KEY]),
             schedule=ScheduleRef.decode(headers.get(HEADER_SCHEDULE)),
+            own_lease=bool(headers.get(HEADER_OWN_LEASE)),
         )

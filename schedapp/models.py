@@ -263,6 +263,7 @@ class Overlap(models.TextChoices):
     BUFFER_ALL = "buffer_all", "Buffer all (up to max_buffer): each runs after the run"
     CANCEL_OTHER = "cancel_other", "Cancel the run in flight (revoke); the latest then runs"
     TERMINATE_OTHER = "terminate_other", "Terminate the run in flight (SIGTERM); the latest runs"
+    ALLOW_ALL = "allow_all", "Allow all (up to max_concurrent): each starts on time, own lease"
 
 
 assert tuple(Overlap.values) == OVERLAP_POLICIES
@@ -413,6 +414,12 @@ class Job(models.Model):
         db_default=100,
         help_text="buffer_all: at most this many of them run after the run in flight (the "
         "most recent); older ones are dropped and recorded.",
+    )
+    max_concurrent = models.IntegerField(
+        default=10,
+        db_default=10,
+        help_text="allow_all: at most this many runs of the job in flight at once; an "
+        "occurrence waits for a slot (then the misfire policy applies).",
     )
     # cancel_other / terminate_other: when the run in flight is to be cancelled (the next
     # occurrence, set by the claim), and whether it was (by a beat, which revoked its task).
@@ -669,6 +676,16 @@ class JobRun(models.Model):
     )
     error = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
+    # A run with a lease of its own (overlap policy allow_all): the door, renewals, its
+    # completion and the reaper decide on this row, not on the job's lease. The lease is set
+    # while the run is in flight and cleared when it ends, so the partial indexes below hold
+    # only runs in flight. Only schedapp.lease writes these.
+    own_lease = models.BooleanField(default=False, db_default=False, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A retry of an allow_all occurrence waiting for its due time (a run of its own: the
+    # occurrence's scheduled_for and idempotency key, the next attempt): set while it waits,
+    # cleared when a beat claims it. The job's own row cannot hold it: it moved on.
+    retry_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-id"]
@@ -683,6 +700,26 @@ class JobRun(models.Model):
             # writes (status, started_at, finished_at...): those updates stay heap-only, in
             # the room the table's fillfactor leaves (migration 0005).
             models.Index(fields=["dispatched_at"], name="schedapp_run_dispatched"),
+            # Runs in flight under a lease of their own: counted per job against
+            # max_concurrent by the claim, and their expiries found by the reaper. Only
+            # lease_expires_at is indexed (set on allow_all runs only), so the other runs'
+            # admission and completion updates stay heap-only.
+            models.Index(
+                fields=["job", "lease_expires_at"],
+                name="schedapp_run_in_flight",
+                condition=Q(lease_expires_at__isnull=False),
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="schedapp_run_leased",
+                condition=Q(lease_expires_at__isnull=False),
+            ),
+            # Retries of allow_all occurrences waiting for their due time: the beat's claim.
+            models.Index(
+                fields=["retry_at"],
+                name="schedapp_run_retry_due",
+                condition=Q(retry_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -44,8 +44,11 @@ OPTION_FIELDS = (
     "overlap",
     "max_buffer",
     "fixed_delay",
+    "max_concurrent",
 )
 MAX_BUFFER = 100_000  # as misfire_max_catchup: each buffered occurrence is a run to come
+# allow_all: runs of one job in flight at once, each a lease renewed and a worker slot held.
+MAX_CONCURRENT = 1_000
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
         ("lease_seconds", 1, 7 * 86400),
         ("misfire_max_catchup", 1, 100_000),
         ("max_buffer", 1, MAX_BUFFER),
+        ("max_concurrent", 1, MAX_CONCURRENT),
     ):
         value = values[field]
         if isinstance(value, bool) or not isinstance(value, int):

@@ -75,17 +75,19 @@ WHEN_RETRIES_EXHAUSTED = (DEAD, NEXT_OCCURRENCE)
 # ``cancel_other``: the next occurrence coming due cancels the run in flight (its Celery task
 # is revoked: a message not yet started is discarded, one executing runs on, Celery cannot
 # interrupt it), and the latest occurrence due runs when that run has ended or its lease
-# lapsed; ``terminate_other``: the same, the task revoked with terminate (SIGTERM, prefork).
+# lapsed; ``terminate_other``: the same, the task revoked with terminate (SIGTERM, prefork);
+# ``allow_all``: every occurrence starts when it comes due, whether or not earlier runs have
+# ended, each run under a lease of its own (``JobRun.lease_expires_at``), at most
+# ``max_concurrent`` of them in flight (an occurrence waits for a slot, then the misfire policy
+# applies as to any late one). The job moves on to its next occurrence at the claim.
 OVERLAP_SKIP = "skip"
 BUFFER_ONE = "buffer_one"
 BUFFER_ALL = "buffer_all"
 CANCEL_OTHER = "cancel_other"
 TERMINATE_OTHER = "terminate_other"
-OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL, CANCEL_OTHER, TERMINATE_OTHER)
-SUPERSEDING = (CANCEL_OTHER, TERMINATE_OTHER)  # the policies that act while a run is in flight
-# Runs of a job side by side (another change adds it to OVERLAP_POLICIES): never the one-call
-# success (end_decides), whose job moves on one run after another.
 ALLOW_ALL = "allow_all"
+OVERLAP_POLICIES = (OVERLAP_SKIP, BUFFER_ONE, BUFFER_ALL, CANCEL_OTHER, TERMINATE_OTHER, ALLOW_ALL)
+SUPERSEDING = (CANCEL_OTHER, TERMINATE_OTHER)  # the policies that act while a run is in flight
 
 
 def misfire_after(policy: str, grace: timedelta) -> timedelta:
@@ -566,6 +568,13 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
         0,
         ranges=ranges,
     )
+
+
+def plan_at_start(job: JobFacts, rng: Rng = random.random) -> AfterRun:
+    """An ``allow_all`` job as its run is claimed: it moves on at once to the occurrence after
+    the one that starts, as after a success under ``buffer_one`` (the same schedule math), so
+    the next occurrence starts on time whether or not this run has ended."""
+    return plan_after_success(replace(job, overlap=BUFFER_ONE, now=None, ran_for=None), rng=rng)
 
 
 def end_decides(

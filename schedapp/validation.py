@@ -159,6 +159,7 @@ class JobValidator:
         self._check_options(values, checked)
         _check_fixed_delay(checked)
         _check_calendar(values, checked, self.calendars)
+        _check_allow_all(checked)
         return checked
 
     # --- task --------------------------------------------------------------------------------
@@ -372,6 +373,24 @@ def _check_calendar(
         job_calendars.parsed(calendar, known=known)
     except ScheduleError as exc:
         _add(errors, "calendar", exc.message)
+
+
+def _check_allow_all(checked: Checked) -> None:
+    """allow_all moves the job on to its next occurrence as each run is claimed: a one-off has
+    none, and a fixed delay counts from a run's end, which allow_all does not wait for."""
+    assert checked.options is not None
+    values = checked.options.values
+    if values.get("overlap") != "allow_all":
+        return
+    if isinstance(checked.schedule, Once):
+        _add(checked.errors, "overlap", "allow_all needs a recurring schedule, not run_at.")
+    if values.get("fixed_delay"):
+        _add(
+            checked.errors,
+            "fixed_delay",
+            "cannot be used with overlap allow_all: a fixed delay waits for the end of a run, "
+            "allow_all does not.",
+        )
 
 
 def _check_name(name: Any, checked: Checked) -> None:

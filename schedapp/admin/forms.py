@@ -68,6 +68,7 @@ FORM_FIELDS = [
     "catchup_window",
     "overlap",
     "max_buffer",
+    "max_concurrent",
     "message_options",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
@@ -149,6 +150,7 @@ class JobForm(forms.ModelForm):
             "catchup_window": "Catch-up window",
             "overlap": "Overlap policy",
             "max_buffer": "Buffer at most",
+            "max_concurrent": "Runs in flight at most",
             "fixed_delay": "Count from the end of each run",
         }
         help_texts = {
@@ -165,9 +167,12 @@ class JobForm(forms.ModelForm):
             "overlap": "Occurrences that come due while a run is in flight: skip them, buffer "
             "one (the next waits; if late beyond the misfire grace by then, the misfire policy "
             "decides), buffer all (each runs after it, oldest first), or cancel (revoke) / "
-            "terminate (SIGTERM, prefork) the run in flight, then run the latest.",
+            "terminate (SIGTERM, prefork) the run in flight, then run the latest, or allow all: "
+            "each starts on time beside the runs in flight (at most max_concurrent).",
             "max_buffer": "Buffer all: at most this many wait (the most recent); older ones "
             "are dropped and recorded.",
+            "max_concurrent": "Allow all: at most this many runs in flight at once (1 to "
+            "1,000); an occurrence waits for a slot, then the misfire policy decides.",
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
             "occurrences are aligned to; empty: its first occurrence.",
             "args": 'A JSON list, e.g. [1, "two"].',

@@ -84,6 +84,7 @@ _EDITABLE = (
                 "catchup_window",
                 "overlap",
                 "max_buffer",
+                "max_concurrent",
             ),
             "classes": ("collapse",),
         },

@@ -25,7 +25,9 @@ def lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any
     # The database's now() read with the lock: what the overlap policy compares the next
     # occurrence with (``job_facts``), in the same round trip.
     job = Job.objects.select_for_update().annotate(database_now=Now()).filter(id=job_id).first()
-    run = JobRun.objects.filter(job_id=job_id, token=token).values("status", "scheduled_for")
+    run = JobRun.objects.filter(job_id=job_id, token=token).values(
+        "status", "scheduled_for", "own_lease"
+    )
     return job, run.first()
 
 

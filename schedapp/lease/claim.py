@@ -20,11 +20,12 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from .. import job_calendars, ledger, policies
-from ..db import beat_transaction
+from ..db import beat_transaction, notify_due
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
 from ..schedules import DEFAULT_DST_POLICY, next_fire_time
 from ..store import get_store, insert_runs, pairs
+from .after_run import job_facts
 from .quarantine import (
     ROW_ERRORS,
     Quarantined,
@@ -64,6 +65,7 @@ class ClaimedRun:
     # dispatch dates a message's ``expires`` from (``database_now``), not the host's clock.
     claimed_at: datetime | None = None
     claimed_monotonic: float | None = None
+    own_lease: bool = False  # allow_all: the run holds its lease; the job moved on at the claim
 
     def database_now(self) -> datetime | None:
         """The database's clock now, read as the claim's now() plus the time since on this
@@ -189,6 +191,10 @@ def _claim_due_jobs(
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True
+        # last: each allow_all run takes the lease its job was just given (restamped or not)
+        ready = _start_own_leases(ready, rng, result.quarantined)
+        if len(ready) < limit:
+            ready.extend(_claim_due_retries(beat, limit - len(ready), result.quarantined))
     result.runs = [_claimed_run(r, started) for r in ready]
     return result
 
@@ -301,6 +307,161 @@ def _arm_supersede(rows: list[dict]) -> None:
         )
 
 
+def _start_own_leases(
+    rows: list[dict], rng: policies.Rng, quarantined: list[Quarantined]
+) -> list[dict]:
+    """allow_all: each claimed run takes its job's lease onto its own row, and the job moves
+    on to its next occurrence in this same transaction (``policies.plan_at_start``, the
+    schedule math of a success), so the next occurrence starts on time whether or not this
+    run has ended. The bound is checked again here, under the job's lock, with a statement of
+    its own (a snapshot taken after any claim that committed meanwhile): a run beyond
+    ``max_concurrent`` is taken back (it was never published) and its occurrence waits for a
+    slot. Other policies' rows pass through untouched; only allow_all jobs pay, each in a
+    savepoint: a row the job's schedule or columns cannot be read from is quarantined, never
+    allowed to fail the claim."""
+    kept: list[dict] = []
+    for row in rows:
+        if row["overlap"] != policies.ALLOW_ALL or not row.get("run_id"):
+            kept.append(row)
+            continue
+        started = in_savepoint_or_quarantine(
+            row["id"],
+            lambda row=row: _start_own_lease(row, rng),
+            quarantined,
+            "its run cannot take a lease of its own",
+        )
+        if started:
+            kept.append(row)
+    return kept
+
+
+def _start_own_lease(row: dict, rng: policies.Rng) -> bool:
+    in_flight = JobRun.objects.filter(job_id=row["id"], lease_expires_at__isnull=False).count()
+    if in_flight >= max(1, row["max_concurrent"]):  # (a bound written behind the API: 1)
+        JobRun.objects.filter(id=row["run_id"]).delete()
+        Job.objects.filter(id=row["id"], token=row["token"]).update(
+            state=JobState.SCHEDULED, claimed_by="", lease_expires_at=None
+        )
+        return False
+    job = Job.objects.annotate(database_now=Now()).get(id=row["id"])
+    try:
+        plan = policies.plan_at_start(job_facts(job), rng=rng)
+    except Exception as exc:  # a schedule the beat cannot follow: quarantined, with why
+        raise ValueError(unschedulable(exc)) from exc
+    JobRun.objects.filter(id=row["run_id"]).update(
+        own_lease=True, lease_expires_at=job.lease_expires_at
+    )
+    Job.objects.filter(id=row["id"], token=row["token"]).update(
+        state=plan.state,
+        scheduled_for=plan.scheduled_for,
+        next_run_at=plan.next_run_at,
+        retry_count=0,
+        claimed_by="",
+        lease_expires_at=None,
+        unstarted_dispatches=0,
+    )
+    if plan.state == JobState.SCHEDULED:
+        notify_due(plan.next_run_at)
+    row["own_lease"] = True
+    return True
+
+
+# What a claimed retry's row says, read from its job as the claim statement returns it.
+_RETRY_JOB_FIELDS = (
+    "name",
+    "task",
+    "queue",
+    "max_retries",
+    "lease_seconds",
+    "jitter",
+    "cron",
+    "timezone",
+    "interval",
+    "interval_anchor",
+    "overlap",
+    "max_concurrent",
+    "cron_day_or",
+    "dst_policy",
+    "solar_event",
+    "not_before",
+    "expires_at",
+)
+
+
+def _claim_due_retries(beat: str, limit: int, quarantined: list[Quarantined]) -> list[dict]:
+    """Retries of allow_all occurrences whose due time has passed (``JobRun.retry_at``,
+    written by ``complete.wait_for_retry``): each takes its lease now, as a claim's run does,
+    while its job has a slot (``max_concurrent``) and is not paused, cancelled or dead (a
+    requeue lets its retries go on). Job rows are locked before run rows, SKIP LOCKED both:
+    another beat, a completion or the reaper holding one leaves it to a later tick. Costs one
+    probe of an empty partial index when nothing waits."""
+    candidates = list(
+        JobRun.objects.filter(retry_at__lte=Now())
+        .order_by("retry_at")
+        .values_list("id", "job_id")[:limit]
+    )
+    if not candidates:
+        return []
+    jobs = set(
+        Job.objects.select_for_update(skip_locked=True)
+        .filter(
+            id__in={job_id for _, job_id in candidates},
+            state__in=[JobState.SCHEDULED, JobState.SUCCEEDED],
+        )
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    runs = list(
+        JobRun.objects.select_for_update(skip_locked=True)
+        .filter(
+            id__in=[run_id for run_id, job_id in candidates if job_id in jobs],
+            retry_at__lte=Now(),
+            status=RunStatus.DISPATCHED,
+        )
+        .order_by("retry_at")
+    )
+    rows: list[dict] = []
+    for run in runs:
+        row = in_savepoint_or_quarantine(
+            run.job_id,
+            lambda run=run: _start_retry(beat, run.job_id, run),
+            quarantined,
+            "its retry cannot be sent",
+        )
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _start_retry(beat: str, job_id: int, run: JobRun) -> dict | None:
+    job = Job.objects.annotate(database_now=Now()).get(id=job_id)
+    if JobRun.objects.filter(job_id=job.id, lease_expires_at__isnull=False).count() >= max(
+        1, job.max_concurrent
+    ):
+        return None  # it waits for a slot, as an occurrence does
+    JobRun.objects.filter(id=run.id).update(
+        retry_at=None,
+        claimed_by=beat,
+        dispatched_at=Now(),
+        lease_expires_at=Now() + timedelta(seconds=job.lease_seconds),
+    )
+    row = {field: getattr(job, field) for field in _RETRY_JOB_FIELDS}
+    row.update(
+        run_id=run.id,
+        id=job.id,
+        token=run.token,
+        args=json.dumps(job.args),
+        kwargs=json.dumps(job.kwargs),
+        message_options=json.dumps(job.message_options),
+        scheduled_for=run.scheduled_for,
+        next_run_at=run.due_at,
+        retry_count=run.attempt - 1,
+        lateness=(job.database_now - run.due_at).total_seconds(),
+        own_lease=True,
+    )
+    return row
+
+
 def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
     """``started``: the monotonic time the claim's transaction began, when its now() was
     read (``lateness`` is that now() less ``next_run_at``)."""
@@ -323,6 +484,7 @@ def _claimed_run(row: dict, started: float | None = None) -> ClaimedRun:
         claimed_at=_claimed_at(row),
         claimed_monotonic=started,
         max_retries=row["max_retries"],
+        own_lease=row.get("own_lease", False),
     )
 
 

@@ -14,15 +14,17 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from .. import policies
-from ..message import RunHeaders
-from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from ..db import notify_due
+from ..message import RunHeaders, task_id_for
+from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunKind, RunStatus
 from ..schedules import Interval, Schedule, next_fire_time, parse_cron
 from ..store import DoorVerdict, get_store
 from .after_run import EXPIRED, job_facts, lock_job_and_run, write_after_run
@@ -37,7 +39,7 @@ from .quarantine import (
     storable,
     unschedulable,
 )
-from .rules import ANY, STARTED, UNSTARTED_ONLY, Completion, LeaseJob, completion
+from .rules import ANY, STARTED, UNSTARTED_ONLY, Completion, LeaseJob, completion, run_completion
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,8 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
 def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
     """The arguments of ``schedapp_succeed_run_v4``; None if the schedule cannot be computed here
     (the general path then quarantines the job, with the reason)."""
+    if headers.own_lease:
+        return None  # fenced on its run row, not on the job: the general path
     ref = headers.schedule
     nxt = None
     if ref is not None:
@@ -280,6 +284,10 @@ def _complete_locked(
 ) -> CompletionResult:
     with transaction.atomic():
         job, run = lock_job_and_run(job_id, token)
+        if run is not None and run["own_lease"]:
+            return _complete_own_lease(
+                job, job_id, token, outcome, error, traceback, accepted, retry_delay, rng
+            )
         lease_job = LeaseJob(job.state, job.token) if job is not None else None
         verdict = completion(lease_job, run and run["status"], token, accepted)
         if verdict is Completion.ALREADY_RECORDED:
@@ -338,6 +346,128 @@ def _complete_locked(
     )
 
 
+def _complete_own_lease(
+    job: Job | None,
+    job_id: int,
+    token: int,
+    outcome: str,
+    error: str,
+    traceback: str,
+    accepted: frozenset[str],
+    retry_delay: timedelta | None,
+    rng: policies.Rng,
+) -> CompletionResult:
+    """The outcome of a run with its own lease (allow_all), inside the caller's transaction,
+    the job row locked: the run row is locked and decides (``rules.run_completion``); its job
+    moved on at the claim, so only the job's own record changes (``record_own_lease_outcome``).
+    A stale outcome (the reaper marked the run lost) is kept on the run only; a retried one
+    changes nothing."""
+    runs = JobRun.objects.filter(job_id=job_id, token=token)
+    run = runs.select_for_update().values("status", "attempt", "scheduled_for").first()
+    verdict = run_completion(job is not None, run and run["status"], accepted)
+    if verdict is Completion.ALREADY_RECORDED:
+        return CompletionResult(verdict)
+    fresh = verdict is Completion.APPLIED
+    error, traceback = storable(error, ERROR_CHARS), storable(traceback, TRACEBACK_CHARS)
+    runs.update(
+        status=outcome,
+        finished_at=Now(),
+        error=error,
+        traceback=traceback,
+        stale=not fresh,
+        lease_expires_at=None,
+    )
+    notify_due(None, 0.0)  # a slot of max_concurrent is free: an occurrence may be waiting
+    if not fresh:
+        log.warning(
+            "stale completion of %s token %s: not applied",
+            job_label(job_id, job.name if job is not None else None),
+            token,
+            extra={"action": "stale_completion", "job": job_id, "token": token},
+        )
+        return CompletionResult(Completion.STALE)
+    assert job is not None and run is not None
+    return record_own_lease_outcome(
+        job, outcome, error, run["attempt"], run["scheduled_for"], retry_delay, rng
+    )
+
+
+def record_own_lease_outcome(
+    job: Job,
+    outcome: str,
+    error: str,
+    attempt: int,
+    scheduled_for: datetime,
+    retry_delay: timedelta | None = None,
+    rng: policies.Rng = random.random,
+) -> CompletionResult:
+    """What the end of an allow_all run (its completion, or the reaper's verdict: ``lost``)
+    writes, the job row locked by the caller: the job's last status and error; a failure
+    with attempts left becomes a retry, a run of its own waiting for its due time
+    (``wait_for_retry``), the backoff as for any job (or the task's own ``self.retry``
+    countdown, granted as ``policies.plan_after_failure`` grants it); a failure with none left
+    counts a failed occurrence and follows ``when_retries_exhausted`` (dead, or simply on:
+    the job has already moved on)."""
+    changes: dict[str, Any] = {"last_run_at": Now(), "last_status": outcome, "updated_at": Now()}
+    if outcome != SUCCEEDED:
+        changes["last_error"] = error
+    failed = outcome in (FAILED, RunStatus.LOST.value)
+    task_retry = retry_delay is not None and job.when_retries_exhausted == policies.NEXT_OCCURRENCE
+    retry = failed and (attempt - 1 < job.max_retries or task_retry)
+    dead = failed and not retry and job.when_retries_exhausted == policies.DEAD
+    if failed and not retry:
+        changes["failed_occurrences"] = F("failed_occurrences") + 1
+    if dead and job.state not in (JobState.CANCELLED, JobState.DEAD):
+        changes.update(state=JobState.DEAD, next_run_at=None)
+    Job.objects.filter(id=job.id).update(**changes)
+    if retry:
+        wait = (
+            policies.bounded_delay(retry_delay)
+            if retry_delay is not None
+            else policies.compute_backoff(attempt - 1, job.retry_backoff, job.retry_backoff_max)
+        )
+        wait += policies.compute_jitter(job.jitter, rng)
+        wait_for_retry(job.id, scheduled_for, attempt + 1, RunKind.RETRY, wait)
+    if dead:
+        log.error(
+            "%s is dead after %d attempt(s) of %s (overlap allow_all): %s",
+            job_label(job.id, job.name),
+            attempt,
+            scheduled_for.isoformat(),
+            error.splitlines()[0] if error else "",
+            extra={"action": "dead", "job": job.id},
+        )
+    return CompletionResult(
+        Completion.APPLIED, dead=dead, carried_on=failed and not retry and not dead
+    )
+
+
+def wait_for_retry(
+    job_id: int, scheduled_for: datetime, attempt: int, kind: str, delay: timedelta
+) -> None:
+    """A run of an allow_all occurrence waiting ``delay`` from the database's now (its
+    ``retry_at``) for a beat to claim it, under a token of its own drawn from its job (whose
+    row the caller holds locked): the runs of a job keep one token each. Its lease is taken
+    when it is claimed, and a pending retry holds no slot of ``max_concurrent`` until then."""
+    Job.objects.filter(id=job_id).update(token=F("token") + 1)
+    token = Job.objects.filter(id=job_id).values_list("token", flat=True).get()
+    due = Now() + delay
+    JobRun.objects.create(
+        job_id=job_id,
+        token=token,
+        attempt=attempt,
+        kind=kind,
+        scheduled_for=scheduled_for,
+        due_at=due,
+        dispatched_at=due,
+        task_id=task_id_for(job_id, token),
+        status=RunStatus.DISPATCHED,
+        own_lease=True,
+        retry_at=due,
+    )
+    notify_due(None, delay.total_seconds())
+
+
 def record_expired(job_id: int, token: int) -> CompletionResult | None:
     """Celery discarded a schedapp message past its ``expires``, as it does any task's: the
     run is ``skipped`` and its occurrence dropped (``policies.plan_after_expiry``). A run a
@@ -345,6 +475,13 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
     when the job moved on, None when only the run was closed or nothing changed."""
     with transaction.atomic():
         job, run = lock_job_and_run(job_id, token)
+        if run is not None and run["own_lease"]:  # its job moved on at the claim: the run only
+            JobRun.objects.filter(
+                job_id=job_id, token=token, status=RunStatus.DISPATCHED
+            ).update(
+                status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED, lease_expires_at=None
+            )
+            return None
         lease_job = LeaseJob(job.state, job.token) if job is not None else None
         verdict = completion(lease_job, run and run["status"], token, UNSTARTED_ONLY)
         if verdict is Completion.ALREADY_RECORDED:
@@ -396,6 +533,9 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
     with transaction.atomic():
         Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
         JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
-            status=RunStatus.CANCELLED, finished_at=Now(), error=f"cancelled ({how})"
+            status=RunStatus.CANCELLED,
+            finished_at=Now(),
+            error=f"cancelled ({how})",
+            lease_expires_at=None,
         )
     return None

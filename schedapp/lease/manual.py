@@ -133,11 +133,16 @@ def cancel_locked(job: Job, *, terminate: bool) -> list[str]:
         )
     )
     JobRun.objects.filter(job=job, status=RunStatus.DISPATCHED).update(
-        status=RunStatus.CANCELLED, finished_at=Now(), error="cancelled before it started"
+        status=RunStatus.CANCELLED,
+        finished_at=Now(),
+        error="cancelled before it started",
+        lease_expires_at=None,
+        retry_at=None,
     )
     JobRun.objects.filter(job=job, status=RunStatus.RUNNING).update(
         status=RunStatus.CANCELLED,
         finished_at=Now(),
+        lease_expires_at=None,
         error="cancelled while running: its task was revoked and "
         + ("terminated (SIGTERM)" if terminate else "may run on to its end"),
     )

@@ -100,6 +100,8 @@ def quarantine_locked(job_id: int, reason: str) -> Quarantined:
         status=RunStatus.FAILED,
         finished_at=Now(),
         error=storable(f"quarantined: {reason}", ERROR_CHARS),
+        lease_expires_at=None,  # an allow_all run's own lease, and a retry waiting
+        retry_at=None,
     )
     name = Job.objects.filter(id=job_id).values_list("name", flat=True).first()
     if not in_flight:  # with a run in flight, the occurrence's fate is that run's

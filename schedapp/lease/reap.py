@@ -16,12 +16,15 @@ from django.db.models import F, Value
 from django.db.models.functions import Least, Now
 
 from .. import policies
-from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunStatus
+from ..db import notify_due
+from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunKind, RunStatus
 from ..store import get_store, pairs
 from .after_run import EXPIRED, SUPERSEDED_UNSTARTED, job_facts, write_after_run
 from .quarantine import Quarantined, in_savepoint_or_quarantine, quarantine_locked, unschedulable
 
 log = logging.getLogger(__name__)
+
+ZERO = timedelta(0)
 
 
 @dataclass
@@ -97,6 +100,114 @@ def reap_locked(
     rng: policies.Rng,
     message_expiry: MessageExpiry | None = None,
     ids: list[int] | None = None,
+) -> ReapResult:
+    result = _reap_job_leases(limit, rng, message_expiry, ids)
+    if ids is None:
+        runs = _reap_run_leases(limit)
+        result.expired += runs.expired
+        result.started += runs.started
+        result.dead += runs.dead
+        result.carried_on += runs.carried_on
+        result.quarantined.extend(runs.quarantined)
+    return result
+
+
+def _reap_run_leases(limit: int) -> ReapResult:
+    """Runs with a lease of their own (allow_all) whose lease expired: each is marked lost on
+    its own row, and only that run: its job moved on at the claim and its other runs in
+    flight go on. A run that had started counts as a failed attempt (a retry of its
+    occurrence if any is left, else ``when_retries_exhausted``); one that never started is
+    sent again at once as the same attempt, a run of its own (its old message is refused at
+    the door should it still arrive). Job rows are locked before run rows (SKIP LOCKED both: a
+    row another transaction holds is reaped by a later tick), as the completion locks them;
+    each run in a savepoint, so a job whose row cannot be read is quarantined, not left to
+    fail every claim."""
+    from .complete import wait_for_retry
+
+    candidates = list(
+        JobRun.objects.filter(lease_expires_at__lt=Now())
+        .order_by("lease_expires_at")
+        .values_list("id", "job_id")[:limit]
+    )
+    if not candidates:
+        return ReapResult()
+    jobs = set(
+        Job.objects.select_for_update(skip_locked=True)
+        .filter(id__in={job_id for _, job_id in candidates})
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    ids = [run_id for run_id, job_id in candidates if job_id in jobs]
+    # A run skipped with its lease left set was refused by a door of the previous release
+    # (schedapp_admit_run_v3 knows no run lease, and its job had moved on): nothing ran, so
+    # it is sent again at once, the same attempt, and its lease no longer counts in flight.
+    for job_id, scheduled_for, attempt, kind in JobRun.objects.filter(
+        id__in=ids, status=RunStatus.SKIPPED, lease_expires_at__isnull=False
+    ).values_list("job_id", "scheduled_for", "attempt", "kind"):
+        wait_for_retry(job_id, scheduled_for, attempt, kind or RunKind.SCHEDULED, ZERO)
+    JobRun.objects.filter(id__in=ids, lease_expires_at__isnull=False).exclude(
+        status__in=ACTIVE_RUN_STATUSES
+    ).update(lease_expires_at=None)
+    runs = list(
+        JobRun.objects.select_for_update(skip_locked=True)
+        .filter(
+            id__in=ids,
+            lease_expires_at__lt=Now(),
+            status__in=ACTIVE_RUN_STATUSES,
+        )
+        .order_by("id")
+        .values_list("id", "job_id", "status", "attempt", "scheduled_for", "kind")
+    )
+    result = ReapResult(expired=len(runs))
+    for run_id, job_id, status, attempt, scheduled_for, kind in runs:
+        in_savepoint_or_quarantine(
+            job_id,
+            lambda r=(run_id, job_id, status, attempt, scheduled_for, kind): _reap_run(r, result),
+            result.quarantined,
+            "the reaper cannot take this run",
+        )
+    if runs:
+        notify_due(None, 0.0)  # slots of max_concurrent are free
+        log.warning(
+            "reaped %d expired run lease(s) (%d had started)",
+            len(runs),
+            result.started,
+            extra={"action": "reap_runs", "count": len(runs)},
+        )
+    return result
+
+
+def _reap_run(run: tuple, result: ReapResult) -> None:
+    """One expired run lease (``_reap_run_leases``), in the caller's savepoint."""
+    from .complete import record_own_lease_outcome, wait_for_retry
+
+    run_id, job_id, status, attempt, scheduled_for, kind = run
+    started = status == RunStatus.RUNNING
+    why = (
+        "lease expired while running: the worker holding it stopped renewing it"
+        if started
+        else "lease expired before a worker started it"
+    )
+    JobRun.objects.filter(id=run_id).update(
+        status=RunStatus.LOST, finished_at=Now(), error=why, lease_expires_at=None
+    )
+    if started:
+        result.started += 1
+        job = Job.objects.get(id=job_id)
+        outcome = record_own_lease_outcome(
+            job, RunStatus.LOST.value, why, attempt, scheduled_for
+        )
+        result.dead += outcome.dead
+        result.carried_on += outcome.carried_on
+    else:  # nothing ran: dispatched again at once, the same attempt (DESIGN 24)
+        wait_for_retry(job_id, scheduled_for, attempt, kind or RunKind.SCHEDULED, ZERO)
+
+
+def _reap_job_leases(
+    limit: int,
+    rng: policies.Rng,
+    message_expiry: MessageExpiry | None,
+    ids: list[int] | None,
 ) -> ReapResult:
     expired_leases = _expired()
     if ids is not None:

@@ -41,7 +41,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     unstarted, not as an alarm. A renewal never waits for a job row another transaction holds
     (waiting, it could deadlock with a door carrying a success): such leases are tried again
     a moment later, and any still busy are left ``busy`` for the next heartbeat. On
-    PostgreSQL this is the function ``schedapp_renew_leases_v4`` (sql/functions.sql).
+    PostgreSQL this is the function ``schedapp_renew_leases_v5`` (sql/functions.sql).
     """
     result = Renewal()
     sets = {

@@ -110,7 +110,7 @@ class DoorDecision:
 
 
 # A run the door refused is closed ``skipped`` with this text, word for word as
-# schedapp_admit_run_v3 writes it: the admin shows the same on every database. (The worker's
+# schedapp_admit_run_v4 writes it: the admin shows the same on every database. (The worker's
 # own log says more: ``DoorVerdict.what_next``.)
 SKIPPED_REASONS = {
     STALE_TOKEN: "its claim is no longer the job's current one",
@@ -298,3 +298,102 @@ def fast_success(
         and run_status == RUNNING
         and completion(job, run_status, token, STARTED) is Completion.APPLIED
     )
+
+
+# --- a run with a lease of its own (overlap policy allow_all) -------------------------------
+#
+# Several runs of one job in flight at once: each run row holds its lease (``RunLease``), and
+# the door, renewals, completions and the reaper decide on it; the job moved on to its next
+# occurrence when the run was claimed, so neither its token nor its lease fences the run.
+
+SKIPPED = "skipped"
+CLOSED_UNSTARTED = frozenset({LOST, SKIPPED, CANCELLED})  # reaped, released, refused, cancelled
+
+
+@dataclass(frozen=True)
+class RunLease:
+    """What the rules read of a run with its own lease."""
+
+    status: str
+    lease_expires_at: datetime | None = None
+    admission: str = ""
+    stale: bool = False
+    started: bool = False
+
+
+def run_lease_needs_rewrite(run: RunLease, lease_seconds: int, now: datetime) -> bool:
+    """The 5/6 rule (``lease_needs_rewrite``) on the run's own lease."""
+    if run.lease_expires_at is None:
+        return False
+    lease = timedelta(seconds=lease_seconds)
+    return not lease * 5 / 6 <= run.lease_expires_at - now <= lease
+
+
+RUN_DOOR: tuple[tuple[str, Callable[[RunLease, str, str, datetime], bool], str], ...] = (
+    ("reaped, released or cancelled", lambda r, s, a, n: r.status in CLOSED_UNSTARTED, STALE_TOKEN),
+    (
+        "this same call again: its commit landed, its reply was lost",
+        lambda r, s, a, n: r.status == RUNNING and r.admission == a,
+        ADMITTED,
+    ),
+    ("the job is paused", lambda r, s, a, n: s == PAUSED, JOB_PAUSED),
+    ("the job was cancelled", lambda r, s, a, n: s == CANCELLED, JOB_STATE),
+    ("the run already started or finished", lambda r, s, a, n: r.status != DISPATCHED, DUPLICATE),
+    (
+        "the run's lease ran out first",
+        lambda r, s, a, n: r.lease_expires_at is None or r.lease_expires_at <= n,
+        LEASE_EXPIRED,
+    ),
+    ("otherwise", lambda r, s, a, n: True, ADMITTED),
+)
+
+
+def run_door(
+    job_state: str | None, run: RunLease, admission: str, lease_seconds: int, now: datetime
+) -> DoorDecision:
+    """The door of a run with its own lease (``schedapp_admit_run_v4``'s first branch): the
+    run row decides; the job's state only refuses a paused or cancelled job's run (the job is
+    'scheduled', or done, while its runs are in flight). ``fresh_lease`` here renews the
+    run's lease; a refused run still dispatched is closed as skipped."""
+    if job_state is None:
+        return DoorDecision(UNKNOWN)
+    verdict = next(v for _why, holds, v in RUN_DOOR if holds(run, job_state, admission, now))
+    if verdict == ADMITTED:
+        return DoorDecision(
+            ADMITTED,
+            start_run=True,
+            fresh_lease=run_lease_needs_rewrite(run, lease_seconds, now),
+        )
+    if run.status == DISPATCHED:
+        return DoorDecision(verdict, skip_run=True)
+    return DoorDecision(verdict)
+
+
+def run_renewal(run: RunLease, *, locked: bool = True) -> RenewDecision:
+    """A heartbeat for a run with its own lease: renewed while the run is in flight (its
+    lease not yet cleared by its end or the reaper), whatever the job's state."""
+    if locked and run.lease_expires_at is not None and run.status in (DISPATCHED, RUNNING):
+        return RenewDecision(RENEWED, extend_lease=True, heartbeat=run.status == RUNNING)
+    if not locked:
+        return RenewDecision(BUSY)
+    if run.status == CANCELLED:
+        return RenewDecision(CANCELLED)
+    if run.status in (SUCCEEDED, FAILED) and not run.stale:
+        return RenewDecision(FINISHED)
+    if not run.started:
+        return RenewDecision(UNSTARTED)
+    return RenewDecision(RENEWAL_LOST)
+
+
+def run_completion(
+    job_exists: bool, run_status: str | None, accepted: frozenset[str]
+) -> Completion:
+    """An outcome for a run with its own lease: a run in none of the ``accepted`` statuses
+    already has its outcome (nothing is written); one the reaper marked lost, or whose job is
+    gone, is recorded on the run only (stale); otherwise it is applied (the run's outcome,
+    the job's last status)."""
+    if run_status is None or run_status not in accepted:
+        return Completion.ALREADY_RECORDED
+    if not job_exists or run_status == LOST:
+        return Completion.STALE
+    return Completion.APPLIED

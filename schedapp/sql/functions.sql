@@ -26,8 +26,10 @@
 -- The door: may this delivered run start? Job id, token, worker, admission (the door call's own
 -- id). Returns the verdict: 'admitted', 'unknown', 'stale_token', 'job_paused', 'job_state',
 -- 'duplicate' or 'lease_expired'. Admitting extends the lease in the same statement; a run that
--- will never start here is closed as skipped.
-CREATE OR REPLACE FUNCTION schedapp_admit_run_v3(
+-- will never start here is closed as skipped. v4: a run with a lease of its own (overlap policy
+-- allow_all, schedapp_jobrun.own_lease) is decided on its run row, locked, not on the job's
+-- lease and token (the job moved on at the claim); the job row is read, not locked.
+CREATE OR REPLACE FUNCTION schedapp_admit_run_v4(
     p_job bigint, p_token bigint, p_worker text, p_admission text
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -35,6 +37,54 @@ DECLARE
     r record;
     verdict text;
 BEGIN
+    IF EXISTS (SELECT FROM schedapp_jobrun
+               WHERE job_id = p_job AND token = p_token AND own_lease) THEN
+        SELECT state, lease_seconds INTO j FROM schedapp_job WHERE id = p_job;
+        IF NOT FOUND THEN
+            RETURN 'unknown';
+        END IF;
+        SELECT status, admission, lease_expires_at > now() AS lease_valid,
+               -- the 5/6 rule of the job's lease, on the run's own
+               (lease_expires_at < now() + make_interval(secs => j.lease_seconds * 5.0 / 6)
+                OR lease_expires_at > now() + make_interval(secs => j.lease_seconds))
+                   AS lease_short INTO r
+        FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token FOR UPDATE;
+        IF r.status IN ('lost', 'skipped', 'cancelled') THEN
+            verdict := 'stale_token';
+        ELSIF r.status = 'running' AND r.admission = p_admission THEN
+            verdict := 'admitted';
+        ELSIF j.state = 'paused' THEN
+            verdict := 'job_paused';
+        ELSIF j.state = 'cancelled' THEN
+            verdict := 'job_state';
+        ELSIF r.status <> 'dispatched' THEN
+            verdict := 'duplicate';
+        ELSIF NOT coalesce(r.lease_valid, false) THEN
+            verdict := 'lease_expired';
+        ELSE
+            verdict := 'admitted';
+        END IF;
+        IF verdict = 'admitted' THEN
+            UPDATE schedapp_jobrun
+            SET status = 'running', started_at = coalesce(started_at, now()), worker = p_worker,
+                admission = p_admission,
+                lease_expires_at = CASE WHEN r.lease_short
+                    THEN now() + make_interval(secs => j.lease_seconds)
+                    ELSE lease_expires_at END
+            WHERE job_id = p_job AND token = p_token;
+        ELSIF r.status = 'dispatched' THEN
+            UPDATE schedapp_jobrun
+            SET status = 'skipped', finished_at = now(), worker = p_worker, lease_expires_at = NULL,
+                error = 'delivered but not executed: ' || CASE verdict
+                    WHEN 'job_paused' THEN 'the job is paused'
+                    WHEN 'job_state' THEN 'the job is no longer running'
+                    WHEN 'lease_expired' THEN 'its lease expired before it arrived'
+                    ELSE verdict END
+            WHERE job_id = p_job AND token = p_token;
+        END IF;
+        RETURN verdict;
+    END IF;
+
     -- The job row first, whatever its token: waiting here for a reaper, a cancel or a claim
     -- means deciding on what they committed.
     SELECT token, state, lease_expires_at > now() AS lease_valid,
@@ -107,18 +157,45 @@ $$;
 
 
 -- One heartbeat for every lease a worker holds: job ids and tokens, in pairs. Returns each
--- pair's outcome: 'renewed'; 'busy' (another transaction holds the job row: renewed again a
--- moment later, never waited for, so no deadlock with a door and no stalled heartbeat);
--- 'cancelled' (the operator's act); 'finished'; 'unstarted' (the door will refuse this copy:
--- nothing ran); 'lost'.
-CREATE OR REPLACE FUNCTION schedapp_renew_leases_v4(p_jobs bigint[], p_tokens bigint[])
+-- pair's outcome: 'renewed'; 'busy' (another transaction holds the job row, or the run row of
+-- a run with its own lease: renewed again a moment later, never waited for, so no deadlock
+-- with a door and no stalled heartbeat); 'cancelled' (the operator's act); 'finished';
+-- 'unstarted' (the door will refuse this copy: nothing ran); 'lost'. v5: a run with a lease
+-- of its own (allow_all) is renewed on its run row while it is in flight; the job row is
+-- neither locked nor written for it.
+CREATE OR REPLACE FUNCTION schedapp_renew_leases_v5(p_jobs bigint[], p_tokens bigint[])
 RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
+    own bigint[];
     locked bigint[];
     renewed bigint[];
+    runs_locked bigint[];
+    runs_renewed bigint[];
 BEGIN
+    SELECT coalesce(array_agg(r.id), '{}') INTO own
+    FROM unnest(p_jobs, p_tokens) AS h (id, token)
+    JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token
+    WHERE r.own_lease;
+    SELECT coalesce(array_agg(l.id), '{}') INTO runs_locked FROM (
+        SELECT r.id FROM schedapp_jobrun r WHERE r.id = ANY (own)
+        ORDER BY r.id FOR UPDATE SKIP LOCKED
+    ) l;
+    WITH done AS (
+        UPDATE schedapp_jobrun r
+        SET lease_expires_at = now() + make_interval(secs => j.lease_seconds),
+            heartbeats = r.heartbeats + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+            heartbeat_at = CASE WHEN r.status = 'running' THEN now() ELSE r.heartbeat_at END
+        FROM schedapp_job j
+        WHERE r.id = ANY (runs_locked) AND j.id = r.job_id
+          AND r.lease_expires_at IS NOT NULL AND r.status IN ('dispatched', 'running')
+        RETURNING r.id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO runs_renewed FROM done;
     SELECT coalesce(array_agg(l.id), '{}') INTO locked FROM (
         SELECT j.id FROM schedapp_job j WHERE j.id = ANY (p_jobs)
+          AND EXISTS (SELECT FROM unnest(p_jobs, p_tokens) AS h (id, token)
+                      LEFT JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token
+                      WHERE h.id = j.id AND NOT coalesce(r.id = ANY (own), false))
         ORDER BY j.id FOR UPDATE SKIP LOCKED
     ) l;
     WITH done AS (
@@ -132,12 +209,19 @@ BEGIN
     UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
     FROM unnest(p_jobs, p_tokens) AS h (id, token)
     WHERE r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
-      AND r.status = 'running';
+      AND NOT r.own_lease AND r.status = 'running';
     -- A new snapshot: a completion that committed a moment ago is seen, so a run that simply
     -- finished is reported as finished, not as a lost lease.
     RETURN QUERY
     SELECT h.id, h.token,
-           CASE WHEN h.id = ANY (renewed) THEN 'renewed'
+           CASE WHEN coalesce(r.id = ANY (own), false) THEN
+                    CASE WHEN r.id = ANY (runs_renewed) THEN 'renewed'
+                         WHEN NOT r.id = ANY (runs_locked) THEN 'busy'
+                         WHEN r.status = 'cancelled' THEN 'cancelled'
+                         WHEN r.status IN ('succeeded', 'failed') AND NOT r.stale THEN 'finished'
+                         WHEN r.started_at IS NULL THEN 'unstarted'
+                         ELSE 'lost' END
+                WHEN h.id = ANY (renewed) THEN 'renewed'
                 WHEN NOT h.id = ANY (locked)
                      AND EXISTS (SELECT FROM schedapp_job b WHERE b.id = h.id) THEN 'busy'
                 WHEN r.status = 'cancelled' THEN 'cancelled'

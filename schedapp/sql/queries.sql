@@ -15,7 +15,8 @@ levels(priority) AS (SELECT generate_series({MAX_PRIORITY}, {MIN_PRIORITY}, -1))
 
 -- name: claim_due_jobs
 -- The due slice, highest priority first, earliest first within a priority, until the batch is
--- full. Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
+-- full. An allow_all job with max_concurrent runs in flight (runs holding a lease of their
+-- own, counted on the partial index schedapp_run_in_flight) waits for a slot. Rows are locked as they are read (SKIP LOCKED: other beats take the next ones); the
 -- MATERIALIZED CTE pins the chosen ids so the UPDATE cannot re-run the sub-select (PostgreSQL
 -- bug #15715). Claim, lease, fencing token and run rows: one statement ({claim_rows}).
 WITH {due_levels},
@@ -25,6 +26,8 @@ due AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id FROM schedapp_job j
         WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+          AND (j.overlap <> 'allow_all' OR (SELECT count(*) FROM schedapp_jobrun r
+               WHERE r.job_id = j.id AND r.lease_expires_at IS NOT NULL) < greatest(j.max_concurrent, 1))
         ORDER BY j.next_run_at
         LIMIT %(limit)s
         FOR UPDATE OF j SKIP LOCKED
@@ -42,6 +45,8 @@ FROM (SELECT priority FROM levels ORDER BY priority DESC) AS l
 CROSS JOIN LATERAL (
     SELECT j.id, j.next_run_at FROM schedapp_job j
     WHERE j.state = 'scheduled' AND j.priority = l.priority AND j.next_run_at <= now()
+      AND (j.overlap <> 'allow_all' OR (SELECT count(*) FROM schedapp_jobrun r
+           WHERE r.job_id = j.id AND r.lease_expires_at IS NOT NULL) < greatest(j.max_concurrent, 1))
     ORDER BY j.next_run_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -71,7 +76,7 @@ claimed AS (
               j.lease_seconds, j.jitter,
               j.cron, j.timezone, j.interval, j.interval_anchor, j.misfire_policy,
               j.misfire_max_catchup, j.misfire_grace, j.catchup_window, j.overlap, j.priority,
-              j.cron_day_or, j.dst_policy, j.solar_event,
+              j.cron_day_or, j.dst_policy, j.solar_event, j.max_concurrent,
               j.latitude, j.longitude, j.not_before, j.expires_at,
               j.calendar_id, j.calendar_mode, j.calendar_roll,
               j.message_options::text AS message_options,
@@ -99,14 +104,19 @@ ORDER BY c.priority DESC, c.next_run_at
 
 -- name: next_due
 -- The database's now, the earliest next_run_at of a scheduled job, and the earliest of a lease
--- expiry and a run's supersede_at (overlap policies cancel_other, terminate_other): each an
--- index's first entry. supersede_at is clamped into what Python holds: a row written behind
+-- expiry (a job's, or an allow_all run's own), an allow_all retry's due time and a run's
+-- supersede_at (overlap policies cancel_other, terminate_other): each an
+-- index's first entry, past those of allow_all jobs with no slot free (max_concurrent runs in
+-- flight: the end of one of them wakes the beats) and retries of paused or dead jobs, so a
+-- job waiting for a slot does not keep beats ticking. supersede_at is clamped into what Python holds: a row written behind
 -- the API's back must not stop every beat's tick (a late or early wake-up is all it costs).
 WITH {due_levels}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
             SELECT j.next_run_at FROM schedapp_job j
             WHERE j.state = 'scheduled' AND j.priority = l.priority
+              AND (j.overlap <> 'allow_all' OR (SELECT count(*) FROM schedapp_jobrun r
+                   WHERE r.job_id = j.id AND r.lease_expires_at IS NOT NULL) < greatest(j.max_concurrent, 1))
             ORDER BY j.next_run_at LIMIT 1) x
         WHERE l.priority IS NOT NULL),
        least((SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
@@ -114,7 +124,15 @@ SELECT now(),
              (SELECT least(greatest(supersede_at, '0001-01-02'::timestamptz),
                            '9999-12-30'::timestamptz) FROM schedapp_job
               WHERE supersede_at IS NOT NULL AND state = 'running'
-              ORDER BY supersede_at LIMIT 1))
+              ORDER BY supersede_at LIMIT 1),
+             (SELECT lease_expires_at FROM schedapp_jobrun WHERE lease_expires_at IS NOT NULL
+              ORDER BY lease_expires_at LIMIT 1),
+             (SELECT r.retry_at FROM schedapp_jobrun r JOIN schedapp_job j ON j.id = r.job_id
+              WHERE r.retry_at IS NOT NULL AND j.state IN ('scheduled', 'succeeded')
+                AND (SELECT count(*) FROM schedapp_jobrun f
+                     WHERE f.job_id = j.id AND f.lease_expires_at IS NOT NULL)
+                    < greatest(j.max_concurrent, 1)
+              ORDER BY r.retry_at LIMIT 1))
 
 -- name: restamp_leases
 -- Leases from the clock now (not from the transaction's start), just before the claim commits.
@@ -127,11 +145,11 @@ SELECT now()
 
 -- name: admit_run
 -- The door (functions.sql): job id, token, worker, admission.
-SELECT schedapp_admit_run_v3(%s, %s, %s, %s)
+SELECT schedapp_admit_run_v4(%s, %s, %s, %s)
 
 -- name: renew_leases
 -- One heartbeat for every lease a worker holds (functions.sql): job ids, tokens.
-SELECT job_id, token, outcome FROM schedapp_renew_leases_v4(%s, %s)
+SELECT job_id, token, outcome FROM schedapp_renew_leases_v5(%s, %s)
 
 -- name: succeed_run
 -- The common success in one call (functions.sql): job, token, scheduled_for, next occurrence,
@@ -144,7 +162,7 @@ SELECT idx, applied FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s
 
 -- name: succeed_run_then_admit
 -- The same for the common case of one success: the arguments of succeed_run, then of admit_run.
-SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run_v3(%s, %s, %s, %s)
+SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run_v4(%s, %s, %s, %s)
 
 -- name: succeed_runs_then_admit
 -- A pool process's successes since its last round trip, then the door of its next run, in one
@@ -152,7 +170,7 @@ SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_adm
 -- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
 SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), ARRAY[]::int[])
         FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
-       schedapp_admit_run_v3(%s, %s, %s, %s)
+       schedapp_admit_run_v4(%s, %s, %s, %s)
 
 -- name: notify_at
 -- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.

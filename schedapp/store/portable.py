@@ -11,8 +11,19 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import BooleanField, ExpressionWrapper, F, Min, Q, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models import (
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    F,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.lookups import LessThan
 
 from ..fields import CELERY_FIELDS
 from ..models import Job, JobChange, JobRun, JobState, RunStatus
@@ -54,15 +65,34 @@ _CLAIM_FIELDS = (
     "calendar_id",
     "calendar_mode",
     "calendar_roll",
+    "max_concurrent",
     *CELERY_FIELDS,
 )
 
 
+def _slot_free(using: str, job: str = "id") -> Q:
+    """The job (``job``: the path to its id) has a slot free under max_concurrent: its runs
+    holding a lease of their own are fewer."""
+    in_flight = (
+        JobRun.objects.using(using)
+        .filter(job_id=OuterRef(job), lease_expires_at__isnull=False)
+        .order_by()
+        .values("job_id")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    bound = "max_concurrent" if job == "id" else "job__max_concurrent"
+    # a bound below 1 (written behind the API's back) counts as 1: the job never stalls
+    return Q(LessThan(Coalesce(Subquery(in_flight), Value(0)), Greatest(F(bound), Value(1))))
+
+
 def _due(now: datetime, using: str) -> Any:
+    # An allow_all job with max_concurrent runs in flight waits for a slot.
     return (
         Job.objects.using(using)
         .select_for_update(skip_locked=True)
         .filter(state=JobState.SCHEDULED, next_run_at__lte=now)
+        .filter(~Q(overlap="allow_all") | _slot_free(using))
         .order_by("-priority", "next_run_at")
     )
 
@@ -137,6 +167,7 @@ class PortableStore:
         jobs = Job.objects.using(self.using)
         next_due = (
             jobs.filter(state=JobState.SCHEDULED)
+            .filter(~Q(overlap="allow_all") | _slot_free(self.using))
             .order_by("next_run_at")
             .values_list("next_run_at", flat=True)
             .first()
@@ -153,7 +184,24 @@ class PortableStore:
             .values_list("supersede_at", flat=True)
             .first()
         )
-        times = [t for t in (next_expiry, next_supersede) if t is not None]
+        next_run_expiry = (
+            JobRun.objects.using(self.using)
+            .filter(lease_expires_at__isnull=False)
+            .order_by("lease_expires_at")
+            .values_list("lease_expires_at", flat=True)
+            .first()
+        )
+        next_retry = (
+            JobRun.objects.using(self.using)
+            .filter(retry_at__isnull=False, job__state__in=[JobState.SCHEDULED, JobState.SUCCEEDED])
+            .filter(_slot_free(self.using, "job_id"))
+            .order_by("retry_at")
+            .values_list("retry_at", flat=True)
+            .first()
+        )
+        times = [
+            t for t in (next_expiry, next_supersede, next_run_expiry, next_retry) if t is not None
+        ]
         return now, next_due, min(times) if times else None
 
     def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
@@ -279,7 +327,7 @@ class JobInstances:
 def _admit(
     using: str, now: datetime, job_id: int, token: int, worker: str, admission: str
 ) -> DoorVerdict:
-    """``schedapp_admit_run_v3`` through the ORM (SQLite's IMMEDIATE transactions serialise
+    """``schedapp_admit_run_v4`` through the ORM (SQLite's IMMEDIATE transactions serialise
     it): the decision is ``lease.rules.door``'s; only the reads and writes are here."""
     from ..lease.rules import (  # not at import: lease imports this
         LeaseJob,
@@ -289,6 +337,9 @@ def _admit(
     )
 
     with transaction.atomic(using=using):
+        runs = JobRun.objects.using(using).filter(job_id=job_id, token=token)
+        if runs.filter(own_lease=True).exists():
+            return _admit_own_lease(using, now, runs, job_id, worker, admission)
         job = (
             Job.objects.using(using)
             .select_for_update()
@@ -296,7 +347,6 @@ def _admit(
             .values("token", "state", "lease_expires_at", "lease_seconds", "unstarted_dispatches")
             .first()
         )
-        runs = JobRun.objects.using(using).filter(job_id=job_id, token=token)
         run = runs.values("status", "admission").first()
         decision = door(
             LeaseJob(**job) if job is not None else None,
@@ -332,13 +382,84 @@ def _admit(
         return verdict
 
 
+def _admit_own_lease(
+    using: str, now: datetime, runs: Any, job_id: int, worker: str, admission: str
+) -> DoorVerdict:
+    """The door of a run with its own lease (allow_all): ``lease.rules.run_door`` decides on
+    the run row; the job row is only read."""
+    from ..lease.rules import RunLease, run_door, skipped_error
+
+    job = Job.objects.using(using).filter(id=job_id).values("state", "lease_seconds").first()
+    run = runs.select_for_update().values("status", "admission", "lease_expires_at").first()
+    decision = run_door(
+        job and job["state"], RunLease(**run), admission, job["lease_seconds"] if job else 0, now
+    )
+    if decision.start_run:
+        changes: dict[str, Any] = {}
+        if decision.fresh_lease:
+            changes["lease_expires_at"] = now + timedelta(seconds=job["lease_seconds"])  # type: ignore[index]
+        runs.update(
+            status=RunStatus.RUNNING,
+            started_at=Coalesce("started_at", Value(now)),
+            worker=worker,
+            admission=admission,
+            **changes,
+        )
+    if decision.skip_run:
+        runs.update(
+            status=RunStatus.SKIPPED,
+            finished_at=now,
+            worker=worker,
+            lease_expires_at=None,
+            error=skipped_error(decision.verdict),
+        )
+    return DoorVerdict(decision.verdict)
+
+
 def _renew(
     using: str, now: datetime, held: Sequence[tuple[int, int]]
 ) -> list[tuple[int, int, str]]:
-    """``schedapp_renew_leases_v4`` through the ORM: each outcome is ``lease.rules.renewal``'s.
+    """Job leases as ``_renew_jobs``, runs with their own lease (allow_all) on their rows."""
+    from ..lease.rules import RunLease, run_renewal
+
+    with transaction.atomic(using=using):
+        own = {
+            (row["job_id"], row["token"]): row
+            for row in JobRun.objects.using(using)
+            .select_for_update()
+            .filter(pairs(held, "job_id"), own_lease=True)
+            .values("job_id", "token", "status", "lease_expires_at", "stale", "started_at")
+        } if held else {}
+        outcomes: dict[tuple[int, int], str] = {}
+        for key, row in own.items():
+            run = RunLease(
+                row["status"], row["lease_expires_at"], stale=row["stale"],
+                started=row["started_at"] is not None,
+            )
+            decision = run_renewal(run)
+            if decision.extend_lease:
+                lease = Job.objects.using(using).filter(id=key[0]).values_list(
+                    "lease_seconds", flat=True
+                ).first() or 0
+                changes: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease)}
+                if decision.heartbeat:
+                    changes.update(heartbeats=F("heartbeats") + 1, heartbeat_at=now)
+                JobRun.objects.using(using).filter(job_id=key[0], token=key[1]).update(**changes)
+            outcomes[key] = decision.outcome
+        rest = [key for key in held if key not in own]
+        outcomes.update(((j, t), o) for j, t, o in _renew_jobs(using, now, rest))
+    return [(*key, outcomes[key]) for key in held]
+
+
+def _renew_jobs(
+    using: str, now: datetime, held: Sequence[tuple[int, int]]
+) -> list[tuple[int, int, str]]:
+    """``schedapp_renew_leases_v5`` through the ORM: each outcome is ``lease.rules.renewal``'s.
     The rows are locked and waited for (never ``busy``: SQLite's one write lock is held)."""
     from ..lease.rules import LeaseRun, renewal, renews  # not at import: lease imports this
 
+    if not held:
+        return []
     with transaction.atomic(using=using):
         jobs = {
             (row["id"], row["token"]): row

@@ -58,6 +58,7 @@ def form_data(**overrides: object) -> dict[str, object]:
         "catchup_window": "",
         "overlap": "buffer_one",
         "max_buffer": "100",
+        "max_concurrent": "10",
     }
     data.update(overrides)
     return data
@@ -456,11 +457,25 @@ def test_the_overlap_policy_and_a_fixed_delay_are_set_in_the_form(admin_client):
     response = admin_client.post(change_url(job), form_data(fixed_delay="on"))
     assert form_errors(response) == {"fixed_delay": ["needs an interval schedule (interval=...)."]}
     response = admin_client.post(
-        change_url(job), form_data(interval="300", cron="", overlap="allow_all", max_buffer="0")
+        change_url(job), form_data(interval="300", cron="", overlap="allow_any", max_buffer="0")
     )
     errors = form_errors(response)
     assert set(errors) == {"overlap", "max_buffer"}, errors
-    assert "allow_all" in errors["overlap"][0]
+    assert "allow_any" in errors["overlap"][0]
+    # allow_all with its bound is taken; with a fixed delay or no bound, refused on the field
+    response = admin_client.post(
+        change_url(job),
+        form_data(
+            interval="300", cron="", overlap="allow_all", max_concurrent="0", fixed_delay="on"
+        ),
+    )
+    assert set(form_errors(response)) == {"fixed_delay", "max_concurrent"}
+    response = admin_client.post(
+        change_url(job), form_data(interval="300", cron="", overlap="allow_all", max_concurrent="3")
+    )
+    assert response.status_code == 302, form_errors(response)
+    job.refresh_from_db()
+    assert (job.overlap, job.max_concurrent) == ("allow_all", 3)
 
 
 def test_the_form_attaches_a_calendar_and_the_preview_marks_what_it_moved(admin_client):

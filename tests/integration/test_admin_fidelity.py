@@ -73,6 +73,7 @@ def test_the_change_form_edits_celerys_fields_and_message_options(admin_client):
         "misfire_max_catchup": "100",
         "overlap": "skip",
         "max_buffer": "100",
+        "max_concurrent": "10",
     }  # cron_day_or unticked: Celery's AND of the day fields
     response = admin_client.post(url, form)
     assert response.status_code == 302, response.content.decode()[:3000]

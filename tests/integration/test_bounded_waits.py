@@ -26,8 +26,8 @@ from tests.claiming import claim_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOOR = b"SELECT schedapp_admit_run_v3("
-RENEWAL = b"schedapp_renew_leases_v4("
+DOOR = b"SELECT schedapp_admit_run_v4("
+RENEWAL = b"schedapp_renew_leases_v5("
 CLAIM = b"due AS MATERIALIZED"
 
 

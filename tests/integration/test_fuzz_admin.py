@@ -83,6 +83,7 @@ fields = {
     "catchup_window": st.one_of(text, st.sampled_from(["00:00:30", "01:00:00", "366 00:00:00"])),
     "overlap": st.one_of(text, st.sampled_from(["skip", "buffer_all"])),
     "max_buffer": st.one_of(text, st.sampled_from(["0", "1", "100001"])),
+    "max_concurrent": st.one_of(text, st.sampled_from(["0", "1", "1001"])),
     "fixed_delay": st.one_of(text, st.sampled_from(["on", ""])),
 }
 

@@ -72,6 +72,8 @@ class Case:
     next_passed: bool = False  # the next occurrence the success passes is not after now()
     dst_policy: str = "gap_end+first"  # a worker's next occurrence assumes the default
     calendar: bool = False  # the job follows a calendar (its next run is not a worker's)
+    own: bool = False  # the run holds a lease of its own (allow_all): its row decides
+    run_lease: str = "none"  # that lease, as a label of LEASES
 
     @property
     def token(self) -> int:
@@ -116,6 +118,33 @@ SUCCESS_CASES = enumerate_cases(
     unstarted=(0,),
     run=(None, *RUN_STATUSES),
     same_schedule=(True, False),
+)
+# Runs with a lease of their own (allow_all): the job moved on at the claim (no job lease, the
+# token no longer the run's as often as not), the run's lease at its boundaries.
+OWN_JOB_STATES = ("scheduled", "paused", "cancelled", "dead", "succeeded")
+OWN_DOOR_CASES = [
+    replace(c, started=c.run not in (None, "dispatched"))
+    for c in enumerate_cases(
+        state=OWN_JOB_STATES,
+        current=(True, False),
+        lease=("none",),
+        unstarted=(0,),
+        run=RUN_STATUSES,
+        same_admission=(True, False),
+        own=(True,),
+        run_lease=[label for label, _ in LEASES],
+    )
+]
+OWN_RENEW_CASES = enumerate_cases(
+    state=OWN_JOB_STATES,
+    current=(True, False),
+    lease=("none",),
+    unstarted=(0,),
+    run=RUN_STATUSES,
+    started=(True, False),
+    stale=(True, False),
+    own=(True,),
+    run_lease=("none", "expired", "just alive"),
 )
 # The common case of a success under every overlap policy and interval kind, the next
 # occurrence before or after now(): whether the one call applies (end_decides).
@@ -188,6 +217,8 @@ def build(cases: list[Case], now: datetime) -> list[int]:
             worker=OLD_WORKER,
             started_at=now - timedelta(seconds=5) if c.started else None,
             stale=c.stale,
+            own_lease=c.own,
+            lease_expires_at=lease_at(c.run_lease, now),
         )
         for job, c in zip(jobs, cases, strict=True)
         if c.run is not None
@@ -206,6 +237,7 @@ RUN_COLUMNS = (
     "stale",
     "heartbeats",
     "heartbeat_at",
+    "lease_expires_at",
 )
 
 
@@ -280,10 +312,18 @@ def admission_of(case: Case) -> str:
     return "a1" if case.same_admission else "b2"
 
 
+def own_run(case: Case, now: datetime) -> rules.RunLease:
+    return rules.RunLease(
+        case.run or "", lease_at(case.run_lease, now), "a1", case.stale, case.started
+    )
+
+
 def expect_door(
     now: datetime,
 ) -> Callable[[Case, dict, dict | None], tuple[Any, dict, dict | None]]:
     def expect(case: Case, job: dict, run: dict | None) -> tuple[Any, dict, dict | None]:
+        if case.own:
+            return expect_own_door(case, job, run, now)
         lease_job, lease_run = facts(case, now)
         decision = rules.door(lease_job, lease_run, case.token, admission_of(case), now)
         job, run = dict(job), None if run is None else dict(run)
@@ -306,6 +346,51 @@ def expect_door(
         return decision.verdict, job, run
 
     return expect
+
+
+def expect_own_door(
+    case: Case, job: dict, run: dict | None, now: datetime
+) -> tuple[Any, dict, dict | None]:
+    decision = rules.run_door(case.state, own_run(case, now), admission_of(case), LEASE, now)
+    assert run is not None
+    run = dict(run)
+    if decision.start_run:
+        run.update(status="running", worker=WORKER, admission=admission_of(case))
+        run["started_at"] = run["started_at"] or now
+    if decision.fresh_lease:
+        run["lease_expires_at"] = now + timedelta(seconds=LEASE)
+    if decision.skip_run:
+        run.update(
+            status="skipped",
+            finished_at=now,
+            worker=WORKER,
+            error=rules.skipped_error(decision.verdict),
+            lease_expires_at=None,
+        )
+    return decision.verdict, dict(job), run
+
+
+def door_sweep(store_admit: Callable[..., Any], cases: list[Case], now: datetime) -> list[str]:
+    def call(ids: list[int]) -> list[Any]:
+        return [
+            attempt(store_admit, i, c.token, WORKER, admission_of(c))
+            for i, c in zip(ids, cases, strict=True)
+        ]
+
+    return sweep(cases, now, call, expect_door(now), {})
+
+
+def test_the_postgresql_door_of_a_run_with_its_own_lease_decides_as_the_table(now):
+    problems = door_sweep(PostgreSQLStore().admit, OWN_DOOR_CASES, now)
+    assert not problems, report(problems, len(OWN_DOOR_CASES))
+
+
+def test_the_portable_door_of_a_run_with_its_own_lease_decides_as_the_table(now):
+    def admit(*args: Any) -> Any:
+        return portable._admit("default", now, *args)
+
+    problems = door_sweep(admit, OWN_DOOR_CASES, now)
+    assert not problems, report(problems, len(OWN_DOOR_CASES))
 
 
 def test_the_postgresql_door_decides_as_the_table(now):
@@ -340,9 +425,15 @@ def expect_renewal(
 ) -> Callable[[Case, dict, dict | None], tuple[Any, dict, dict | None]]:
     def expect(case: Case, job: dict, run: dict | None) -> tuple[Any, dict, dict | None]:
         lease_job, lease_run = facts(case, now)
-        decision = rules.renewal(lease_job, lease_run, case.token)
+        if case.own:
+            decision = rules.run_renewal(own_run(case, now))
+        else:
+            decision = rules.renewal(lease_job, lease_run, case.token)
         job, run = dict(job), None if run is None else dict(run)
-        if decision.extend_lease:
+        if decision.extend_lease and case.own:
+            assert run is not None
+            run["lease_expires_at"] = now + timedelta(seconds=LEASE)
+        elif decision.extend_lease:
             job["lease_expires_at"] = now + timedelta(seconds=LEASE)
         if decision.heartbeat:
             assert run is not None
@@ -352,11 +443,14 @@ def expect_renewal(
     return expect
 
 
-def renew_all(renew: Callable[[list[tuple[int, int]]], list[tuple[int, int, str]]]) -> Callable:
+def renew_all(
+    renew: Callable[[list[tuple[int, int]]], list[tuple[int, int, str]]],
+    cases: list[Case] | None = None,
+) -> Callable:
     """All the cases' leases in one heartbeat, as a worker holds many; outcomes in case order."""
 
     def call(ids: list[int]) -> list[Any]:
-        held = [(i, c.token) for i, c in zip(ids, RENEW_CASES, strict=True)]
+        held = [(i, c.token) for i, c in zip(ids, cases or RENEW_CASES, strict=True)]
         outcomes = {(j, t): outcome for j, t, outcome in renew(held)}
         return [outcomes.get(key, "missing") for key in held]
 
@@ -373,6 +467,22 @@ def test_the_portable_renewal_decides_as_the_table(now):
     call = renew_all(lambda held: portable._renew("default", now, held))
     problems = sweep(RENEW_CASES, now, call, expect_renewal(now), {})
     assert not problems, report(problems, len(RENEW_CASES))
+
+
+# Both kinds of lease in one heartbeat: a worker holding runs of allow_all jobs and of others.
+MIXED_RENEW_CASES = OWN_RENEW_CASES + RENEW_CASES
+
+
+def test_the_postgresql_renewal_of_runs_with_their_own_lease_decides_as_the_table(now):
+    call = renew_all(PostgreSQLStore().renew, MIXED_RENEW_CASES)
+    problems = sweep(MIXED_RENEW_CASES, now, call, expect_renewal(now), {})
+    assert not problems, report(problems, len(MIXED_RENEW_CASES))
+
+
+def test_the_portable_renewal_of_runs_with_their_own_lease_decides_as_the_table(now):
+    call = renew_all(lambda held: portable._renew("default", now, held), MIXED_RENEW_CASES)
+    problems = sweep(MIXED_RENEW_CASES, now, call, expect_renewal(now), {})
+    assert not problems, report(problems, len(MIXED_RENEW_CASES))
 
 
 # --- completions ------------------------------------------------------------------------------

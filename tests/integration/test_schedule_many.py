@@ -252,6 +252,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "catchup_window": timedelta(days=1, seconds=3, microseconds=7),  # days stay days
         "overlap": "buffer_all",
         "max_buffer": 7,
+        "max_concurrent": 7,
         "timezone": "America/Argentina/Buenos_Aires",
         "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": 'é \\ "t"'}},
         "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
@@ -310,25 +311,36 @@ def test_overlap_policies_and_fixed_delays_are_written_as_schedule_writes_them(w
             "overlap": "buffer_all",
             "max_buffer": 3,
         },
+        {
+            "task": TASK,
+            "interval": 60,
+            "name": "concurrent",
+            "overlap": "allow_all",
+            "max_concurrent": 4,
+        },
     ]
     api.schedule_many(specs)
     stored = {
-        n: (o, b, f)
-        for n, o, b, f in Job.objects.values_list("name", "overlap", "max_buffer", "fixed_delay")
+        n: (o, b, f, c)
+        for n, o, b, f, c in Job.objects.values_list(
+            "name", "overlap", "max_buffer", "fixed_delay", "max_concurrent"
+        )
     }
     assert stored == {
-        "default": ("buffer_one", 100, False),
-        "skip": ("skip", 100, True),
-        "all": ("buffer_all", 3, False),
+        "default": ("buffer_one", 100, False, 10),
+        "skip": ("skip", 100, True, 10),
+        "all": ("buffer_all", 3, False, 10),
+        "concurrent": ("allow_all", 100, False, 4),
     }
     errors = refused(
         [
             {"task": TASK, "cron": "0 * * * *", "name": "a", "fixed_delay": True},
-            {"task": TASK, "interval": 60, "name": "b", "overlap": "allow_all"},
+            {"task": TASK, "run_at": SOON, "name": "b", "overlap": "allow_all"},
             {"task": TASK, "interval": 60, "name": "c", "max_buffer": 0},
+            {"task": TASK, "interval": 60, "name": "d", "max_concurrent": 0},
         ]
     )
-    assert sorted(errors) == ["0.fixed_delay", "1.overlap", "2.max_buffer"]
+    assert sorted(errors) == ["0.fixed_delay", "1.overlap", "2.max_buffer", "3.max_concurrent"]
 
 
 def test_unnamed_jobs_get_names_unique_within_the_call(writer):

@@ -29,6 +29,7 @@ VALID = {
     "overlap": "buffer_one",
     "max_buffer": 100,
     "fixed_delay": False,
+    "max_concurrent": 10,
 }
 assert set(VALID) == set(OPTION_FIELDS)
 
@@ -124,21 +125,27 @@ anything = st.one_of(
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(overlap=anything, max_buffer=anything, fixed_delay=anything)
+@given(overlap=anything, max_buffer=anything, fixed_delay=anything, max_concurrent=anything)
 def test_property_overlap_options_are_kept_exactly_when_valid_and_refused_by_name(
-    overlap, max_buffer, fixed_delay
+    overlap, max_buffer, fixed_delay, max_concurrent
 ):
-    result = verdict(overlap=overlap, max_buffer=max_buffer, fixed_delay=fixed_delay)
+    given_value = {
+        "overlap": overlap,
+        "max_buffer": max_buffer,
+        "fixed_delay": fixed_delay,
+        "max_concurrent": max_concurrent,
+    }
+    result = verdict(**given_value)
     wanted = {
         "overlap": overlap
-        in ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other"),
+        in ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other", "allow_all"),
         "max_buffer": type(max_buffer) is int and 1 <= max_buffer <= 100_000,
         "fixed_delay": type(fixed_delay) is bool,
+        "max_concurrent": type(max_concurrent) is int and 1 <= max_concurrent <= 1_000,
     }
     refused = {field for field, _ in result.errors}
     assert refused == {field for field, ok in wanted.items() if not ok}
     for field, ok in wanted.items():
-        given_value = {"overlap": overlap, "max_buffer": max_buffer, "fixed_delay": fixed_delay}
         if ok:
             assert result.values[field] == given_value[field]
         else:
@@ -146,12 +153,15 @@ def test_property_overlap_options_are_kept_exactly_when_valid_and_refused_by_nam
 
 
 def test_an_overlap_refusal_names_the_policies():
-    assert verdict(overlap="allow_all").errors == (
+    assert verdict(overlap="allow_any").errors == (
         (
             "overlap",
-            "'allow_all' is not one of skip, buffer_one, buffer_all, cancel_other, "
-            "terminate_other.",
+            "'allow_any' is not one of skip, buffer_one, buffer_all, cancel_other, "
+            "terminate_other, allow_all.",
         ),
+    )
+    assert verdict(max_concurrent=0).errors == (
+        ("max_concurrent", "0 is out of range; expected 1 to 1000."),
     )
     assert verdict(max_buffer=0).errors == (
         ("max_buffer", "0 is out of range; expected 1 to 100000."),
