@@ -172,3 +172,126 @@ def test_cancel_other_lets_the_run_end_then_runs_the_latest_occurrence(fleet):
     said = fates(job, runs[2].scheduled_for)
     assert all(len(f) == 1 for f in said.values()), said
     assert {f[0] for f in said.values()} == {"ran", "overlapped"}
+
+
+def most_at_once(executions: list[Execution]) -> int:
+    """The most executions of a job running at the same instant (each start counted against
+    the executions started before it and not yet finished)."""
+    return max(
+        sum(
+            1
+            for other in executions
+            if other.started_at <= e.started_at
+            and (other.finished_at is None or other.finished_at > e.started_at)
+        )
+        for e in executions
+    )
+
+
+def test_allow_all_runs_three_at_once_when_its_runs_outlast_its_interval(fleet):
+    # Given a job every second whose task takes 3.5 s, allow_all with max_concurrent = 3
+    job = api.schedule(
+        "project.tasks.record",
+        name="allow-all",
+        interval=1,
+        misfire_grace=60,
+        overlap="allow_all",
+        max_concurrent=3,
+        max_retries=0,
+        kwargs={"sleep": 3.5},
+    )
+    # When two beats and a worker with room for more than three run it
+    fleet.beat()
+    fleet.beat()
+    fleet.worker(concurrency=5)
+    wait_until(lambda: len(finished(job)) >= 6, timeout=60)
+    executions = list(Execution.objects.filter(job_id=job.pk).order_by("started_at"))
+    # Then three ran at once, never more; each for its own occurrence, once (three started
+    # together may start in any order on the pool)
+    assert most_at_once(executions) == 3
+    times = [e.scheduled_for for e in executions]
+    assert len(times) == len(set(times)), "an occurrence ran twice"
+    # every occurrence from the first run on started (none skipped: each waited for a slot
+    # within its grace), and each run held its own lease, released when it ended
+    ran = sorted(e.scheduled_for for e in finished(job))
+    expected = fire_times(job.schedule, ran[0] - timedelta(microseconds=1), ran[-1])
+    assert [t for t in expected if t not in times] == []
+    runs = JobRun.objects.filter(job=job, scheduled_for__in=ran)
+    assert all(r.own_lease and r.status == RunStatus.SUCCEEDED and not r.stale for r in runs)
+    assert all(r.lease_expires_at is None for r in runs)
+    assert not Occurrence.objects.filter(job=job).exists()
+
+
+def test_allow_all_survives_a_worker_killed_mid_run_losing_only_its_runs(fleet):
+    # Given an allow_all job (max_concurrent = 3, one retry, no backoff) whose runs outlast
+    # its interval, on two workers of two processes each
+    fleet.beat()
+    doomed = fleet.worker(concurrency=2, heartbeat=1)
+    survivor = fleet.worker(concurrency=2, heartbeat=1)
+    job = api.schedule(
+        "project.tasks.record",
+        name="allow-all-killed",
+        interval=1,
+        misfire_grace=60,
+        overlap="allow_all",
+        max_concurrent=3,
+        max_retries=1,
+        retry_backoff=0,
+        lease_seconds=3,
+        kwargs={"sleep": 5},
+    )
+
+    def in_flight_on_each() -> dict[str, list[Execution]]:
+        running = Execution.objects.filter(job_id=job.pk, finished_at__isnull=True)
+        by_worker: dict[str, list[Execution]] = {}
+        for execution in running:
+            by_worker.setdefault(execution.worker.split("@")[0], []).append(execution)
+        return by_worker
+
+    wait_until(
+        lambda: {doomed.name, survivor.name} <= set(in_flight_on_each()),
+        timeout=40,
+        message="a run in flight on each worker",
+    )
+    # When one worker is SIGKILLed with runs in flight (no cleanup of any kind)
+    doomed.kill()
+    at_kill = in_flight_on_each()
+    killed = {e.scheduled_for for e in at_kill.get(doomed.name, [])}
+    untouched = {e.token: e for e in at_kill.get(survivor.name, [])}
+    assert killed and untouched
+
+    def succeeded(times: set[datetime]) -> bool:
+        done = JobRun.objects.filter(job=job, scheduled_for__in=times, status=RunStatus.SUCCEEDED)
+        return {r.scheduled_for for r in done} == times
+
+    # Then each occurrence the killed worker was running is run again (its retry), and
+    # succeeds elsewhere
+    wait_until(lambda: succeeded(killed), timeout=60, message="the lost runs ran again")
+    for when in killed:
+        runs = list(JobRun.objects.filter(job=job, scheduled_for=when).order_by("token"))
+        lost = [r for r in runs if r.status == RunStatus.LOST]
+        assert lost and lost[0].worker.startswith(doomed.name), runs
+        done = [r for r in runs if r.status == RunStatus.SUCCEEDED]
+        assert len(done) == 1 and done[0].attempt == 2, runs
+        assert done[0].worker.startswith(survivor.name)
+    # ... the survivor's runs in flight at the kill finished untouched, their first attempt
+    wait_until(
+        lambda: all(
+            JobRun.objects.get(job=job, token=token).status == RunStatus.SUCCEEDED
+            for token in untouched
+        ),
+        timeout=30,
+    )
+    for token in untouched:
+        run = JobRun.objects.get(job=job, token=token)
+        assert run.attempt == 1 and not run.stale and run.worker.startswith(survivor.name)
+    # ... and nothing executed twice that was not lost: an occurrence with two executions is
+    # one the kill interrupted (its first never finished)
+    by_occurrence: dict[datetime, list[Execution]] = {}
+    for e in Execution.objects.filter(job_id=job.pk).order_by("id"):
+        by_occurrence.setdefault(e.scheduled_for, []).append(e)
+    for when, executions in by_occurrence.items():
+        if len(executions) > 1:
+            assert when in killed, (when, executions)
+            assert len(executions) == 2 and executions[0].finished_at is None
+    assert survivor.alive()
