@@ -276,6 +276,9 @@ def _update(
         _record_calendar(current, "update")
     # The job's own fields only: its lease, token and dispatch counter are the lease's.
     written = [*cleaned, "interval_anchor", "scheduled_for", "next_run_at", "updated_at"]
+    if "finish_by" in changes or "timezone" in changes:
+        current.finish_by_at = None  # the deadline pass arms it again from the new time
+        written.append("finish_by_at")
     try:
         with transaction.atomic():
             current.save(update_fields=list(dict.fromkeys(written)))

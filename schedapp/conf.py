@@ -88,6 +88,12 @@ class Settings:
     RESULT_RETENTION: timedelta | None = None
     # Record every change to a job in the audit trail (schedapp.audit, the JobChange table).
     AUDIT: bool = True
+    # Deadline defaults for new jobs (each job may override or clear them): start_deadline and
+    # max_runtime (seconds or a duration), skip_late and revoke_overrun (bool), finish_by
+    # ("09:00" or a time), alert_after_failures (a whole number). Unset: no deadline.
+    DEADLINES: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds between a beat's deadline passes (schedapp.deadlines): detection and recovery.
+    DEADLINE_CHECK: float = 5.0
 
 
 # Durations whose default is None: seconds given as a number are read as a duration too.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import struct
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from .calendars import DEFAULT_MODE, DEFAULT_ROLL
-from .fields import CELERY_FIELDS
+from .fields import CELERY_FIELDS, DEADLINE_FIELDS
 from .option_rules import Options
 from .schedules import DEFAULT_DST_POLICY, Once
 from .validation import Checked
@@ -50,6 +50,7 @@ COPY_COLUMNS = (
     "max_buffer",
     "fixed_delay",
     "max_concurrent",
+    *DEADLINE_FIELDS,
     "source",
     "next_run_at",
     "scheduled_for",
@@ -268,6 +269,11 @@ class TextRows(CopyRows):
             f"{v['when_retries_exhausted']}\t{_optional_interval_text(v['catchup_window'])}\t"
             f"{v['overlap']}\t{v['max_buffer']}\t{'t' if v['fixed_delay'] else 'f'}\t"
             f"{v['max_concurrent']}\t"
+            f"{_optional_interval_text(v['start_deadline'])}\t{'t' if v['skip_late'] else 'f'}\t"
+            f"{_optional_interval_text(v['max_runtime'])}\t"
+            f"{'t' if v['revoke_overrun'] else 'f'}\t"
+            f"{_NULL if v['finish_by'] is None else v['finish_by'].isoformat()}\t"
+            f"{_NULL if v['alert_after_failures'] is None else v['alert_after_failures']}\t"
         )
 
 
@@ -298,6 +304,12 @@ def _b_int2(value: int) -> bytes:
 
 def _b_time(value: datetime) -> bytes:
     return _LEN_I64(8, (value - _PG_EPOCH) // _MICROSECOND)
+
+
+def _b_clock(value: time) -> bytes:
+    """A time of day: microseconds since midnight."""
+    micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000
+    return _LEN_I64(8, micros + value.microsecond)
 
 
 def _b_interval(value: timedelta) -> bytes:
@@ -430,6 +442,14 @@ class BinaryRows(CopyRows):
                 _b_int4(v["max_buffer"]),
                 _I32(1) + (b"\x01" if v["fixed_delay"] else b"\x00"),
                 _b_int4(v["max_concurrent"]),
+                _NULL_B if v["start_deadline"] is None else _b_interval(v["start_deadline"]),
+                _I32(1) + (b"\x01" if v["skip_late"] else b"\x00"),
+                _NULL_B if v["max_runtime"] is None else _b_interval(v["max_runtime"]),
+                _I32(1) + (b"\x01" if v["revoke_overrun"] else b"\x00"),
+                _NULL_B if v["finish_by"] is None else _b_clock(v["finish_by"]),
+                _NULL_B
+                if v["alert_after_failures"] is None
+                else _b_int4(v["alert_after_failures"]),
             )
         )
 

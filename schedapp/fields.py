@@ -8,14 +8,31 @@ validation rules (or Django's models) to get them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from typing import Any, TypedDict
 
 SCHEDULE_FIELDS = ("run_at", "cron", "interval", "solar_event")
 # Fields where None, given, is the value and not "the default": a schedule field's None is
 # "not this kind of schedule"; a catch-up window's is "no window", which a job must be able
 # to say when SCHEDAPP_DEFAULT_CATCHUP_WINDOW sets one; a calendar's is "no calendar".
-NONE_IS_A_VALUE = (*SCHEDULE_FIELDS, "catchup_window", "calendar")
+# A deadline's None is "no deadline" (SCHEDAPP_DEADLINES may set one for new jobs).
+DEADLINE_FIELDS = (
+    "start_deadline",
+    "skip_late",
+    "max_runtime",
+    "revoke_overrun",
+    "finish_by",
+    "alert_after_failures",
+)
+NONE_IS_A_VALUE = (
+    *SCHEDULE_FIELDS,
+    "catchup_window",
+    "calendar",
+    "start_deadline",
+    "max_runtime",
+    "finish_by",
+    "alert_after_failures",
+)
 # The fields of a job's calendar: a change to any of them recomputes its next run.
 CALENDAR_FIELDS = ("calendar", "calendar_mode", "calendar_roll")
 # The fields of one schedule kind beyond its main one, and of any recurring schedule.
@@ -102,6 +119,12 @@ class JobOptions(TypedDict, total=False):
     calendar: Any
     calendar_mode: str | None
     calendar_roll: str | None
+    start_deadline: timedelta | float | None
+    skip_late: bool
+    max_runtime: timedelta | float | None
+    revoke_overrun: bool
+    finish_by: time | str | None
+    alert_after_failures: int | None
 
 
 class JobChanges(JobOptions, total=False):

@@ -9,7 +9,7 @@ may have expired.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -78,6 +78,55 @@ def _default_catchup_window() -> timedelta | None:
     return get_settings().DEFAULT_CATCHUP_WINDOW
 
 
+def _deadline_default(name: str) -> Any:
+    """A deadline field's default from ``SCHEDAPP_DEADLINES`` (seconds read as a duration)."""
+    value = get_settings().DEADLINES.get(name, DEADLINE_UNSET[name])
+    if name in ("start_deadline", "max_runtime") and isinstance(value, int | float):
+        if not isinstance(value, bool):
+            return timedelta(seconds=value)
+    if name == "finish_by" and isinstance(value, str):
+        try:
+            return time.fromisoformat(value)
+        except ValueError:
+            return value  # the settings check names it
+    return value
+
+
+# The deadline fields and their value when neither the job nor SCHEDAPP_DEADLINES sets one.
+DEADLINE_UNSET: dict[str, Any] = {
+    "start_deadline": None,
+    "skip_late": False,
+    "max_runtime": None,
+    "revoke_overrun": False,
+    "finish_by": None,
+    "alert_after_failures": None,
+}
+
+
+def _default_start_deadline() -> timedelta | None:
+    return _deadline_default("start_deadline")
+
+
+def _default_skip_late() -> bool:
+    return _deadline_default("skip_late")
+
+
+def _default_max_runtime() -> timedelta | None:
+    return _deadline_default("max_runtime")
+
+
+def _default_revoke_overrun() -> bool:
+    return _deadline_default("revoke_overrun")
+
+
+def _default_finish_by() -> time | None:
+    return _deadline_default("finish_by")
+
+
+def _default_alert_after_failures() -> int | None:
+    return _deadline_default("alert_after_failures")
+
+
 # The values a job's columns may hold beyond what the API checks: what PostgreSQL would take
 # but Python cannot read back, or schedapp cannot go on from (DESIGN 25, migration 0016).
 # A time is finite and within Python's years 1-9999, a day inside them (a local time in any
@@ -102,6 +151,7 @@ TIME_COLUMNS = (
     "last_run_at",
     "created_at",
     "updated_at",
+    "finish_by_at",
 )
 DURATION_COLUMNS = (
     "interval",
@@ -109,10 +159,12 @@ DURATION_COLUMNS = (
     "retry_backoff_max",
     "misfire_grace",
     "catchup_window",
+    "start_deadline",
+    "max_runtime",
 )
 # Durations that must be more than 0 (the others: not negative): a zero interval never moves
 # on, and a zero catch-up window would refuse every occurrence the claim finds late.
-POSITIVE_DURATIONS = ("interval", "catchup_window")
+POSITIVE_DURATIONS = ("interval", "catchup_window", "start_deadline", "max_runtime")
 
 
 class JSONType(models.Func):
@@ -463,6 +515,47 @@ class Job(models.Model):
         help_text="An occurrence the calendar excludes: skipped, moved to the next or previous "
         "business day, or deferred to the end of the exclusion.",
     )
+    # Deadlines (docs/semantics.md, Deadlines; schedapp.deadlines records their breaches).
+    # NULL: none; the defaults come from SCHEDAPP_DEADLINES.
+    start_deadline = models.DurationField(
+        null=True,
+        blank=True,
+        default=_default_start_deadline,
+        help_text="An occurrence not started this long after its time is late.",
+    )
+    skip_late = models.BooleanField(
+        default=_default_skip_late,
+        db_default=False,
+        help_text="An occurrence found past its start deadline by the claim is not run: it is "
+        "recorded as late (Kubernetes' startingDeadlineSeconds).",
+    )
+    max_runtime = models.DurationField(
+        null=True,
+        blank=True,
+        default=_default_max_runtime,
+        help_text="A run still going this long after it started is overrunning.",
+    )
+    revoke_overrun = models.BooleanField(
+        default=_default_revoke_overrun,
+        db_default=False,
+        help_text="Revoke an overrunning run (terminated on a prefork worker).",
+    )
+    finish_by = models.TimeField(
+        null=True,
+        blank=True,
+        default=_default_finish_by,
+        help_text="Wall-clock time in the job's zone by which the day's occurrence must have "
+        "succeeded.",
+    )
+    alert_after_failures = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        default=_default_alert_after_failures,
+        help_text="This many failed attempts in a row make the job failing.",
+    )
+    # The next finish_by instant to look at (database time), set by the beats' deadline pass;
+    # NULL: not armed yet (a new job, or finish_by changed).
+    finish_by_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     # When the next attempt is due (occurrence + jitter, or now + backoff), and the occurrence
     # it belongs to: recurring jobs compute the next occurrence from it, so there is no drift.
@@ -531,6 +624,22 @@ class Job(models.Model):
                 fields=["supersede_at"],
                 name="schedapp_job_supersede",
                 condition=Q(supersede_at__isnull=False),
+            ),
+            # The deadline pass (schedapp.deadlines): only jobs with that deadline are looked at.
+            models.Index(
+                fields=["scheduled_for"],
+                name="schedapp_job_start_deadline",
+                condition=Q(start_deadline__isnull=False, state__in=["scheduled", "running"]),
+            ),
+            models.Index(
+                fields=["id"],
+                name="schedapp_job_max_runtime",
+                condition=Q(max_runtime__isnull=False, state="running"),
+            ),
+            models.Index(
+                fields=["finish_by_at"],
+                name="schedapp_job_finish_by",
+                condition=Q(finish_by__isnull=False),
             ),
         ]
         constraints = [
@@ -748,6 +857,7 @@ class Fate(models.TextChoices):
     BUFFER_FULL = "buffer_full", "Dropped from a full buffer (overlap policy buffer_all)"
     EXCLUDED = "excluded", "Excluded by the job's calendar"
     MERGED = "merged", "Merged by the job's calendar into a run moved onto or over it"
+    LATE = "late", "Past its start deadline when found (skip_late)"
 
 
 assert tuple(Fate.values) == FATES
@@ -788,6 +898,50 @@ class Occurrence(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.scheduled_for:%Y-%m-%d %H:%M:%S} x{self.count} {self.fate}"
+
+
+class BreachKind(models.TextChoices):
+    """What a job's deadline breach is (``schedapp.deadlines``)."""
+
+    LATE = "late", "Late (not started within its start deadline)"
+    OVERRUNNING = "overrunning", "Overrunning (running past its max runtime)"
+    MISSED_FINISH_BY = "missed_finish_by", "Missed its finish-by time"
+    FAILING = "failing", "Failing (failed attempts in a row)"
+    DEAD = "dead", "Dead (retries exhausted)"
+
+
+class Breach(models.Model):
+    """One incident of a job missing a deadline (or going dead), recorded with the occurrence
+    it concerns, and cleared when it ends. One row per (job, kind, occurrence): a second
+    detection of the same incident, by this beat or another, cannot be recorded (the unique
+    constraint, not a Python check, decides)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="breaches", db_index=False)
+    kind = models.CharField(max_length=16, choices=BreachKind.choices)
+    scheduled_for = models.DateTimeField(
+        help_text="The occurrence it concerns (for finish_by: the deadline instant)."
+    )
+    opened_at = models.DateTimeField(db_default=Now())
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True, default="")
+    cleared_detail = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "kind", "scheduled_for"], name="schedapp_breach_once"
+            )
+        ]
+        indexes = [
+            # Open breaches: what the deadline pass clears and the gauge counts.
+            models.Index(
+                fields=["kind"], name="schedapp_breach_open", condition=Q(cleared_at__isnull=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} @{self.scheduled_for:%Y-%m-%d %H:%M:%S}"
 
 
 class JobChange(models.Model):
@@ -954,6 +1108,8 @@ class CalendarReference(models.Model):
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Breach",
+    "BreachKind",
     "Calendar",
     "CalendarReference",
     "Declaration",

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import time, timedelta
 from typing import Any
 
-from .fields import MESSAGE_OPTIONS
+from .fields import DEADLINE_FIELDS, MESSAGE_OPTIONS
 from .message import RUN_HEADERS
 from .models import MAX_PRIORITY, MIN_PRIORITY
 from .payload import CONTROL_CHARS, LONE_SURROGATE, type_name
@@ -45,6 +45,7 @@ OPTION_FIELDS = (
     "max_buffer",
     "fixed_delay",
     "max_concurrent",
+    *DEADLINE_FIELDS,
 )
 MAX_BUFFER = 100_000  # as misfire_max_catchup: each buffered occurrence is a run to come
 # allow_all: runs of one job in flight at once, each a lease renewed and a worker slot held.
@@ -199,7 +200,60 @@ def options_verdict(given: tuple[Any, ...]) -> Options:
         )
     else:
         out["when_retries_exhausted"] = exhausted
+    _deadlines(values, out, errors)
     return Options(out, tuple(errors))
+
+
+def _deadlines(values: dict[str, Any], out: dict[str, Any], errors: list[tuple[str, str]]) -> None:
+    """The deadline fields (docs/semantics.md, Deadlines): each optional, None for none."""
+    for field in ("start_deadline", "max_runtime"):
+        value = values[field]
+        if value is None:
+            out[field] = None
+            continue
+        duration = _duration(value)
+        if duration is None:
+            errors.append((field, "must be a duration (timedelta or seconds), or None."))
+        elif duration <= timedelta(0):
+            errors.append((field, "must be more than 0 (None: no deadline)."))
+        elif duration > MAX_DELAY:
+            errors.append((field, "must be at most a year."))
+        else:
+            out[field] = duration
+    for field in ("skip_late", "revoke_overrun"):
+        if values[field] is None:  # left out of a partial field set: off
+            out[field] = False
+        elif not isinstance(values[field], bool):
+            errors.append((field, f"must be True or False, got {type_name(values[field])}."))
+        else:
+            out[field] = values[field]
+    if out.get("skip_late") and values["start_deadline"] is None:
+        errors.append(("skip_late", "needs a start_deadline: late is counted from it."))
+    if out.get("revoke_overrun") and values["max_runtime"] is None:
+        errors.append(("revoke_overrun", "needs a max_runtime: overrunning is counted from it."))
+    finish_by = values["finish_by"]
+    if isinstance(finish_by, str):
+        try:
+            finish_by = time.fromisoformat(finish_by)
+        except ValueError:
+            errors.append(("finish_by", f"{values['finish_by']!r} is not a time such as '09:00'."))
+            finish_by = False
+    if finish_by is None or isinstance(finish_by, time):
+        if finish_by is not None and finish_by.tzinfo is not None:
+            errors.append(("finish_by", "must be a wall-clock time, in the job's zone: no offset."))
+        else:
+            out["finish_by"] = finish_by
+    elif finish_by is not False:
+        errors.append(("finish_by", f"must be a time such as '09:00', got {type_name(finish_by)}."))
+    count = values["alert_after_failures"]
+    if count is None:
+        out["alert_after_failures"] = None
+    elif isinstance(count, bool) or not isinstance(count, int):
+        errors.append(("alert_after_failures", f"must be a whole number, got {type_name(count)}."))
+    elif not 1 <= count <= 10_000:
+        errors.append(("alert_after_failures", f"{count} is out of range; expected 1 to 10000."))
+    else:
+        out["alert_after_failures"] = count
 
 
 def _window_problem(value: Any, grace: timedelta | None) -> tuple[str | None, timedelta | None]:

@@ -140,6 +140,7 @@ OVERLAPPED = "overlapped"  # came due while a run was in flight (skip; a later o
 BUFFER_FULL = "buffer_full"  # came due while a run was in flight, beyond max_buffer
 EXCLUDED = "excluded"  # the job's calendar excludes it (roll skip, or no business day fits)
 MERGED = "merged"  # a calendar roll moved a run onto or over it: that run covers it
+LATE = "late"  # past its start deadline when the claim found it, and the job skips late ones
 FATES = (
     MISFIRED,
     OUTSIDE_WINDOW,
@@ -150,6 +151,7 @@ FATES = (
     BUFFER_FULL,
     EXCLUDED,
     MERGED,
+    LATE,
 )
 
 _TICK = timedelta(microseconds=1)  # the finest step between two times a schedule can tell

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 from .conf import get_settings
 from .exceptions import ScheduleError
+from .fields import DEADLINE_FIELDS
 from .schedules import parse_cron, parse_dst_policy
 from .validation import job_defaults, validate_job
 
@@ -89,7 +90,25 @@ def settings_problems() -> list[str]:
             f"SCHEDAPP_CALENDARS must be a mapping of calendar name to definition, "
             f"not {s.CALENDARS!r}."
         )
-    found.extend(_default_problems())
+    deadlines = s.DEADLINES
+    if not isinstance(deadlines, Mapping):
+        found.append(
+            f"SCHEDAPP_DEADLINES must be a mapping of deadline to value, not {deadlines!r}."
+        )
+    else:
+        unknown = sorted(str(k) for k in set(deadlines) - set(DEADLINE_FIELDS))
+        if unknown:
+            found.append(
+                f"SCHEDAPP_DEADLINES: unknown deadline(s) {unknown}; known: "
+                f"{', '.join(DEADLINE_FIELDS)}."
+            )
+        else:
+            found.extend(_default_problems())
+    if not _number(s.DEADLINE_CHECK, (int, float)) or not s.DEADLINE_CHECK > 0:
+        found.append(
+            f"SCHEDAPP_DEADLINE_CHECK must be a number of seconds above 0, "
+            f"not {s.DEADLINE_CHECK!r}."
+        )
     return found
 
 
@@ -113,7 +132,12 @@ def _default_problems() -> list[str]:
         )
     except ValidationError as exc:
         return [
-            f"SCHEDAPP_DEFAULT_{field.upper()}: {' '.join(messages)}"
+            (
+                f"SCHEDAPP_DEADLINES[{field!r}]: "
+                if field in DEADLINE_FIELDS
+                else f"SCHEDAPP_DEFAULT_{field.upper()}: "
+            )
+            + " ".join(messages)
             for field, messages in exc.message_dict.items()
         ]
     return []

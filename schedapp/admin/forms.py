@@ -70,6 +70,12 @@ FORM_FIELDS = [
     "max_buffer",
     "max_concurrent",
     "message_options",
+    "start_deadline",
+    "skip_late",
+    "max_runtime",
+    "revoke_overrun",
+    "finish_by",
+    "alert_after_failures",
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
 # Typed and shown as wall-clock time in the job's zone, to the second.
@@ -152,6 +158,12 @@ class JobForm(forms.ModelForm):
             "max_buffer": "Buffer at most",
             "max_concurrent": "Runs in flight at most",
             "fixed_delay": "Count from the end of each run",
+            "start_deadline": "Start deadline",
+            "skip_late": "Skip late occurrences",
+            "max_runtime": "Max runtime",
+            "revoke_overrun": "Revoke an overrunning run",
+            "finish_by": "Finish by",
+            "alert_after_failures": "Failing after (failed attempts in a row)",
         }
         help_texts = {
             "cron": "5 fields, or 6 with seconds first, e.g. '*/10 * * * * *'. Days: L (the "
@@ -169,6 +181,12 @@ class JobForm(forms.ModelForm):
             "decides), buffer all (each runs after it, oldest first), or cancel (revoke) / "
             "terminate (SIGTERM, prefork) the run in flight, then run the latest, or allow all: "
             "each starts on time beside the runs in flight (at most max_concurrent).",
+            "start_deadline": "Optional: an occurrence not started this long after its time "
+            "(e.g. '300' seconds or '00:05:00') is late. Empty: none.",
+            "max_runtime": "Optional: a run still going this long after it started is "
+            "overrunning. Empty: none.",
+            "finish_by": "Optional: wall-clock time in the job's zone (e.g. 09:00) by which the "
+            "day's occurrence must have succeeded.",
             "max_buffer": "Buffer all: at most this many wait (the most recent); older ones "
             "are dropped and recorded.",
             "max_concurrent": "Allow all: at most this many runs in flight at once (1 to "

@@ -89,6 +89,20 @@ _EDITABLE = (
             "classes": ("collapse",),
         },
     ),
+    (
+        "Deadlines",
+        {
+            "fields": (
+                "start_deadline",
+                "skip_late",
+                "max_runtime",
+                "revoke_overrun",
+                "finish_by",
+                "alert_after_failures",
+            ),
+            "classes": ("collapse",),
+        },
+    ),
 )
 # Optional, rarely set: folded unless the job (or the form sent back) has one. With Django
 # 6.1's labels above the fields, their date and time inputs took ~430 px of every job page.

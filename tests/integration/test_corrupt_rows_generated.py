@@ -99,6 +99,9 @@ def bad_values(field: models.Field) -> list[tuple[str, str, Any]]:
         values += _json_kinds()
     elif kind == "ForeignKey":  # (Job.calendar has no database constraint)
         values += [("no such row", 2**62), ("minimum", -(2**63))]
+    elif kind == "TimeField":
+        # PostgreSQL's day ends at 24:00:00, which Python's time cannot hold
+        values += [("end of day", "24:00:00"), ("last microsecond", "23:59:59.999999")]
     elif kind == "BooleanField":
         pass  # NOT NULL: true and false are both meaningful
     else:  # a column type this generator does not know yet: add its kinds above

@@ -516,3 +516,48 @@ def test_calendars_are_written_as_schedule_writes_them(writer):
         ]
     )
     assert sorted(errors) == ["0.calendar", "1.calendar_roll"]
+
+
+DEADLINE_COLUMNS = (
+    "start_deadline",
+    "skip_late",
+    "max_runtime",
+    "revoke_overrun",
+    "finish_by",
+    "alert_after_failures",
+)
+
+
+@override_settings(SCHEDAPP_DEADLINES={"start_deadline": 120, "alert_after_failures": 5})
+def test_deadlines_are_written_as_schedule_writes_them(writer):
+    # Given the defaults from SCHEDAPP_DEADLINES, a job clearing them, and one setting each
+    given = {
+        "default": {},
+        "none": {"start_deadline": None, "alert_after_failures": None},
+        "all": {
+            "start_deadline": 30.5,
+            "skip_late": True,
+            "max_runtime": timedelta(minutes=10),
+            "revoke_overrun": True,
+            "finish_by": "09:30",
+            "alert_after_failures": 3,
+        },
+    }
+    specs = [{"task": TASK, "interval": 60, "name": name, **d} for name, d in given.items()]
+    # When they are scheduled in bulk
+    api.schedule_many(specs)
+    # Then each holds what api.schedule would have given it
+    for name, d in given.items():
+        bulk_row = Job.objects.filter(name=name).values(*DEADLINE_COLUMNS).get()
+        single = api.schedule(TASK, interval=60, name=f"single-{name}", **d)
+        assert bulk_row == {c: getattr(single, c) for c in DEADLINE_COLUMNS}, name
+    assert Job.objects.get(name="default").start_deadline == timedelta(seconds=120)
+    assert Job.objects.get(name="none").alert_after_failures is None
+    assert str(Job.objects.get(name="all").finish_by) == "09:30:00"
+
+
+def test_a_bad_deadline_rejects_the_lot_naming_spec_and_field(writer):
+    errors = refused(
+        [once(0, start_deadline=10), once(1, max_runtime=-1), once(2, finish_by="noon")]
+    )
+    assert sorted(errors) == ["1.max_runtime", "2.finish_by"]

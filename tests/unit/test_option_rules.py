@@ -30,6 +30,12 @@ VALID = {
     "max_buffer": 100,
     "fixed_delay": False,
     "max_concurrent": 10,
+    "start_deadline": None,
+    "skip_late": False,
+    "max_runtime": None,
+    "revoke_overrun": False,
+    "finish_by": None,
+    "alert_after_failures": None,
 }
 assert set(VALID) == set(OPTION_FIELDS)
 
