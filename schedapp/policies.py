@@ -97,6 +97,16 @@ def misfire_after(policy: str, grace: timedelta) -> timedelta:
     return min(grace, RUN_RECENT_LATE_AFTER) if policy == RUN_RECENT else grace
 
 
+def past_start_deadline(
+    skip_late: bool, start_deadline: timedelta | None, occurrence: datetime, now: datetime
+) -> bool:
+    """Whether the claim finds an occurrence of a job that skips late ones past its start
+    deadline (counted from its nominal time, jitter included in the wait): its misfire plan
+    then records it as ``late`` instead of running it. The claim statement (sql/queries.sql,
+    claim_rows) says the same in SQL."""
+    return bool(skip_late) and start_deadline is not None and now - occurrence > start_deadline
+
+
 # The longest schedapp waits before a retry: the API's bound of a backoff (validation), and
 # the bound of any delay it adds to the database's now(), so a value written behind the API's
 # back (a backoff of a million years) cannot push a retry past what a timestamp holds: the
@@ -286,13 +296,15 @@ def _calendar_misfire(
     policy: str,
     max_catchup: int,
     grace: timedelta,
-    window: timedelta | None,
+    window: tuple[timedelta | None, str, str],
     fate: str,
     cal: OnCalendar,
 ) -> Catchup:
     """``plan_misfire`` under a calendar: the missed runs are the calendar's (``due`` is one),
     walked at most ``CALENDAR_WALK`` of them; the occurrences the calendar excluded or merged
-    on the way are recorded as such, and only the runs it allowed count as missed.
+    on the way are recorded as such, and only the runs it allowed count as missed. ``window``
+    is (the limit, the fate and the words of what is older): the catch-up window, or the start
+    deadline of a job that skips late occurrences, whichever is shorter.
 
     Past the bound, the occurrences up to the latest before ``now`` are counted without the
     calendar (one range, arithmetic); that latest one runs if the calendar allows it at its own
@@ -310,11 +322,11 @@ def _calendar_misfire(
     why = "passed while the job was paused; " if fate == PAUSED else ""
     detail = f"{why}missed under {cal.detail} (misfire policy {policy})"
     out = list(ranges)
-    if window is not None:
-        outside = [r for r in runs if now - r > window]
+    limit, limit_fate, limit_text = window  # a catch-up window, or a start deadline (late)
+    if limit is not None:
+        outside = [r for r in runs if now - r > limit]
         runs = runs[len(outside) :]
-        text = f"older than its catch-up window ({window})"
-        out.extend(MissedRange(r, r, 1, OUTSIDE_WINDOW, text) for r in outside)
+        out.extend(MissedRange(r, r, 1, limit_fate, limit_text) for r in outside)
     else:
         outside = []
     run_for: datetime | None = None
@@ -371,6 +383,7 @@ def plan_misfire(
     window: timedelta | None = None,
     fate: str = MISFIRED,
     calendar: OnCalendar | None = None,
+    start_deadline: timedelta | None = None,
 ) -> Catchup:
     """Decide a misfire: ``due`` is an occurrence that should have run a while before ``now``.
 
@@ -383,7 +396,9 @@ def plan_misfire(
       before now, else as ``skip``: Celery's crontab under ``beat_cron_starting_deadline``.
 
     A catch-up ``window`` comes first: occurrences older than ``now - window`` are missed
-    (``outside_window``) whatever the policy, which then decides among the rest. ``fate`` is
+    (``outside_window``) whatever the policy, which then decides among the rest. A
+    ``start_deadline`` (a job that skips late occurrences) acts as a window whose misses are
+    ``late``; the shorter of the two applies. ``fate`` is
     what the rest are recorded as (``paused`` when a resume decides them).
 
     It runs inside the beat's claim transaction, so its cost must not grow with the outage:
@@ -392,17 +407,19 @@ def plan_misfire(
     """
     if isinstance(schedule, Once):
         return Catchup(run_for=due, next_due=None, missed=0)  # one-off jobs always run
+    limit, why, said = window, OUTSIDE_WINDOW, f"older than its catch-up window ({window})"
+    if start_deadline is not None and (window is None or start_deadline < window):
+        limit, why = start_deadline, LATE
+        said = f"not started within its start deadline ({start_deadline}); skip_late"
     if calendar is not None:
         return _calendar_misfire(
-            schedule, due, now, policy, max_catchup, grace, window, fate, calendar
+            schedule, due, now, policy, max_catchup, grace, (limit, why, said), fate, calendar
         )
     outside: tuple[MissedRange, ...] = ()
-    if window is not None and now - due > window:  # (never now - window: it may overflow)
-        cutoff = now - window
+    if limit is not None and now - due > limit:  # (never now - limit: it may overflow)
+        cutoff = now - limit
         old = count_fire_times(schedule, due, cutoff - _TICK)
-        outside = _missed(
-            schedule, due, cutoff, old, OUTSIDE_WINDOW, f"older than its catch-up window ({window})"
-        )
+        outside = _missed(schedule, due, cutoff, old, why, said)
         if outside:
             due_next = next_fire_time(schedule, outside[0].last)
             if due_next is None or due_next > now:  # nothing left inside the window

@@ -249,6 +249,7 @@ def _apply_misfires(
                 row["misfire_grace"],
                 row["catchup_window"],
                 calendar=job_calendars.for_row(row, read),
+                start_deadline=row["start_deadline"] if row["skip_late"] else None,
             )
         except Exception as exc:  # a row the beat cannot understand: set it aside, go on
             quarantined.append(quarantine_locked(row["id"], unschedulable(exc)))

@@ -64,6 +64,8 @@ WITH due AS MATERIALIZED (
 
 -- name: claim_rows
 -- The part of a claim after the due ids (a CTE "due"): lease, token, run rows, the rows read.
+-- A row is late (no run: its misfire policy decides in Python) beyond its misfire grace, or
+-- beyond its start deadline when the job skips late occurrences (policies.is_late).
 claimed AS (
     UPDATE schedapp_job AS j
     SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
@@ -82,10 +84,13 @@ claimed AS (
               j.message_options::text AS message_options,
               extract(epoch FROM now() - j.next_run_at)::float8 AS lateness,
               coalesce(j.manual_at = j.scheduled_for, false) AS manual,
+              j.skip_late, j.start_deadline,
               (j.run_at IS NULL AND j.retry_count = 0 AND NOT j.fixed_delay
-               AND now() - j.next_run_at > CASE WHEN j.misfire_policy = '{RUN_RECENT}'
+               AND (now() - j.next_run_at > CASE WHEN j.misfire_policy = '{RUN_RECENT}'
                    THEN least(j.misfire_grace, make_interval(secs => {RUN_RECENT_LATE_AFTER}))
-                   ELSE j.misfire_grace END) AS late
+                   ELSE j.misfire_grace END
+                    OR coalesce(j.skip_late AND now() - j.scheduled_for > j.start_deadline,
+                                false))) AS late
 ),
 runs AS (
     INSERT INTO schedapp_jobrun (job_id, token, attempt, kind, scheduled_for, due_at,

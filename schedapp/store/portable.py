@@ -27,7 +27,7 @@ from django.db.models.lookups import LessThan
 
 from ..fields import CELERY_FIELDS
 from ..models import Job, JobChange, JobRun, JobState, RunStatus
-from ..policies import dispatch_wait, misfire_after
+from ..policies import dispatch_wait, misfire_after, past_start_deadline
 from ..validation import Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
 
@@ -66,6 +66,8 @@ _CLAIM_FIELDS = (
     "calendar_mode",
     "calendar_roll",
     "max_concurrent",
+    "skip_late",
+    "start_deadline",
     *CELERY_FIELDS,
 )
 
@@ -124,8 +126,13 @@ def _claim(
             row["run_at"] is None
             and row["retry_count"] == 0
             and not row["fixed_delay"]  # its one pending occurrence runs when found
-            and now - row["next_run_at"]
-            > misfire_after(row["misfire_policy"], row["misfire_grace"])
+            and (
+                now - row["next_run_at"]
+                > misfire_after(row["misfire_policy"], row["misfire_grace"])
+                or past_start_deadline(
+                    row["skip_late"], row["start_deadline"], row["scheduled_for"], now
+                )
+            )
         )
     return rows
 

@@ -193,6 +193,45 @@ def test_a_late_row_is_returned_without_a_run(store):
     assert not rows[on_time.pk]["late"] and rows[on_time.pk]["run_id"]
 
 
+# Whether a claimed row is late, as the SQL says it and as the portable store says it in
+# Python: (skip_late, start_deadline, seconds since the occurrence, jitter seconds), against
+# policies.misfire_after / past_start_deadline (the grace here: 5 minutes).
+LATE_CASES = [
+    (False, None, 30, 0),
+    (False, 10, 30, 0),  # late by its deadline, but the job does not skip: runs
+    (True, 10, 30, 0),
+    (True, 10, 9, 0),
+    (True, 10, 12, 5),  # jitter: due 7 s ago, the occurrence 12 s ago: past the deadline
+    (True, None, 30, 0),  # (refused by the API; written behind its back: not late)
+    (True, 600, 400, 0),  # beyond the grace, within the deadline: the misfire policy's
+    (False, None, 400, 0),
+]
+
+
+@pytest.mark.parametrize(("skip", "deadline", "ago", "jitter"), LATE_CASES)
+def test_a_row_is_late_beyond_its_grace_or_its_start_deadline_when_it_skips(
+    store, skip, deadline, ago, jitter
+):
+    from schedapp.policies import misfire_after, past_start_deadline
+
+    now = store.now()
+    occurrence = now - timedelta(seconds=ago)
+    job = make_job(
+        store,
+        "j",
+        scheduled_for=occurrence,
+        next_run_at=occurrence + timedelta(seconds=jitter),
+        skip_late=skip,
+        start_deadline=None if deadline is None else timedelta(seconds=deadline),
+    )
+    (row,) = store.claim(BEAT, 10, ids=[job.pk])[0]
+    expected = now - (occurrence + timedelta(seconds=jitter)) > misfire_after(
+        "run_once", timedelta(minutes=5)
+    ) or past_start_deadline(skip, job.start_deadline, occurrence, now)
+    assert row["late"] is expected
+    assert bool(row.get("run_id")) is not expected
+
+
 def test_due_ids_are_the_claims_order_and_claim_nothing(store):
     now = store.now()
     first = make_job(store, "first", next_run_at=now - timedelta(minutes=2))
