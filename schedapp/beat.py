@@ -28,6 +28,7 @@ from .db import (
     reset_connection,
     with_retries,
 )
+from .deadlines import check_deadlines
 from .declared import sync_declared_calendars, sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .lease import Superseded, claim_due_jobs, quarantine_job, release_claims, seconds_until_due
@@ -81,6 +82,7 @@ class LeaseScheduler(Scheduler):
         self._listener_tried = 0.0
         self._failures = 0
         self._superseded_at = float("-inf")  # when the last claim looked for runs to supersede
+        self._deadlines_at = float("-inf")  # when the last deadline pass ran
         self._broker_down = False  # a publish failed: probe the broker before claiming again
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
@@ -300,6 +302,7 @@ class LeaseScheduler(Scheduler):
                 self._maybe_update_node()
                 return self._backoff()
         self._revoke_superseded(result.superseded)
+        self._check_deadlines()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
@@ -345,6 +348,40 @@ class LeaseScheduler(Scheduler):
                 list(superseded.task_ids),
                 extra={"action": "supersede", "job": superseded.job_id},
             )
+
+    def _check_deadlines(self) -> None:
+        """The deadline pass (``schedapp.deadlines``), every ``SCHEDAPP_DEADLINE_CHECK``
+        seconds, after the claim's work: breaches recorded and cleared, their signals sent
+        after commit, overrunning runs revoked when their job asks. Its failure is logged and
+        never holds up the claims: the next pass tries again."""
+        if time.monotonic() - self._deadlines_at < self.settings.DEADLINE_CHECK:
+            return
+        self._deadlines_at = time.monotonic()
+        try:
+            found = check_deadlines()
+        except CONNECTION_ERRORS:
+            raise  # the tick's own handling: reset the connection, back off
+        except Exception as exc:
+            log.exception(
+                "deadline pass failed: %s", exc, extra={"action": "deadline_pass_failed"}
+            )
+            return
+        for task_id in found.to_revoke:
+            try:
+                self.app.control.revoke(task_id, terminate=True, signal="SIGTERM")
+            except Exception as exc:
+                log.warning(
+                    "could not revoke overrunning %s: %s",
+                    task_id,
+                    exc,
+                    extra={"action": "overrun_revoke_failed"},
+                )
+            else:
+                log.info(
+                    "revoked %s: running past its max_runtime",
+                    task_id,
+                    extra={"action": "overrun_revoked"},
+                )
 
     @property
     def _sleep_ceiling(self) -> float:

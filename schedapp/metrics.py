@@ -31,7 +31,7 @@ try:  # schedapp[metrics]; without it every metric below is a no-op
 except ImportError:
     prometheus_client = None  # type: ignore[assignment]
 
-from . import overview
+from . import overview, signals
 from .conf import get_settings
 
 log = logging.getLogger("schedapp.metrics")
@@ -65,6 +65,11 @@ def _metric(kind: str, name: str, doc: str, labels: tuple[str, ...] = (), **opti
         return _NoMetric()
     return getattr(prometheus_client, kind)(name, doc, labels, **options)
 
+
+# Open breaches are counted per tag for the most common tags only: a label value per tag, not
+# per job, and at most this many (the rest summed as "_other"), so a fleet with thousands of
+# tags does not make thousands of series.
+MAX_TAG_LABELS = 30
 
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -100,6 +105,15 @@ STALE_COMPLETIONS = _metric(
     "Counter",
     "schedapp_stale_completions",
     "Completions that arrived after their lease was lost (not applied).",
+)
+BREACHES = _metric(
+    "Counter",
+    "schedapp_breaches",
+    "Deadline breaches recorded (one per incident), by kind.",
+    ("kind",),
+)
+RECOVERIES = _metric(
+    "Counter", "schedapp_breach_recoveries", "Breaches that ended, by kind.", ("kind",)
 )
 DEAD_LETTERS = _metric("Counter", "schedapp_dead_letters", "Jobs that exhausted their retries.")
 FAILED_OCCURRENCES = _metric(
@@ -402,6 +416,45 @@ class FleetCollector:
         nodes.add_metric(["beat"], len(data.beats))
         nodes.add_metric(["worker"], len(data.workers))
         yield nodes
+        yield from _open_breach_gauges()
+
+
+def _open_breach_gauges() -> Iterator[Any]:
+    """Open breaches by kind, and by kind and tag (the MAX_TAG_LABELS most common tags; a job
+    counts under each of its tags, untagged jobs under "")."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from .deadlines import open_breaches
+
+    by_kind, by_tag = open_breaches(MAX_TAG_LABELS)
+    kinds = GaugeMetricFamily(
+        "schedapp_open_breaches", "Deadline breaches not yet recovered, by kind.", labels=["kind"]
+    )
+    for kind, count in sorted(by_kind.items()):
+        kinds.add_metric([kind], count)
+    yield kinds
+    tagged = GaugeMetricFamily(
+        "schedapp_open_breaches_by_tag",
+        f"Open breaches by kind and tag (the {MAX_TAG_LABELS} most common tags, the rest as "
+        "_other; a job counts under each of its tags).",
+        labels=["kind", "tag"],
+    )
+    for (kind, tag), count in sorted(by_tag.items()):
+        tagged.add_metric([kind, tag], count)
+    yield tagged
+
+
+def _count_breach(sender: Any = None, breach: Any = None, **_: Any) -> None:
+    BREACHES.labels(kind=breach.kind).inc()
+
+
+def _count_recovery(sender: Any = None, breach: Any = None, **_: Any) -> None:
+    RECOVERIES.labels(kind=breach.kind).inc()
+
+
+for _signal in signals.BREACH_SIGNALS.values():
+    _signal.connect(_count_breach, weak=False, dispatch_uid="schedapp.metrics.breach")
+signals.job_recovered.connect(_count_recovery, weak=False, dispatch_uid="schedapp.metrics.recovery")
 
 
 def exposition(include_fleet: bool = True) -> tuple[bytes, str]:

@@ -912,9 +912,9 @@ class BreachKind(models.TextChoices):
 
 class Breach(models.Model):
     """One incident of a job missing a deadline (or going dead), recorded with the occurrence
-    it concerns, and cleared when it ends. One row per (job, kind, occurrence): a second
-    detection of the same incident, by this beat or another, cannot be recorded (the unique
-    constraint, not a Python check, decides)."""
+    it concerns, and cleared when it ends. At most one open breach per job and kind: a
+    second detection of an incident still open, by this beat or another, cannot be recorded
+    (the partial unique constraint, not a Python check, decides)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="breaches", db_index=False)
     kind = models.CharField(max_length=16, choices=BreachKind.choices)
@@ -929,15 +929,16 @@ class Breach(models.Model):
     class Meta:
         ordering = ["-opened_at", "-id"]
         constraints = [
+            # Also the index of open breaches: what the deadline pass clears, the gauge counts.
             models.UniqueConstraint(
-                fields=["job", "kind", "scheduled_for"], name="schedapp_breach_once"
+                fields=["job", "kind"],
+                condition=Q(cleared_at__isnull=True),
+                name="schedapp_breach_open_once",
             )
         ]
         indexes = [
-            # Open breaches: what the deadline pass clears and the gauge counts.
-            models.Index(
-                fields=["kind"], name="schedapp_breach_open", condition=Q(cleared_at__isnull=True)
-            ),
+            # A job's breaches on its timeline.
+            models.Index(fields=["job", "scheduled_for"], name="schedapp_breach_job"),
         ]
 
     def __str__(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from . import calendars
@@ -105,6 +105,23 @@ def past_start_deadline(
     then records it as ``late`` instead of running it. The claim statement (sql/queries.sql,
     claim_rows) says the same in SQL."""
     return bool(skip_late) and start_deadline is not None and now - occurrence > start_deadline
+
+
+def next_finish_by(finish_by: time, zone: str, after: datetime) -> tuple[datetime, datetime]:
+    """(the first ``finish_by`` wall-clock instant in ``zone`` strictly after ``after``, the
+    start of its local day): the deadline a job's ``finish_by`` sets for that day's
+    occurrences. A wall time the clocks skip is read at the old offset (02:30 in a spring gap
+    is 03:30), one they repeat at its first instant."""
+    tz = ZoneInfo(zone)
+    day = after.astimezone(tz).date()
+    for _ in range(3):
+        wall = datetime.combine(day, finish_by.replace(tzinfo=None)).replace(tzinfo=tz)
+        at = wall.astimezone(UTC)
+        if at > after:
+            start = datetime.combine(day, time(0)).replace(tzinfo=tz).astimezone(UTC)
+            return at, start
+        day += timedelta(days=1)
+    raise AssertionError("a wall-clock time comes once a day")  # pragma: no cover
 
 
 # The longest schedapp waits before a retry: the API's bound of a backoff (validation), and

@@ -21,10 +21,19 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from .. import policies
+from .. import deadlines, policies
 from ..db import notify_due
 from ..message import RunHeaders, task_id_for
-from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunKind, RunStatus
+from ..models import (
+    ACTIVE_RUN_STATUSES,
+    Breach,
+    BreachKind,
+    Job,
+    JobRun,
+    JobState,
+    RunKind,
+    RunStatus,
+)
 from ..schedules import Interval, Schedule, next_fire_time, parse_cron
 from ..store import DoorVerdict, get_store
 from .after_run import EXPIRED, job_facts, lock_job_and_run, write_after_run
@@ -323,6 +332,9 @@ def _complete_locked(
             quarantined = quarantine_locked(job_id, unschedulable(exc))
             return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
         write_after_run(job_id, token, plan, status=outcome, error=error)
+        if outcome == FAILED and job.alert_after_failures:
+            # where the failure is written: N in a row make the job failing (one per incident)
+            deadlines.record_failure(job, run["scheduled_for"])
     if plan.dead:
         log.error(
             "%s is dead after %d attempt(s): %s",
@@ -517,6 +529,8 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
     if current is not None:
         # A revoke from a beat, under cancel_other / terminate_other, or from elsewhere.
         why = "a later occurrence superseded it (overlap policy)" if current else "outside schedapp"
+        if not current and _revoked_as_overrun(job_id):
+            why = "it ran past its max_runtime (revoke_overrun)"
         result = complete_run(
             job_id,
             token,
@@ -539,3 +553,12 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
             lease_expires_at=None,
         )
     return None
+
+
+def _revoked_as_overrun(job_id: int) -> bool:
+    """Whether a revoke of the job's run is the deadline pass's (``revoke_overrun``): its
+    overrunning breach is open. Read only when a run is revoked."""
+    open_overrun = Breach.objects.filter(
+        job_id=job_id, kind=BreachKind.OVERRUNNING, cleared_at__isnull=True
+    )
+    return open_overrun.filter(job__revoke_overrun=True).exists()

@@ -145,11 +145,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='breach',
-            index=models.Index(condition=models.Q(('cleared_at__isnull', True)), fields=['kind'], name='schedapp_breach_open'),
+            index=models.Index(fields=['job', 'scheduled_for'], name='schedapp_breach_job'),
         ),
         migrations.AddConstraint(
             model_name='breach',
-            constraint=models.UniqueConstraint(fields=('job', 'kind', 'scheduled_for'), name='schedapp_breach_once'),
+            constraint=models.UniqueConstraint(condition=models.Q(('cleared_at__isnull', True)), fields=('job', 'kind'), name='schedapp_breach_open_once'),
         ),
         migrations.RunPython(add_readable, drop_readable, elidable=False),
     ]

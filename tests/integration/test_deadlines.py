@@ -70,3 +70,277 @@ def test_older_occurrences_are_late_and_the_policy_decides_among_those_within_th
     [late] = Occurrence.objects.filter(job=job, fate="late")
     assert (late.scheduled_for, late.count) == (first, 8)
     assert run.scheduled_for == first + 8 * MINUTE
+
+
+# --- breaches: detection on both stores ----------------------------------------------------------
+
+ALIASES = ["default", "portable"]
+
+
+@pytest.fixture
+def heard():
+    """Every deadline signal sent, as (signal name, kind, job id), in order."""
+    from schedapp import signals
+
+    names = {s: k for k, s in signals.BREACH_SIGNALS.items()}
+    names[signals.job_recovered] = "recovered"
+    events: list[tuple[str, str, int]] = []
+
+    def receiver(sender, breach, signal, **kwargs):
+        events.append((names[signal], breach.kind, breach.job_id))
+
+    for signal in names:
+        signal.connect(receiver, dispatch_uid="test-deadlines")
+    yield events
+    for signal in names:
+        signal.disconnect(dispatch_uid="test-deadlines")
+
+
+def now_of(alias: str):
+    from schedapp.deadlines import _now
+
+    return _now(alias)
+
+
+def make(alias: str, name: str = "j", **fields) -> Job:
+    """A job written straight to the alias's database: an interval job, its occurrence a
+    second ago, tagged."""
+    now = now_of(alias)
+    values = {
+        "task": TASK,
+        "interval": 5 * MINUTE,
+        "interval_anchor": now,
+        "timezone": "UTC",
+        "next_run_at": now - timedelta(seconds=1),
+        "scheduled_for": now - timedelta(seconds=1),
+        "tags": ["team-a"],
+        **fields,
+    }
+    return Job.objects.using(alias).create(name=name, **values)
+
+
+def run(alias: str, job: Job, **fields) -> JobRun:
+    values = {
+        "token": job.token,
+        "scheduled_for": job.scheduled_for,
+        "due_at": job.scheduled_for,
+        "dispatched_at": job.scheduled_for,
+        "task_id": f"schedapp:{job.pk}:{job.token}",
+        **fields,
+    }
+    return JobRun.objects.using(alias).create(job=job, **values)
+
+
+def check(alias: str):
+    from schedapp.deadlines import check_deadlines
+
+    return check_deadlines(using=alias)
+
+
+def breaches(alias: str, job: Job) -> list[tuple[str, bool]]:
+    from schedapp.models import Breach
+
+    rows = Breach.objects.using(alias).filter(job_id=job.pk).order_by("id")
+    return [(b.kind, b.cleared_at is not None) for b in rows]
+
+
+@pytest.fixture(params=ALIASES)
+def alias(request) -> str:
+    return request.param
+
+
+pytestmark_both = pytest.mark.django_db(transaction=True, databases=["default", "portable"])
+
+
+@pytestmark_both
+def test_late_is_recorded_once_then_recovered_when_its_run_starts(alias, heard):
+    # Given a job whose occurrence was 30 s ago, claimed, its run waiting for a worker
+    now = now_of(alias)
+    job = make(alias, start_deadline=timedelta(seconds=10), state=JobState.RUNNING,
+               scheduled_for=now - timedelta(seconds=30), lease_expires_at=now + MINUTE,
+               token=1)
+    waiting = run(alias, job, status="dispatched")
+    fine = make(alias, "fine", start_deadline=timedelta(minutes=5))
+    # When the deadline pass runs twice
+    first, second = check(alias), check(alias)
+    # Then one late breach, one signal, and nothing for the job within its deadline
+    assert [e.kind for e in first.opened] == ["late"] and second.opened == []
+    assert breaches(alias, job) == [("late", False)] and breaches(alias, fine) == []
+    assert heard == [("late", "late", job.pk)]
+    # When its run starts, then the breach is cleared and recovered is sent, once
+    JobRun.objects.using(alias).filter(pk=waiting.pk).update(status="running", started_at=now)
+    assert [e.detail for e in check(alias).recovered] == ["started"]
+    assert check(alias).recovered == []
+    assert breaches(alias, job) == [("late", True)]
+    assert heard[1:] == [("recovered", "late", job.pk)]
+
+
+@pytestmark_both
+def test_an_occurrence_no_beat_claimed_is_late_and_recovers_when_the_job_moves_on(alias, heard):
+    now = now_of(alias)
+    job = make(alias, start_deadline=timedelta(seconds=10), scheduled_for=now - MINUTE)
+    check(alias)
+    assert breaches(alias, job) == [("late", False)]
+    Job.objects.using(alias).filter(pk=job.pk).update(scheduled_for=now + 4 * MINUTE)
+    (recovered,) = check(alias).recovered
+    assert "moved on" in recovered.detail
+    assert heard == [("late", "late", job.pk), ("recovered", "late", job.pk)]
+
+
+@pytestmark_both
+def test_overrunning_is_recorded_once_then_recovered_when_the_run_ends(alias, heard):
+    now = now_of(alias)
+    job = make(alias, max_runtime=timedelta(seconds=30), state=JobState.RUNNING,
+               lease_expires_at=now + MINUTE, token=3)
+    running = run(alias, job, status="running", started_at=now - MINUTE)
+    short = make(alias, "short", max_runtime=timedelta(minutes=5), state=JobState.RUNNING,
+                 lease_expires_at=now + MINUTE, token=1)
+    run(alias, short, status="running", started_at=now - MINUTE)
+    found = check(alias)
+    assert [e.kind for e in found.opened] == ["overrunning"] and found.to_revoke == []
+    assert check(alias).opened == []
+    JobRun.objects.using(alias).filter(pk=running.pk).update(status="succeeded", finished_at=now)
+    Job.objects.using(alias).filter(pk=job.pk).update(state=JobState.SCHEDULED)
+    assert [e.detail for e in check(alias).recovered] == ["the run ended"]
+    assert breaches(alias, job) == [("overrunning", True)] and breaches(alias, short) == []
+    assert heard == [("overrunning", "overrunning", job.pk), ("recovered", "overrunning", job.pk)]
+
+
+@pytestmark_both
+def test_an_overrun_the_job_asks_to_revoke_is_handed_to_the_beat(alias):
+    now = now_of(alias)
+    job = make(alias, max_runtime=timedelta(seconds=30), revoke_overrun=True,
+               state=JobState.RUNNING, lease_expires_at=now + MINUTE, token=7)
+    run(alias, job, status="running", started_at=now - MINUTE)
+    assert check(alias).to_revoke == [f"schedapp:{job.pk}:7"]
+    assert check(alias).to_revoke == []  # once per incident
+
+
+@pytestmark_both
+def test_failing_after_n_failed_attempts_then_recovered_by_a_success(alias, heard):
+    from schedapp.deadlines import record_failure
+
+    now = now_of(alias)
+    job = make(alias, alert_after_failures=3)
+    for token in (1, 2):
+        run(alias, job, token=token, status="failed", finished_at=now)
+    with transaction_on(alias):
+        assert not record_failure(job, job.scheduled_for, using=alias)  # two in a row
+    run(alias, job, token=3, status="failed", finished_at=now)
+    with transaction_on(alias):
+        assert record_failure(job, job.scheduled_for, using=alias)
+        assert heard == []  # not before the commit
+    assert heard == [("failing", "failing", job.pk)]
+    run(alias, job, token=4, status="failed", finished_at=now)
+    with transaction_on(alias):
+        assert not record_failure(job, job.scheduled_for, using=alias)  # still the same incident
+    Job.objects.using(alias).filter(pk=job.pk).update(
+        last_status="succeeded", last_run_at=now_of(alias) + timedelta(seconds=1)
+    )
+    assert [e.kind for e in check(alias).recovered] == ["failing"]
+    assert heard[1:] == [("recovered", "failing", job.pk)]
+
+
+@pytestmark_both
+def test_dead_is_recorded_once_then_recovered_when_requeued(alias, heard):
+    job = make(alias, state=JobState.DEAD, next_run_at=None, last_error="boom\ntrace")
+    assert [e.detail for e in check(alias).opened] == ["dead: boom"]
+    assert check(alias).opened == []
+    Job.objects.using(alias).filter(pk=job.pk).update(
+        state=JobState.SCHEDULED, next_run_at=now_of(alias) + MINUTE
+    )
+    check(alias)
+    assert heard == [("dead", "dead", job.pk), ("recovered", "dead", job.pk)]
+
+
+@pytestmark_both
+def test_missed_finish_by_once_a_day_then_recovered_by_a_success(alias, heard):
+    from datetime import time as clock
+
+    now = now_of(alias)
+    # Given a job due at midnight UTC each day that must be done a moment ago, armed for
+    # today's deadline, which has just passed (its occurrence never succeeded)
+    deadline = now - timedelta(seconds=5)
+    job = make(
+        alias,
+        cron="0 0 * * *",
+        interval=None,
+        interval_anchor=None,
+        finish_by=clock(deadline.hour, deadline.minute, deadline.second, deadline.microsecond),
+        finish_by_at=deadline,
+    )
+    found = check(alias)
+    assert [e.kind for e in found.opened] == ["missed_finish_by"]
+    job.refresh_from_db(using=alias)
+    assert job.finish_by_at == deadline + timedelta(days=1)  # armed for tomorrow
+    assert check(alias).opened == []
+    Job.objects.using(alias).filter(pk=job.pk).update(
+        last_status="succeeded", last_run_at=now_of(alias) + timedelta(seconds=1)
+    )
+    assert [e.detail for e in check(alias).recovered] == ["succeeded"]
+    assert heard == [("missed_finish_by", "missed_finish_by", job.pk),
+                     ("recovered", "missed_finish_by", job.pk)]
+
+
+@pytestmark_both
+def test_a_day_whose_occurrence_succeeded_in_time_or_had_none_is_not_missed(alias, heard):
+    from datetime import time as clock
+
+    now = now_of(alias)
+    deadline = now - timedelta(seconds=5)
+    finish = clock(deadline.hour, deadline.minute, deadline.second, deadline.microsecond)
+    done = make(alias, "done", cron="0 0 * * *", interval=None, interval_anchor=None,
+                finish_by=finish, finish_by_at=deadline)
+    midnight = deadline.replace(hour=0, minute=0, second=0, microsecond=0)
+    run(alias, done, scheduled_for=midnight, status="succeeded",
+        finished_at=midnight + timedelta(microseconds=1))
+    # (a yearly job whose occurrence is not today)
+    other_day = (deadline + timedelta(days=2))
+    none_today = make(alias, "none", cron=f"0 0 {other_day.day} {other_day.month} *",
+                      interval=None, interval_anchor=None, finish_by=finish,
+                      finish_by_at=deadline)
+    assert check(alias).opened == []
+    assert breaches(alias, done) == breaches(alias, none_today) == [] and heard == []
+
+
+@pytestmark_both
+def test_a_receiver_that_raises_neither_stops_the_pass_nor_the_others(alias, heard):
+    from schedapp import signals
+
+    def broken(sender, **kwargs):
+        raise RuntimeError("receiver down")
+
+    signals.job_dead.connect(broken, dispatch_uid="broken")
+    try:
+        make(alias, state=JobState.DEAD, next_run_at=None)
+        assert len(check(alias).opened) == 1
+    finally:
+        signals.job_dead.disconnect(dispatch_uid="broken")
+    assert [h[0] for h in heard] == ["dead"]
+
+
+def transaction_on(alias: str):
+    from django.db import transaction
+
+    return transaction.atomic(using=alias)
+
+
+def test_failing_through_the_workers_completion_then_recovered_by_its_success(heard):
+    """The real path on PostgreSQL: claims, doors and completions; the third failed attempt in
+    a row makes the job failing as its failure is written; the success that follows clears it."""
+    from schedapp import lease
+
+    job = api.schedule(TASK, interval=MINUTE, name="f", alert_after_failures=3, max_retries=5,
+                       retry_backoff=0)
+    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - MINUTE)
+    outcomes = [lease.FAILED, lease.FAILED, lease.FAILED, lease.SUCCEEDED]
+    for n, outcome in enumerate(outcomes):
+        (claimed,) = claim_due_jobs("beat-1", 10).runs
+        assert lease.admit_run(claimed.job_id, claimed.token, "w1", admission=f"a{n}") == "admitted"
+        assert lease.complete_run(claimed.job_id, claimed.token, outcome, error="boom").applied
+        Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - MINUTE)
+        if n == 1:
+            assert heard == []
+    assert heard == [("failing", "failing", job.pk)]
+    check("default")
+    assert heard[1:] == [("recovered", "failing", job.pk)]

@@ -62,6 +62,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "prune",
             "nodes",
             "explain",
+            "deadlines",
         ),
     ),
     # The Python API and the jobs that reach it from code and from other schedulers.

@@ -1,0 +1,405 @@
+"""Deadline breaches (docs/semantics.md, Deadlines): a job's occurrence late to start, a run
+overrunning, the day's occurrence not done by ``finish_by``, failed attempts in a row, a dead
+job; each recorded once per incident (``Breach``) and cleared with a ``recovered`` when it
+ends; its signal sent after the recording commits.
+
+Off the hot path: a beat's deadline pass (``check_deadlines``, every
+``SCHEDAPP_DEADLINE_CHECK`` seconds) asks one bounded statement per kind, each on a partial
+index holding only the jobs with that deadline (or the open breaches), and reads into Python
+only what breaches or recovers; ``failing`` is decided where the failure is written (the
+completion, ``record_failure``). Jobs without deadlines cost nothing. Two beats may run the
+pass at once: the partial unique constraint on open breaches lets one of them record an
+incident, the other's insert is refused in its savepoint and sends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db.models.functions import Coalesce, Now
+
+from .message import task_id_for
+from .models import Breach, BreachKind, Job, JobRun, JobState, RunStatus, schedule_of
+from .policies import next_finish_by
+from .schedules import next_fire_time
+from .signals import BREACH_SIGNALS, job_recovered
+from .store import PortableStore, PostgreSQLStore
+
+log = logging.getLogger("schedapp.deadlines")
+
+PASS_LIMIT = 500  # rows each statement of a pass reads at most; the next pass goes on
+_TICK = timedelta(microseconds=1)
+PENDING = (JobState.SCHEDULED, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class BreachEvent:
+    """What a deadline signal carries: one breach opened, or one that recovered."""
+
+    breach_id: int
+    job_id: int
+    job_name: str
+    tags: tuple[str, ...]
+    kind: str
+    scheduled_for: datetime
+    detail: str
+    recovered: bool = False
+
+
+@dataclass
+class DeadlineResult:
+    opened: list[BreachEvent] = field(default_factory=list)
+    recovered: list[BreachEvent] = field(default_factory=list)
+    # Tasks of overrunning runs whose job asks for them to be revoked (revoke_overrun): the
+    # beat revokes them (terminate) after the pass committed.
+    to_revoke: list[str] = field(default_factory=list)
+
+
+def _before_now(duration: str) -> ExpressionWrapper:
+    """The database's now less a duration column, for a comparison made in SQL."""
+    return ExpressionWrapper(Now() - F(duration), output_field=DateTimeField())
+
+
+def check_deadlines(using: str = DEFAULT_DB_ALIAS, limit: int = PASS_LIMIT) -> DeadlineResult:
+    """One deadline pass: clear what ended, then record what breaches (clearing first, so an
+    incident that ended and began again in one interval is two). Signals go after commit."""
+    result = DeadlineResult()
+    with transaction.atomic(using=using):
+        _clear(using, limit, result)
+        _open_late(using, limit, result)
+        _open_overrunning(using, limit, result)
+        _arm_finish_by(using, limit)
+        _open_missed_finish_by(using, limit, result)
+        _open_dead(using, limit, result)
+        _after_commit(result.opened + result.recovered, using)
+    return result
+
+
+def record_failure(job: Job, scheduled_for: datetime, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """At a failed attempt's completion, in its transaction: ``alert_after_failures`` failed
+    attempts in a row (this one the last) make the job failing. Only jobs with the setting
+    pay, one read of their latest runs (the (job, -id) index)."""
+    wanted = job.alert_after_failures
+    if not wanted:
+        return False
+    latest = list(
+        JobRun.objects.using(using)
+        .filter(job_id=job.pk)
+        .exclude(status__in=(RunStatus.DISPATCHED, RunStatus.RUNNING))
+        .order_by("-id")
+        .values_list("status", flat=True)[:wanted]
+    )
+    if len(latest) < wanted or any(s != RunStatus.FAILED for s in latest):
+        return False
+    detail = f"{wanted} failed attempt(s) in a row (alert_after_failures)"
+    event = _insert(using, job.pk, job.name, job.tags, BreachKind.FAILING, scheduled_for, detail)
+    if event is None:
+        return False
+    _after_commit([event], using)
+    return True
+
+
+# --- opening ---------------------------------------------------------------------------------
+
+
+def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
+    """Pending occurrences (scheduled, or claimed and waiting at a worker's door) whose first
+    attempt has not started within the job's start deadline."""
+    started = JobRun.objects.using(using).filter(
+        job_id=OuterRef("pk"), scheduled_for=OuterRef("scheduled_for"), started_at__isnull=False
+    )
+    rows = (
+        Job.objects.using(using)
+        .filter(
+            start_deadline__isnull=False,
+            state__in=PENDING,
+            retry_count=0,
+            scheduled_for__lt=_before_now("start_deadline"),
+        )
+        .exclude(Exists(started))
+        .exclude(Exists(_open(using, BreachKind.LATE)))
+        .values_list("id", "name", "tags", "scheduled_for", "start_deadline")[:limit]
+    )
+    for job_id, name, tags, occurrence, deadline in rows:
+        detail = f"not started within its start deadline ({deadline})"
+        _collect(result, _insert(using, job_id, name, tags, BreachKind.LATE, occurrence, detail))
+
+
+def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
+    """Runs still running longer than their job's max runtime, from the start the door
+    recorded (the lease heartbeats keep the run's lease; the start says how long it runs)."""
+    overrun = JobRun.objects.using(using).filter(
+        job_id=OuterRef("pk"),
+        token=OuterRef("token"),
+        status=RunStatus.RUNNING,
+        started_at__lt=ExpressionWrapper(
+            Now() - OuterRef("max_runtime"), output_field=DateTimeField()
+        ),
+    )
+    rows = (
+        Job.objects.using(using)
+        .filter(state=JobState.RUNNING, max_runtime__isnull=False)
+        .filter(Exists(overrun))
+        .exclude(Exists(_open(using, BreachKind.OVERRUNNING)))
+        .values_list(
+            "id", "name", "tags", "scheduled_for", "max_runtime", "token", "revoke_overrun"
+        )[:limit]
+    )
+    for job_id, name, tags, occurrence, runtime, token, revoke in rows:
+        detail = f"running longer than its max runtime ({runtime})"
+        if revoke:
+            detail += "; revoked (revoke_overrun)"
+        event = _insert(using, job_id, name, tags, BreachKind.OVERRUNNING, occurrence, detail)
+        _collect(result, event)
+        if event is not None and revoke:
+            result.to_revoke.append(task_id_for(job_id, token))
+
+
+def _arm_finish_by(using: str, limit: int) -> None:
+    """Jobs given a finish_by (new, or changed: the API clears finish_by_at) get the first
+    deadline after now. Once per job and change, not per pass."""
+    jobs = (
+        Job.objects.using(using)
+        .select_for_update(skip_locked=True)
+        .filter(finish_by__isnull=False, finish_by_at__isnull=True)
+        .filter(finish_by__lte=time.max)  # (PostgreSQL's 24:00:00 is no Python time)
+        .values_list("id", "finish_by", "timezone")[:limit]
+    )
+    now = _now(using)
+    for job_id, finish_by, zone in jobs:
+        try:
+            at, _ = next_finish_by(finish_by, zone, now)
+        except Exception as exc:  # a zone written behind the API's back: the job is not armed
+            log.warning("job %s: finish_by not armed: %s", job_id, exc)
+            continue
+        Job.objects.using(using).filter(id=job_id).update(finish_by_at=at)
+
+
+def _open_missed_finish_by(using: str, limit: int, result: DeadlineResult) -> None:
+    """Jobs whose finish_by instant passed: missed if the schedule had an occurrence that
+    day, before the deadline, and no run of one succeeded by then. The next deadline is armed
+    in the same transaction, so each day is judged once."""
+    jobs = list(
+        Job.objects.using(using)
+        .select_for_update(skip_locked=True)
+        .filter(finish_by__isnull=False, finish_by_at__lte=Now(), finish_by__lte=time.max)
+        .exclude(state__in=(JobState.PAUSED, JobState.CANCELLED))[:limit]
+    )
+    now = _now(using)
+    for job in jobs:
+        deadline = job.finish_by_at
+        assert deadline is not None and job.finish_by is not None
+        try:
+            _, day_start = next_finish_by(job.finish_by, job.timezone, deadline - _TICK)
+            first = next_fire_time(schedule_of(job.__dict__), day_start - _TICK)
+            upcoming, _ = next_finish_by(job.finish_by, job.timezone, now)
+        except Exception as exc:  # the row cannot be followed: disarm it, say so
+            log.warning("job %s: finish_by cannot be judged: %s", job.pk, exc)
+            Job.objects.using(using).filter(id=job.pk).update(finish_by_at=None, finish_by=None)
+            continue
+        Job.objects.using(using).filter(id=job.pk).update(finish_by_at=upcoming)
+        if first is None or first > deadline:
+            continue  # no occurrence that day before the deadline: nothing was due
+        done = (
+            JobRun.objects.using(using)
+            .filter(
+                job_id=job.pk,
+                status=RunStatus.SUCCEEDED,
+                scheduled_for__gte=day_start,
+                scheduled_for__lte=deadline,
+                finished_at__lte=deadline,
+            )
+            .exists()
+        )
+        if not done:
+            local = job.finish_by.isoformat(timespec="minutes")
+            detail = f"the occurrence due by {local} ({job.timezone}) had not succeeded"
+            event = _insert(
+                using, job.pk, job.name, job.tags, BreachKind.MISSED_FINISH_BY, deadline, detail
+            )
+            _collect(result, event)
+
+
+def _open_dead(using: str, limit: int, result: DeadlineResult) -> None:
+    """Dead jobs (retries exhausted or quarantined) without an open ``dead`` breach."""
+    rows = (
+        Job.objects.using(using)
+        .filter(state=JobState.DEAD)
+        .exclude(Exists(_open(using, BreachKind.DEAD)))
+        .annotate(occurrence=Coalesce("scheduled_for", "updated_at"))
+        .values_list("id", "name", "tags", "occurrence", "last_error")[:limit]
+    )
+    for job_id, name, tags, occurrence, error in rows:
+        detail = "dead: " + (error.splitlines()[0] if error else "retries exhausted")
+        _collect(result, _insert(using, job_id, name, tags, BreachKind.DEAD, occurrence, detail))
+
+
+# --- clearing --------------------------------------------------------------------------------
+
+
+def _clear(using: str, limit: int, result: DeadlineResult) -> None:
+    """Open breaches that ended, each kind by its own end (one statement a kind, on the open
+    breaches' index), cleared with why."""
+    started = JobRun.objects.using(using).filter(
+        job_id=OuterRef("job_id"), scheduled_for=OuterRef("scheduled_for"), started_at__isnull=False
+    )
+    running = JobRun.objects.using(using).filter(
+        job_id=OuterRef("job_id"), token=OuterRef("job__token"), status=RunStatus.RUNNING
+    )
+    succeeded_since = Q(job__last_status=RunStatus.SUCCEEDED, job__last_run_at__gte=F("opened_at"))
+    ends: list[tuple[str, Q | Exists, str | Callable[[Breach], str]]] = [
+        (BreachKind.LATE, Exists(started), "started"),
+        (
+            BreachKind.LATE,
+            ~Q(job__scheduled_for=F("scheduled_for")) | ~Q(job__state__in=PENDING),
+            _moved_on,
+        ),
+        (BreachKind.OVERRUNNING, ~Exists(running), "the run ended"),
+        (BreachKind.MISSED_FINISH_BY, succeeded_since, "succeeded"),
+        (BreachKind.FAILING, succeeded_since, "succeeded"),
+        (BreachKind.DEAD, ~Q(job__state=JobState.DEAD), "no longer dead"),
+    ]
+    for kind, ended, why in ends:
+        breaches = list(
+            Breach.objects.using(using)
+            .select_for_update(skip_locked=True, of=("self",))
+            .filter(kind=kind, cleared_at__isnull=True)
+            .filter(ended)
+            .select_related("job")[:limit]
+        )
+        for breach in breaches:
+            said = why if isinstance(why, str) else why(breach)
+            cleared = (
+                Breach.objects.using(using)
+                .filter(id=breach.pk, cleared_at__isnull=True)
+                .update(cleared_at=Now(), cleared_detail=said)
+            )
+            if cleared:
+                result.recovered.append(_event(breach, breach.job, said, recovered=True))
+
+
+def _moved_on(breach: Breach) -> str:
+    job = breach.job
+    if job.state not in PENDING:
+        return f"the job is {job.state}"
+    return "the occurrence will not run (the job moved on)"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _open(using: str, kind: str) -> Breach:
+    return Breach.objects.using(using).filter(
+        job_id=OuterRef("pk"), kind=kind, cleared_at__isnull=True
+    )
+
+
+def _insert(
+    using: str,
+    job_id: int,
+    name: str,
+    tags: Iterable[str],
+    kind: str,
+    occurrence: datetime,
+    detail: str,
+) -> BreachEvent | None:
+    """The breach, or None when one of this kind is open for the job already (another beat
+    recorded it first): the constraint decides, in a savepoint."""
+    try:
+        with transaction.atomic(using=using):
+            breach = Breach.objects.using(using).create(
+                job_id=job_id, kind=kind, scheduled_for=occurrence, detail=detail[:2000]
+            )
+    except IntegrityError:
+        return None
+    log.warning(
+        "job %s (%s): %s at %s: %s",
+        job_id,
+        name,
+        kind,
+        occurrence.isoformat(),
+        detail,
+        extra={"action": f"breach_{kind}", "job": job_id},
+    )
+    return BreachEvent(breach.pk, job_id, name, _tags(tags), kind, occurrence, detail)
+
+
+def _event(breach: Breach, job: Job, detail: str, *, recovered: bool) -> BreachEvent:
+    return BreachEvent(
+        breach.pk,
+        job.pk,
+        job.name,
+        _tags(job.tags),
+        breach.kind,
+        breach.scheduled_for,
+        detail,
+        recovered,
+    )
+
+
+def _tags(value: object) -> tuple[str, ...]:
+    """A job's tags as a tuple (a value written behind the API's back gives none)."""
+    if isinstance(value, list):
+        return tuple(t for t in value if isinstance(t, str))
+    return ()
+
+
+def _collect(result: DeadlineResult, event: BreachEvent | None) -> None:
+    if event is not None:
+        result.opened.append(event)
+
+
+def _now(using: str) -> datetime:
+    """The database's clock (PostgreSQL's transaction time; the portable store's host)."""
+    if connections[using].vendor == "postgresql":
+        return PostgreSQLStore(using=using).now()
+    return PortableStore(using=using).now()
+
+
+def _after_commit(events: list[BreachEvent], using: str) -> None:
+    if events:
+        transaction.on_commit(lambda: send(events), using=using)
+
+
+def send(events: Iterable[BreachEvent]) -> None:
+    """Each event's signal; a receiver's exception is logged, never raised (the beat or
+    worker that recorded the breach goes on)."""
+    for event in events:
+        signal = job_recovered if event.recovered else BREACH_SIGNALS[event.kind]
+        for receiver, answer in signal.send_robust(sender=Breach, breach=event):
+            if isinstance(answer, Exception):
+                log.error(
+                    "a %s receiver (%r) failed: %s",
+                    "recovered" if event.recovered else event.kind,
+                    receiver,
+                    answer,
+                    exc_info=answer,
+                    extra={"action": "breach_signal_failed", "job": event.job_id},
+                )
+
+
+def open_breaches(
+    max_tags: int, using: str = DEFAULT_DB_ALIAS
+) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """(open breaches by kind, by kind and tag): the tags beyond the ``max_tags`` most common
+    summed as ``_other``. Reads the open breaches only (their partial unique index)."""
+    by_kind: dict[str, int] = dict.fromkeys(BreachKind.values, 0)
+    per_tag: dict[tuple[str, str], int] = {}
+    tag_totals: dict[str, int] = {}
+    rows = Breach.objects.using(using).filter(cleared_at__isnull=True)
+    for kind, tags in rows.values_list("kind", "job__tags").iterator():
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        for tag in _tags(tags) or ("",):
+            per_tag[(kind, tag)] = per_tag.get((kind, tag), 0) + 1
+            tag_totals[tag] = tag_totals.get(tag, 0) + 1
+    kept = set(sorted(tag_totals, key=lambda t: (-tag_totals[t], t))[:max_tags])
+    by_tag: dict[tuple[str, str], int] = {}
+    for (kind, tag), count in per_tag.items():
+        key = (kind, tag if tag in kept else "_other")
+        by_tag[key] = by_tag.get(key, 0) + count
+    return by_kind, by_tag
