@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -19,10 +19,11 @@ from django.db.models import Count, Sum
 
 from .conf import get_settings
 from .db import db_now
-from .models import Fate, Job, JobRun, JobState, Occurrence, RunStatus
+from .models import Breach, Fate, Job, JobRun, JobState, Occurrence, RunStatus
 from .schedules import Schedule, fire_times, next_fire_time, recent_fire_times
 
 RAN = "ran"  # an entry's fate when the occurrence was dispatched (its attempts say how it went)
+BREACH = "breach"  # an entry holding only deadline breaches (no run or record at its time)
 _TICK = timedelta(microseconds=1)
 
 
@@ -45,6 +46,24 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class BreachNote:
+    """A deadline breach recorded with an occurrence (``schedapp.deadlines``)."""
+
+    kind: str
+    opened_at: datetime
+    cleared_at: datetime | None
+    detail: str
+    cleared_detail: str
+
+    @property
+    def text(self) -> str:
+        said = f"{self.kind.replace('_', ' ')}: {self.detail}"
+        if self.cleared_at is not None:
+            said += f"; recovered ({self.cleared_detail})"
+        return said
+
+
+@dataclass(frozen=True)
 class Entry:
     """One line of a job's timeline: an occurrence that ran (``fate`` ``ran``, with its
     attempts), or occurrences that did not (``first`` to ``last``, ``count`` of them)."""
@@ -60,6 +79,10 @@ class Entry:
     # "scheduled", or "manual" for a run at a time that is no occurrence of the schedule (a
     # run now): read off the schedule, not recorded, until runs carry their kind.
     kind: str = "scheduled"
+    # Deadline breaches recorded with this occurrence (late, overrunning, ...): on an entry
+    # of fate BREACH when no run or record of the occurrence is in the ledger (a pending one,
+    # a finish_by instant, a dead job's occurrence).
+    breaches: tuple[BreachNote, ...] = ()
 
     @property
     def outcome(self) -> str:
@@ -212,8 +235,45 @@ def timeline(
         if until is not None:
             records = records.filter(scheduled_for__lte=until)
         entries += [_entry(o, job.timezone) for o in records[:limit]]
+    if not fates or BREACH in fates:
+        entries = _with_breaches(job, entries, since, until, limit, only=bool(fates))
     entries.sort(key=lambda e: e.first, reverse=True)
     return entries[:limit]
+
+
+def _with_breaches(
+    job: Job,
+    entries: list[Entry],
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    only: bool,
+) -> list[Entry]:
+    """The entries with the job's breaches attached to the occurrence each concerns; those
+    with no entry of their own become BREACH entries."""
+    found = Breach.objects.filter(job=job).order_by("-scheduled_for", "-id")
+    if since is not None:
+        found = found.filter(scheduled_for__gte=since)
+    if until is not None:
+        found = found.filter(scheduled_for__lte=until)
+    notes: dict[datetime, list[BreachNote]] = {}
+    for b in found[:limit]:
+        note = BreachNote(b.kind, b.opened_at, b.cleared_at, b.detail, b.cleared_detail)
+        notes.setdefault(b.scheduled_for, []).insert(0, note)
+    out: list[Entry] = []
+    for entry in entries:
+        attached = [n for at, ns in notes.items() if entry.first <= at <= entry.last for n in ns]
+        for at in [at for at in notes if entry.first <= at <= entry.last]:
+            del notes[at]
+        out.append(replace(entry, breaches=tuple(attached)) if attached else entry)
+    if only:
+        out = []
+    for at, ns in notes.items():
+        text = "; ".join(n.text for n in ns)
+        out.append(
+            Entry(at, at, 1, BREACH, text, "deadline pass", ns[0].opened_at, breaches=tuple(ns))
+        )
+    return out
 
 
 def explain(job: Job | int | str, at: datetime) -> Answer:

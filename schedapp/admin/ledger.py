@@ -33,8 +33,16 @@ _TICK = timedelta(microseconds=1)
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?$")
 _ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d[\d:.]*(?:[+-]\d\d:\d\d|Z)?)")
 
-FATE_WORDS = {explain.RAN: "ran", **{f.value: f.value.replace("_", " ") for f in Fate}}
-FATE_TITLES = {explain.RAN: "Dispatched (its attempts say how it went)", **dict(Fate.choices)}
+FATE_WORDS = {
+    explain.RAN: "ran",
+    **{f.value: f.value.replace("_", " ") for f in Fate},
+    explain.BREACH: "deadline breach",
+}
+FATE_TITLES = {
+    explain.RAN: "Dispatched (its attempts say how it went)",
+    **dict(Fate.choices),
+    explain.BREACH: "A deadline breach at a time the ledger holds no run or record of",
+}
 
 
 def fate_badge(fate: str) -> str:
@@ -133,6 +141,7 @@ class Row:
     asked: bool
     recorded: str
     detail: str  # escaped markup
+    breaches: tuple[str, ...] = ()  # each breach recorded with the occurrence, as text
 
 
 def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
@@ -169,6 +178,7 @@ def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
         asked=asked is not None and (entry.first, entry.fate) == (asked.first, asked.fate),
         recorded=_clock(entry.recorded_at, day, tz) if entry.recorded_at else "",
         detail=detail_html(entry.detail) if entry.detail else "-",
+        breaches=tuple(n.text for n in entry.breaches if entry.fate != explain.BREACH),
     )
 
 

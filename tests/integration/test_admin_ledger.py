@@ -353,6 +353,7 @@ def test_the_fleet_page_counts_what_did_not_run_and_links_to_each_timeline(admin
         "buffer_full": "0",
         "excluded": "0",
         "merged": "0",
+        "late": "0",
     }
     assert re.search(r"<th>Total</th><th class=\"num\">39</th>", by_fate)
     # Runs that did not succeed, each status linking to its runs

@@ -344,3 +344,30 @@ def test_failing_through_the_workers_completion_then_recovered_by_its_success(he
     assert heard == [("failing", "failing", job.pk)]
     check("default")
     assert heard[1:] == [("recovered", "failing", job.pk)]
+
+
+def test_breaches_are_on_the_jobs_timeline_and_its_admin_page(admin_client):
+    # Given a job whose run started late (its breach recovered), and a pending late occurrence
+    now = db_now()
+    job = make("default", start_deadline=timedelta(seconds=10), state=JobState.RUNNING,
+               scheduled_for=now - 2 * MINUTE, lease_expires_at=now + MINUTE, token=1)
+    waiting = run("default", job, status="dispatched")
+    check("default")
+    JobRun.objects.filter(pk=waiting.pk).update(status="running", started_at=now)
+    check("default")
+    # When the timeline is read, then the ran occurrence carries its breach and recovery
+    (entry,) = explain.timeline(job)
+    assert entry.fate == "ran"
+    assert [n.text for n in entry.breaches] == [
+        "late: not started within its start deadline (0:00:10); recovered (started)"
+    ]
+    # And a breach at a time with no run is an entry of its own
+    Job.objects.filter(pk=job.pk).update(state=JobState.DEAD)
+    check("default")
+    kinds = [(e.fate, [n.kind for n in e.breaches]) for e in explain.timeline(job)]
+    assert kinds == [("ran", ["late", "dead"])]  # (the dead job's occurrence is that one)
+    page = admin_client.get(f"/admin/schedapp/job/{job.pk}/timeline/")
+    assert page.status_code == 200
+    assert "late: not started within its start deadline (0:00:10); recovered (started)" in (
+        page.content.decode()
+    )
