@@ -371,3 +371,53 @@ def test_breaches_are_on_the_jobs_timeline_and_its_admin_page(admin_client):
     assert "late: not started within its start deadline (0:00:10); recovered (started)" in (
         page.content.decode()
     )
+
+
+# --- cost -------------------------------------------------------------------------------------
+
+
+def _statements(fn) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    return len(queries.captured_queries)
+
+
+def _due_jobs(count: int, prefix: str, **options) -> None:
+    api.schedule_many(
+        {"task": TASK, "run_at": db_now() - timedelta(seconds=1), "name": f"{prefix}{i}",
+         **options}
+        for i in range(count)
+    )
+
+
+DEADLINES = {
+    "start_deadline": 600,
+    "max_runtime": 600,
+    "finish_by": "23:59",
+    "alert_after_failures": 3,
+}
+
+
+def test_the_claim_costs_the_same_statements_with_deadlines_configured():
+    # Given 200 due jobs without deadlines, claimed
+    _due_jobs(200, "plain")
+    plain = _statements(lambda: claim_due_jobs("beat-1", 500))
+    # And 200 with every deadline (none breached), claimed
+    _due_jobs(200, "deadline", **DEADLINES)
+    with_deadlines = _statements(lambda: claim_due_jobs("beat-1", 500))
+    # Then the claim is the same statements
+    assert with_deadlines == plain
+
+
+def test_a_deadline_pass_reads_in_statements_not_per_job_that_is_fine():
+    # Given jobs with every deadline and nothing breached, the pass costs some statements
+    _due_jobs(10, "few", **DEADLINES)
+    check("default")  # arms finish_by (once per job)
+    few = _statements(lambda: check("default"))
+    # When there are 20 times as many, it costs the same
+    _due_jobs(200, "many", **DEADLINES)
+    check("default")
+    assert _statements(lambda: check("default")) == few
