@@ -421,3 +421,48 @@ def test_a_deadline_pass_reads_in_statements_not_per_job_that_is_fine():
     _due_jobs(200, "many", **DEADLINES)
     check("default")
     assert _statements(lambda: check("default")) == few
+
+
+# --- the admin form and declared jobs ------------------------------------------------------------
+
+
+def test_the_admin_form_takes_deadlines_and_names_a_bad_one(admin_client):
+    from django.urls import reverse
+
+    from tests.integration.test_admin import ADD, form_data, form_errors
+
+    refused = admin_client.post(
+        reverse(ADD), form_data(finish_by="25:00", skip_late="on", max_runtime="0")
+    )
+    errors = form_errors(refused)
+    assert set(errors) >= {"finish_by", "skip_late", "max_runtime"}, errors
+    assert not Job.objects.exists()
+    saved = admin_client.post(
+        reverse(ADD),
+        form_data(start_deadline="300", skip_late="on", finish_by="09:00",
+                  alert_after_failures="3"),
+    )
+    assert saved.status_code == 302, form_errors(saved)
+    job = Job.objects.get()
+    assert (job.start_deadline, job.skip_late, str(job.finish_by), job.alert_after_failures) == (
+        timedelta(minutes=5), True, "09:00:00", 3
+    )
+
+
+def test_declared_jobs_carry_deadlines():
+    from django.test import override_settings
+
+    from schedapp.declared import sync_declared_jobs
+
+    jobs = {"nightly": {"task": TASK, "cron": "0 3 * * *", "finish_by": "06:00",
+                        "alert_after_failures": 2, "start_deadline": 60, "skip_late": True}}
+    from schedapp.models import JobChange
+
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        sync_declared_jobs()
+        recorded = JobChange.objects.count()
+        sync_declared_jobs()  # unchanged: writes nothing
+        assert JobChange.objects.count() == recorded
+    job = Job.objects.get(name="nightly")
+    assert (str(job.finish_by), job.alert_after_failures, job.skip_late) == ("06:00:00", 2, True)
+    assert job.start_deadline == MINUTE

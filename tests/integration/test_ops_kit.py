@@ -293,7 +293,7 @@ def test_dashboard_parses_and_every_panel_has_a_target():
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     rows = [panel["title"] for panel in panels if panel["type"] == "row"]
-    assert len(rows) == 5, rows
+    assert len(rows) == 6, rows
     cells: set[tuple[int, int]] = set()
     for panel in panels:
         grid = panel["gridPos"]
