@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Q
 from django.db.models.functions import Coalesce, Now
 
 from .message import task_id_for
@@ -60,9 +60,12 @@ class DeadlineResult:
     to_revoke: list[str] = field(default_factory=list)
 
 
-def _before_now(duration: str) -> ExpressionWrapper:
-    """The database's now less a duration column, for a comparison made in SQL."""
-    return ExpressionWrapper(Now() - F(duration), output_field=DateTimeField())
+def _since(column: str) -> ExpressionWrapper:
+    """How long ago a time column was, in the database's clock: compared with a duration
+    column as an interval (``now() - t > d``), never as ``now() - d``, which a duration
+    written behind the API's back (a million years) would take out of a timestamp's range and
+    fail the whole pass with."""
+    return ExpressionWrapper(Now() - F(column), output_field=DurationField())
 
 
 def check_deadlines(using: str = DEFAULT_DB_ALIAS, limit: int = PASS_LIMIT) -> DeadlineResult:
@@ -115,11 +118,12 @@ def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
     )
     rows = (
         Job.objects.using(using)
+        .alias(waited=_since("scheduled_for"))
         .filter(
             start_deadline__isnull=False,
             state__in=PENDING,
             retry_count=0,
-            scheduled_for__lt=_before_now("start_deadline"),
+            waited__gt=F("start_deadline"),
         )
         .exclude(Exists(started))
         .exclude(Exists(_open(using, BreachKind.LATE)))
@@ -133,13 +137,15 @@ def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
 def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
     """Runs still running longer than their job's max runtime, from the start the door
     recorded (the lease heartbeats keep the run's lease; the start says how long it runs)."""
-    overrun = JobRun.objects.using(using).filter(
-        job_id=OuterRef("pk"),
-        token=OuterRef("token"),
-        status=RunStatus.RUNNING,
-        started_at__lt=ExpressionWrapper(
-            Now() - OuterRef("max_runtime"), output_field=DateTimeField()
-        ),
+    overrun = (
+        JobRun.objects.using(using)
+        .alias(ran=_since("started_at"))
+        .filter(
+            job_id=OuterRef("pk"),
+            token=OuterRef("token"),
+            status=RunStatus.RUNNING,
+            ran__gt=OuterRef("max_runtime"),
+        )
     )
     rows = (
         Job.objects.using(using)

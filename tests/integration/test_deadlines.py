@@ -466,3 +466,23 @@ def test_declared_jobs_carry_deadlines():
     job = Job.objects.get(name="nightly")
     assert (str(job.finish_by), job.alert_after_failures, job.skip_late) == ("06:00:00", 2, True)
     assert job.start_deadline == MINUTE
+
+
+def test_a_deadline_written_behind_the_apis_back_does_not_stop_the_pass(heard):
+    from django.db import connection
+
+    # Given a late job, and jobs whose deadlines (a million years) the API would refuse
+    now = db_now()
+    late = make("default", "late", start_deadline=timedelta(seconds=10),
+                scheduled_for=now - MINUTE)
+    odd = make("default", "odd", state=JobState.RUNNING, lease_expires_at=now + MINUTE, token=1)
+    run("default", odd, status="running", started_at=now - MINUTE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE schedapp_job SET start_deadline = '1000000 years', "
+            "max_runtime = '1000000 years' WHERE id = %s",
+            [odd.pk],
+        )
+    # When the pass runs, then the late job is found, and the odd one is within its deadlines
+    assert [e.job_id for e in check("default").opened] == [late.pk]
+    assert heard == [("late", "late", late.pk)]
