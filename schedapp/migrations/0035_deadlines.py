@@ -1,45 +1,19 @@
 """Deadlines per job (start_deadline, skip_late, max_runtime, revoke_overrun, finish_by,
 alert_after_failures), the Breach table, and the ledger's "late" fate. Existing jobs get no
-deadline. The new partial indexes hold only jobs with a deadline (none at migrate time).
+deadline. Only cheap steps here (new nullable columns, a new table); the job table's checks
+and partial indexes are 0036's, built without blocking writes.
 """
 
-import datetime
 import django.db.models.deletion
 import django.db.models.functions.datetime
 import schedapp.models
 from django.db import migrations, models
 
 
-# A duration Python's timedelta can hold, on PostgreSQL only (as 0016 and 0020 add theirs).
-DURATION_MAX_DAYS = 900_000_000
-READABLE = ("start_deadline", "max_runtime")
-
-
-def add_readable(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        for column in READABLE:
-            cursor.execute(
-                f"ALTER TABLE schedapp_job ADD CONSTRAINT schedapp_job_{column}_readable "
-                f"CHECK ({column} IS NULL OR {column} <= interval '{DURATION_MAX_DAYS} days')"
-            )
-
-
-def drop_readable(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        for column in READABLE:
-            cursor.execute(
-                f"ALTER TABLE schedapp_job DROP CONSTRAINT IF EXISTS schedapp_job_{column}_readable"
-            )
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('schedapp', '0028_calendars'),
+        ('schedapp', '0034_allow_all_retries'),
     ]
 
     operations = [
@@ -112,31 +86,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='occurrence',
             name='fate',
-            field=models.CharField(choices=[('misfired', 'Misfired (found late; the misfire policy ran another or none)'), ('outside_window', 'Outside the catch-up window'), ('paused', 'Passed while paused'), ('cancelled', 'Job cancelled'), ('quarantined', 'Job quarantined'), ('overlapped', 'Overlapped a run in flight (overlap policy skip)'), ('buffer_full', 'Dropped from a full buffer (overlap policy buffer_all)'), ('late', 'Past its start deadline when found (skip_late)')], max_length=16),
-        ),
-        migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('start_deadline__isnull', False), ('state__in', ['scheduled', 'running'])), fields=['scheduled_for'], name='schedapp_job_start_deadline'),
-        ),
-        migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('max_runtime__isnull', False), ('state', 'running')), fields=['id'], name='schedapp_job_max_runtime'),
-        ),
-        migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('finish_by__isnull', False)), fields=['finish_by_at'], name='schedapp_job_finish_by'),
-        ),
-        migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('finish_by_at__isnull', True), models.Q(('finish_by_at__gte', datetime.datetime(1, 1, 2, 0, 0, tzinfo=datetime.timezone.utc)), ('finish_by_at__lte', datetime.datetime(9999, 12, 30, 0, 0, tzinfo=datetime.timezone.utc))), _connector='OR'), name='schedapp_job_finish_by_at_in_range', violation_error_message='finish_by_at must be a time between years 1 and 9999.'),
-        ),
-        migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('start_deadline__isnull', True), ('start_deadline__gt', datetime.timedelta(0)), _connector='OR'), name='schedapp_job_start_deadline_in_range', violation_error_message='start_deadline must be more than 0.'),
-        ),
-        migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('max_runtime__isnull', True), ('max_runtime__gt', datetime.timedelta(0)), _connector='OR'), name='schedapp_job_max_runtime_in_range', violation_error_message='max_runtime must be more than 0.'),
+            field=models.CharField(choices=[('misfired', 'Misfired (found late; the misfire policy ran another or none)'), ('outside_window', 'Outside the catch-up window'), ('paused', 'Passed while paused'), ('cancelled', 'Job cancelled'), ('quarantined', 'Job quarantined'), ('overlapped', 'Overlapped a run in flight (overlap policy skip)'), ('buffer_full', 'Dropped from a full buffer (overlap policy buffer_all)'), ('excluded', "Excluded by the job's calendar"), ('merged', "Merged by the job's calendar into a run moved onto or over it"), ('late', 'Past its start deadline when found (skip_late)')], max_length=16),
         ),
         migrations.AddField(
             model_name='breach',
@@ -151,5 +101,4 @@ class Migration(migrations.Migration):
             model_name='breach',
             constraint=models.UniqueConstraint(condition=models.Q(('cleared_at__isnull', True)), fields=('job', 'kind'), name='schedapp_breach_open_once'),
         ),
-        migrations.RunPython(add_readable, drop_readable, elidable=False),
     ]
