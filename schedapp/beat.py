@@ -34,6 +34,8 @@ from .dispatch import Dispatcher, PublishResult
 from .lease import Superseded, claim_due_jobs, quarantine_job, release_claims, seconds_until_due
 from .models import Node
 from .nodes import record_node
+from .notify.delivery import DeliveryLoop
+from .notify.outbox import configured_channels
 from .settings_checks import refuse_bad_settings
 from .store import Listener, get_store
 
@@ -93,6 +95,7 @@ class LeaseScheduler(Scheduler):
         self._busy = False  # a tick is under way (it may be inside a statement)
         self._interrupted = False  # one was cut short (SIGTERM, Ctrl-C) mid-way
         self._closed = False
+        self._notifier: DeliveryLoop | None = None  # notifications, on a thread of their own
         self.stats = {
             "claimed": 0,
             "dispatched": 0,
@@ -136,6 +139,10 @@ class LeaseScheduler(Scheduler):
             metrics.start_metrics_server()
         self._sync_declared_jobs()
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
+        if self.settings.NOTIFY_IN_BEAT and self._notifier is None and configured_channels():
+            # Never in the tick: a slow webhook must not delay a claim.
+            self._notifier = DeliveryLoop()
+            self._notifier.start()
         log.info(
             "beat %s started: schedapp.beat:LeaseScheduler, sharing the due jobs with every "
             "beat on %s (batch %d, %s)",
@@ -215,6 +222,8 @@ class LeaseScheduler(Scheduler):
         if self._busy or self._closed:
             return
         self._closed = True
+        if self._notifier is not None:
+            self._notifier.stop()
         if self._interrupted:
             reset_connection()
         if self._listener is not None:

@@ -15,12 +15,13 @@ from django.db import DatabaseError, connections, transaction
 from . import extras
 from .celeryapp import celery_app
 from .conf import get_settings
-from .settings_checks import settings_problems
+from .settings_checks import core_problems, notification_problems
 from .worker import green_pool_name, green_pool_problem
 
 
 def register() -> None:
     checks.register(check_settings, "schedapp")
+    checks.register(check_notifications, "schedapp")
     checks.register(check_serialization, "schedapp")
     checks.register(check_crash_safety, "schedapp")
     checks.register(check_worker_pool, "schedapp")
@@ -49,7 +50,18 @@ def _celery_conf() -> Any:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return [
         checks.Error(problem, hint="Fix it in your Django settings.", id="schedapp.E030")
-        for problem in settings_problems()
+        for problem in core_problems()
+    ]
+
+
+def check_notifications(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [
+        checks.Error(
+            problem,
+            hint="Fix the channel in SCHEDAPP_NOTIFICATIONS (docs/operations.md, Notifications).",
+            id="schedapp.E040",
+        )
+        for problem in notification_problems()
     ]
 
 

@@ -94,6 +94,12 @@ class Settings:
     DEADLINES: Mapping[str, Any] = field(default_factory=dict)
     # Seconds between a beat's deadline passes (schedapp.deadlines): detection and recovery.
     DEADLINE_CHECK: float = 5.0
+    # Notification channels (schedapp.notify): {"name": {"type": "email" | "webhook", ...}}.
+    # Events (late, overrunning, missed_finish_by, failing, dead, recovered) go, grouped, to
+    # every channel whose kinds and tags they match (docs/operations.md, "Notifications").
+    NOTIFICATIONS: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Run the delivery loop on a thread of each beat (False: run `manage.py schedapp_notify`).
+    NOTIFY_IN_BEAT: bool = True
 
 
 # Durations whose default is None: seconds given as a number are read as a duration too.

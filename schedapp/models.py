@@ -1106,6 +1106,89 @@ class CalendarReference(models.Model):
         return f"{self.calendar_id} -> {self.target_id}"
 
 
+class Notification(models.Model):
+    """One event a channel is to tell a team about: the transactional outbox. Written by
+    ``schedapp.notify.enqueue`` in the transaction that records the event (it exists iff the
+    event committed); sent, grouped with the channel's other pending events, by a delivery
+    loop (``schedapp.notify.delivery``) after that commit. No foreign key: the job's name and
+    tags are a snapshot, and the record outlives the job."""
+
+    class Kind(models.TextChoices):
+        LATE = "late", "Late"
+        OVERRUNNING = "overrunning", "Overrunning"
+        MISSED_FINISH_BY = "missed_finish_by", "Missed finish_by"
+        FAILING = "failing", "Failing"
+        DEAD = "dead", "Dead"
+        RECOVERED = "recovered", "Recovered"
+
+    channel = models.CharField(max_length=64)
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    job_name = models.CharField(max_length=200)
+    tags = models.JSONField(default=list, blank=True)
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True, default="")
+    # What makes two events one alert: while one is unsent, another for the same channel
+    # and incident adds nothing (the unique indexes below). Empty: an incident of its own.
+    incident = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    attempts = models.IntegerField(default=0)
+    # NULL until a delivery failed: then the earliest next try (the channel's backoff).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # What a delivery loop reads: a channel's pending events, oldest first.
+            models.Index(
+                fields=["channel", "id"],
+                name="schedapp_notification_pending",
+                condition=Q(sent_at__isnull=True, failed_at__isnull=True),
+            ),
+            # A recovery looks up its incident's last alert.
+            models.Index(
+                fields=["incident", "channel"],
+                name="schedapp_notification_incident",
+                condition=~Q(incident=""),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "incident"],
+                name="schedapp_notification_one_alert",
+                condition=Q(sent_at__isnull=True, failed_at__isnull=True)
+                & ~Q(incident="")
+                & ~Q(kind="recovered"),
+            ),
+            models.UniqueConstraint(
+                fields=["channel", "incident"],
+                name="schedapp_notification_one_recovery",
+                condition=Q(sent_at__isnull=True, failed_at__isnull=True, kind="recovered")
+                & ~Q(incident=""),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.job_name} -> {self.channel}"
+
+
+class NotificationChannel(models.Model):
+    """A channel's delivery state, one row per configured channel: the row a delivery loop
+    locks (SKIP LOCKED) so that one loop at a time sends a channel's messages, when it last
+    sent one (the group interval counts from it) and its failures in a row (the backoff)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    last_message_at = models.DateTimeField(null=True, blank=True)
+    failures = models.IntegerField(default=0)
+    retry_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
@@ -1123,6 +1206,8 @@ __all__ = [
     "JobState",
     "MisfirePolicy",
     "Node",
+    "Notification",
+    "NotificationChannel",
     "Occurrence",
     "OnceKey",
     "RunStatus",

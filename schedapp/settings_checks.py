@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from .conf import get_settings
 from .exceptions import ScheduleError
 from .fields import DEADLINE_FIELDS
+from .notify.channels import read_channels
 from .schedules import parse_cron, parse_dst_policy
 from .validation import job_defaults, validate_job
 
@@ -32,6 +33,23 @@ _DISPATCH_LOGS = ("each", "batch", "off")
 
 
 def settings_problems() -> list[str]:
+    """Every problem with the ``SCHEDAPP_*`` settings: what a beat or a worker refuses to
+    start on (``refuse_bad_settings``)."""
+    return core_problems() + notification_problems()
+
+
+def notification_problems() -> list[str]:
+    """What is wrong with ``SCHEDAPP_NOTIFICATIONS`` (a channel, its key and the problem) and
+    ``SCHEDAPP_NOTIFY_IN_BEAT``: a channel that cannot send would fail every message for
+    good, and a team would learn of it only when an alert did not come."""
+    s = get_settings()
+    found = read_channels(s.NOTIFICATIONS)[1]
+    if not isinstance(s.NOTIFY_IN_BEAT, bool):
+        found.append(f"SCHEDAPP_NOTIFY_IN_BEAT must be True or False, not {s.NOTIFY_IN_BEAT!r}.")
+    return found
+
+
+def core_problems() -> list[str]:
     """What is wrong with the ``SCHEDAPP_*`` settings, one line each naming the setting: a
     beat with a batch of 0 would claim nothing, a heartbeat of 0 would renew in a busy loop,
     a pattern list given as one string would match single characters. The defaults new jobs

@@ -36,7 +36,7 @@ from ..models import (
 )
 from ..schedules import Interval, Schedule, next_fire_time, parse_cron
 from ..store import DoorVerdict, get_store
-from .after_run import EXPIRED, job_facts, lock_job_and_run, write_after_run
+from .after_run import EXPIRED, job_facts, lock_job_and_run, notify_dead, write_after_run
 from .quarantine import (
     ERROR_CHARS,
     ROW_ERRORS,
@@ -305,11 +305,7 @@ def _complete_locked(
         fresh = verdict is Completion.APPLIED
         error, traceback = storable(error, ERROR_CHARS), storable(traceback, TRACEBACK_CHARS)
         JobRun.objects.filter(job_id=job_id, token=token).update(
-            status=outcome,
-            finished_at=Now(),
-            error=error,
-            traceback=traceback,
-            stale=not fresh,
+            status=outcome, finished_at=Now(), error=error, traceback=traceback, stale=not fresh
         )
         if not fresh:
             log.warning(
@@ -335,6 +331,8 @@ def _complete_locked(
         if outcome == FAILED and job.alert_after_failures:
             # where the failure is written: N in a row make the job failing (one per incident)
             deadlines.record_failure(job, run["scheduled_for"])
+        if plan.dead:
+            notify_dead(job, run["scheduled_for"], error)
     if plan.dead:
         log.error(
             "%s is dead after %d attempt(s): %s",

@@ -19,7 +19,7 @@ from .. import policies
 from ..db import notify_due
 from ..models import ACTIVE_RUN_STATUSES, Job, JobRun, JobState, RunKind, RunStatus
 from ..store import get_store, pairs
-from .after_run import EXPIRED, SUPERSEDED_UNSTARTED, job_facts, write_after_run
+from .after_run import EXPIRED, SUPERSEDED_UNSTARTED, job_facts, notify_dead, write_after_run
 from .quarantine import Quarantined, in_savepoint_or_quarantine, quarantine_locked, unschedulable
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,7 @@ MessageExpiry = Callable[[Job], "float | None"]
 
 
 def reap_expired_leases(
-    limit: int,
-    rng: policies.Rng = random.random,
-    message_expiry: MessageExpiry | None = None,
+    limit: int, rng: policies.Rng = random.random, message_expiry: MessageExpiry | None = None
 ) -> ReapResult:
     """Make jobs whose lease expired claimable again, marking their runs ``lost``.
 
@@ -221,9 +219,7 @@ def _reap_job_leases(
             "job_id", "scheduled_for"
         )
     )
-    unsent = _messages_expired(
-        [j for j in expired if j.id not in started], claims, message_expiry
-    )
+    unsent = _messages_expired([j for j in expired if j.id not in started], claims, message_expiry)
     # A run a later occurrence superseded before it started is not sent again: the job goes
     # on to the latest occurrence due, as when Celery drops a message past its expires.
     superseded = {
@@ -285,6 +281,8 @@ def _reap_job_leases(
             error="lease expired while running",
             bump_token=True,
         )
+        if plan.dead:
+            notify_dead(job, started[job.id], "lease expired while running")
         result.dead += plan.dead
         result.carried_on += plan.failed_occurrence and not plan.dead
     dropped = f"; {len(unsent)} never started, their message expired: dropped" if unsent else ""

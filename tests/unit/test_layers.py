@@ -37,6 +37,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "conf",
             "signals",
             "lease.rules",
+            "notify.channels",
+            "notify.messages",
         ),
     ),
     # What a job is and the statements that read and write it.
@@ -63,6 +65,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "nodes",
             "explain",
             "deadlines",
+            "notify",
+            "notify.outbox",
         ),
     ),
     # The Python API and the jobs that reach it from code and from other schedulers.
@@ -81,6 +85,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "worker.*",
             "tasks",
             "results",
+            "notify.delivery",
         ),
     ),
     # What people and Django see: the admin, views, checks, commands, the app and package.
@@ -121,6 +126,8 @@ PURE = (
     "fields",
     "payload",
     "schedule_checks",
+    "notify.channels",
+    "notify.messages",
 )
 IMPURE_PREFIXES = ("django.db", "celery", "kombu", "psycopg", "redis")
 
