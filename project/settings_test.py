@@ -29,6 +29,12 @@ for _key, _value in os.environ.items():
 if os.environ.get("PROJECT_DB_REUSE_MAX"):
     CELERY_DB_REUSE_MAX = json.loads(os.environ["PROJECT_DB_REUSE_MAX"])
 
+# An end-to-end test's SMTP sink (tests/receivers.py): the processes' email goes there.
+if os.environ.get("PROJECT_EMAIL_PORT"):
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = "127.0.0.1"
+    EMAIL_PORT = int(os.environ["PROJECT_EMAIL_PORT"])
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # The portable store's database, next to PostgreSQL's in the same process: the store contract
