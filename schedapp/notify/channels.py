@@ -110,7 +110,7 @@ def _read_one(name: Any, options: Any, where: str, found: list[str]) -> Channel 
         return None
     unknown = sorted(set(map(str, options)) - _KEYS[kind])
     if unknown:
-        found.append(f"{where}: unknown option(s) {', '.join(unknown)} for a {kind} channel.")
+        found.append(f"{where}: unknown option(s) {', '.join(unknown)} for type {kind}.")
     values: dict[str, Any] = {"name": name, "type": kind}
     kinds = _words(options.get("kinds", KINDS), f"{where}['kinds']", found)
     if kinds is not None:
