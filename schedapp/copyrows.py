@@ -73,6 +73,7 @@ COPY_COLUMNS = (
     "calendar_id",
     "calendar_mode",
     "calendar_roll",
+    "notify",  # likewise (channel names)
 )
 _EXTRA_FIELDS = CELERY_FIELDS
 _MEMO_LIMIT = 4096
@@ -120,11 +121,11 @@ class CopyRows:
     def _encode_calendar(self, calendar_id: int | None, mode: str, roll: str) -> Any:
         raise NotImplementedError
 
-    def _tags_of(self, values: dict[str, Any]) -> Any:
-        key = tuple(values.get("tags") or ())
+    def _tags_of(self, values: dict[str, Any], field: str = "tags") -> Any:
+        key = (field, *(values.get(field) or ()))
         encoded = self._tags.get(key)
         if encoded is None:
-            encoded = self._tags.put(key, self._encode_tags(json.dumps(list(key))))
+            encoded = self._tags.put(key, self._encode_tags(json.dumps(list(key[1:]))))
         return encoded
 
     def _encode_tags(self, tags_json: str) -> Any:
@@ -226,7 +227,8 @@ class TextRows(CopyRows):
             f"{_text(values['name'])}\t{task}\t{args}\t{kwargs}\t{when}"
             f"{self._options_of(checked.options)}{source}\t{due_text}\t{first_text}{self.tail}"
             f"{self._extras_of(values)}\t{_free_text(values.get('description') or '')}"
-            f"\t{self._tags_of(values)}\t{self._calendar_of(values)}\n"
+            f"\t{self._tags_of(values)}\t{self._calendar_of(values)}"
+            f"\t{self._tags_of(values, 'notify')}\n"
         )
 
     def _encode_calendar(self, calendar_id: int | None, mode: str, roll: str) -> str:
@@ -379,6 +381,7 @@ class BinaryRows(CopyRows):
                 _b_text(values.get("description") or ""),
                 self._tags_of(values),
                 self._calendar_of(values),
+                self._tags_of(values, "notify"),
             )
         )
 

@@ -84,6 +84,7 @@ class JobOptions(TypedDict, total=False):
     kwargs: Mapping[str, Any] | None
     description: str | None
     tags: Iterable[str] | None
+    notify: Iterable[str] | None
     run_at: datetime | None
     cron: str | None
     interval: timedelta | float | None

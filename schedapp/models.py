@@ -347,6 +347,9 @@ class Job(models.Model):
     # Labels grouping jobs (the admin's filter, metrics, alert routing): lowercased, sorted,
     # each once (schedapp.validation). On PostgreSQL a GIN index serves "tagged" (0026).
     tags = models.JSONField(default=list, blank=True, db_default=[])
+    # Notification channels (SCHEDAPP_NOTIFICATIONS) this job's events go to whatever their
+    # tag filters say (their kinds still apply): a JSON list of channel names, sorted.
+    notify = models.JSONField(default=list, blank=True, db_default=[])
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
 

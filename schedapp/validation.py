@@ -31,6 +31,7 @@ from .conf import get_settings
 from .exceptions import ScheduleError
 from .fields import JOB_FIELDS
 from .models import Calendar, CalendarReference, JobSource, field_default, schedule_of
+from .notify.channels import read_channels
 from .option_rules import OPTION_FIELDS, Options, message_options_verdict, options_verdict
 from .payload import (
     CONTROL_CHARS,
@@ -130,6 +131,32 @@ class JobValidator:
         self._message_options: dict[str, tuple[dict[str, Any], str | None]] = {}
         self._options: dict[Any, Options] = {}
         self._last_options: tuple[tuple[Any, ...], Options] | None = None
+        self._channels: frozenset[str] | None = None  # read when a job names one
+
+    def _check_notify(self, notify: Any, checked: Checked) -> None:
+        """Channels of ``SCHEDAPP_NOTIFICATIONS`` this job's events also go to (None: none):
+        a list of their names, each configured, sorted and once each."""
+        if not notify:
+            checked.values["notify"] = []
+            return
+        if isinstance(notify, str) or not isinstance(notify, list | tuple | set | frozenset):
+            kind = type_name(notify)
+            _add(checked.errors, "notify", f"must be a list of channel names, got {kind}.")
+            return
+        if self._channels is None:
+            self._channels = frozenset(read_channels(get_settings().NOTIFICATIONS)[0])
+        names = set()
+        for name in notify:
+            if not isinstance(name, str) or name.strip() not in self._channels:
+                known = ", ".join(sorted(self._channels)) or "none"
+                _add(
+                    checked.errors,
+                    "notify",
+                    f"{name!r} is not a channel of SCHEDAPP_NOTIFICATIONS (configured: {known}).",
+                )
+                return
+            names.add(name.strip())
+        checked.values["notify"] = sorted(names)
 
     def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Check and normalise a job's fields (see ``validate_job``)."""
@@ -156,6 +183,7 @@ class JobValidator:
         _check_name(values.get("name"), checked)
         _check_description(values.get("description"), checked)
         _check_tags(values.get("tags"), checked)
+        self._check_notify(values.get("notify"), checked)
         self._check_options(values, checked)
         _check_fixed_delay(checked)
         _check_calendar(values, checked, self.calendars)

@@ -36,6 +36,7 @@ FORM_FIELDS = [
     "task",
     "description",
     "tags",
+    "notify",
     "args",
     "kwargs",
     "cron",
@@ -143,7 +144,7 @@ class JobForm(forms.ModelForm):
         model = Job
         fields = FORM_FIELDS
         widgets = {"task": TaskPickerWidget, **{name: WallTimeWidget for name in WALL_TIMES}}
-        field_classes = {"tags": TagsField}
+        field_classes = {"tags": TagsField, "notify": TagsField}
         labels = {
             "cron_day_or": "Day of month or day of week",
             "dst_policy": "Daylight saving",
@@ -194,6 +195,8 @@ class JobForm(forms.ModelForm):
             "interval_anchor": "Optional: an instant (in the job's time zone) the interval's "
             "occurrences are aligned to; empty: its first occurrence.",
             "args": 'A JSON list, e.g. [1, "two"].',
+            "notify": "Notification channels (SCHEDAPP_NOTIFICATIONS) this job's events also go "
+            "to, whatever their tag filters, separated by commas or spaces.",
             "tags": "Labels grouping jobs (the jobs list's filter, metrics, alerts), separated "
             "by commas or spaces: letters, digits and - _ . : / =.",
             "kwargs": 'A JSON object, e.g. {"label": "nightly"}.',

@@ -45,7 +45,7 @@ from .views import JobViewsMixin
 __all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
-    (None, {"fields": ("name", "task", "description", "tags", "args", "kwargs")}),
+    (None, {"fields": ("name", "task", "description", "tags", "notify", "args", "kwargs")}),
     (
         "Schedule",
         {

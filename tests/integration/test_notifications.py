@@ -12,18 +12,20 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.test import override_settings
 from django.urls import reverse
 
-from schedapp import api, lease, notify
+from schedapp import api, declared, lease, notify
 from schedapp.checks import check_notifications
 from schedapp.db import db_now
 from schedapp.lease import admit_run, claim_due_jobs, complete_run
-from schedapp.models import Job, Notification, NotificationChannel
+from schedapp.models import Job, JobChange, Notification, NotificationChannel
 from schedapp.notify.delivery import DeliveryLoop, deliver_channel, deliver_once
 from schedapp.notify.outbox import configured_channels
+from tests.integration.test_admin import form_data
 from tests.receivers import SECRET, smtp_sink, webhook_receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -274,10 +276,11 @@ def test_a_channel_locked_by_one_loop_is_skipped_by_another_without_waiting():
                 target=lambda: (deliver_channel(channel), connections.close_all())
             )
             first.start()
-            while not receiver.received and first.is_alive():
+            # the first loop is sending (the receiver answers after a second)
+            end = time.monotonic() + 5
+            while not _channel_locked():
+                assert time.monotonic() < end and not receiver.received, "the channel not locked"
                 time.sleep(0.01)
-                if Notification.objects.filter(attempts=0).exists() and _channel_locked():
-                    break
             started = time.monotonic()
             assert deliver_channel(channel) is None  # another loop has the channel
             assert time.monotonic() - started < 0.5
@@ -361,3 +364,56 @@ def test_the_admin_lists_notifications_read_only_with_failed_ones_and_their_erro
     assert admin_client.get(reverse("admin:schedapp_notification_add")).status_code == 403
     change = reverse("admin:schedapp_notification_change", args=[row.pk])
     assert admin_client.post(change, {"channel": "x"}).status_code == 403
+
+
+# --- a job's own channels (Job.notify) ------------------------------------------------------
+
+CHANNELS = {
+    "team-eu": {"type": "email", "to": ["eu@example.com"], "tags": ["eu"]},
+    "pager": {"type": "email", "to": ["p@example.com"], "tags": [], "kinds": ["dead"]},
+}
+
+
+@override_settings(SCHEDAPP_NOTIFICATIONS=CHANNELS)
+def test_a_job_naming_a_channel_gets_it_whatever_its_tag_filter_and_kinds_still_apply():
+    job = a_job("charge-cards", notify=["pager", "pager"])
+    assert job.notify == ["pager"]
+    assert notify.enqueue("dead", job) == ["pager"]
+    assert notify.enqueue("late", job) == []  # the pager takes dead only
+    assert notify.enqueue("dead", a_job("other")) == []  # a channel with tags=[]: named only
+    # an unknown channel is refused, naming the field and the channels there are
+    with pytest.raises(ValidationError) as refused:
+        api.update(job, notify=["pagr"])
+    (message,) = refused.value.message_dict["notify"]
+    assert (
+        message == "'pagr' is not a channel of SCHEDAPP_NOTIFICATIONS (configured: pager, team-eu)."
+    )
+    with pytest.raises(ValidationError) as refused:
+        api.schedule(TASK, name="x", interval=60, notify="pager")
+    assert "must be a list of channel names" in refused.value.message_dict["notify"][0]
+    # the audit trail has the change like any field
+    api.update(job, notify=["team-eu", "pager"])
+    change = JobChange.objects.filter(job_id=job.pk).order_by("-id").first()
+    assert change.changes["notify"] == [["pager"], ["pager", "team-eu"]]
+
+
+@override_settings(SCHEDAPP_NOTIFICATIONS=CHANNELS)
+def test_declared_jobs_and_the_admin_form_take_a_jobs_channels(admin_client):
+    jobs = {"nightly": {"task": TASK, "cron": "0 2 * * *", "notify": ["pager"]}}
+    with override_settings(SCHEDAPP_JOBS=jobs):
+        declared.sync_declared_jobs()
+    assert Job.objects.get(name="nightly").notify == ["pager"]
+    job = a_job("edit-me")
+    url = reverse("admin:schedapp_job_change", args=[job.pk])
+    data = form_data(
+        name="edit-me", task=TASK, kwargs="{}", cron="", interval="3600", timezone="UTC"
+    )
+    data["notify"] = "team-eu pager"
+    response = admin_client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    job.refresh_from_db()
+    assert job.notify == ["pager", "team-eu"]
+    data["notify"] = "nowhere"
+    response = admin_client.post(url, data)
+    assert response.status_code == 200
+    assert "not a channel" in response.context["adminform"].form.errors["notify"][0]

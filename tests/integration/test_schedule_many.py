@@ -238,6 +238,12 @@ def test_the_two_readings_of_a_repeated_wall_time_stay_two_instants(writer):
     }
 
 
+@override_settings(
+    SCHEDAPP_NOTIFICATIONS={
+        "pager": {"type": "email", "to": ["p@example.com"]},
+        "ops.mail": {"type": "email", "to": ["o@example.com"]},
+    }
+)
 def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
     # Backslashes, quotes, non-ASCII and nested JSON: what COPY's formats must escape or not
     awkward = {
@@ -257,6 +263,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
         "message_options": {"routing_key": "rk\\1", "headers": {"x-tenant": 'é \\ "t"'}},
         "description": "tab\there, line\nbreak,\r\nback \\ slash 夜",
         "tags": ["Team-EU", "billing", " nightly ", "billing"],
+        "notify": ["pager", "ops.mail", "pager"],
     }
     with transaction.atomic():
         single = api.schedule(TASK, run_at=SOON, name="single \\ 'x' 夜", **awkward)
@@ -269,6 +276,7 @@ def test_awkward_values_survive_the_trip_as_schedule_stores_them(writer):
     }
     assert bulk_row["args"][0] == "a\\b" and bulk_row["queue"] == "q\\1"
     assert bulk_row["tags"] == ["billing", "nightly", "team-eu"]
+    assert bulk_row["notify"] == ["ops.mail", "pager"]
 
 
 @override_settings(SCHEDAPP_DEFAULT_CATCHUP_WINDOW=timedelta(hours=1))
