@@ -95,6 +95,22 @@ def test_a_job_dead_lettered_by_a_failure_past_its_retries_queues_one_dead_event
         assert row.incident == f"dead:{job.pk}"
 
 
+def test_a_lease_reaped_with_its_retries_spent_queues_dead_and_one_carried_on_does_not():
+    with override_settings(SCHEDAPP_NOTIFICATIONS={"ops": hook("http://127.0.0.1:9/x")}):
+        dies = a_job("dies", max_retries=0)
+        a_job("carries", max_retries=0, when_retries_exhausted="next_occurrence")
+        Job.objects.update(next_run_at=db_now() - timedelta(seconds=1))
+        for run in claim_due_jobs("beat-1", 10).runs:
+            admit_run(run.job_id, run.token, "w1", f"a{run.job_id}")
+        # the worker dies mid-run: its leases run out
+        Job.objects.update(lease_expires_at=db_now() - timedelta(seconds=1))
+        reaped = lease.reap_expired_leases(10)
+        assert (reaped.dead, reaped.carried_on) == (1, 1)
+        (row,) = Notification.objects.all()
+        assert (row.kind, row.job_id) == ("dead", dies.pk)
+        assert row.detail == "lease expired while running"
+
+
 def test_channels_route_by_kind_and_tag_and_bad_settings_name_the_channel_and_key():
     channels = {
         "billing-mail": {"type": "email", "to": ["b@example.com"], "tags": ["billing"]},
