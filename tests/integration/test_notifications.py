@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from schedapp import api, declared, lease, notify
@@ -433,3 +434,14 @@ def test_declared_jobs_and_the_admin_form_take_a_jobs_channels(admin_client):
     response = admin_client.post(url, data)
     assert response.status_code == 200
     assert "not a channel" in response.context["adminform"].form.errors["notify"][0]
+
+
+def test_nothing_configured_costs_the_dead_path_no_statement_and_an_idle_pass_one():
+    job = a_job()
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert notify.enqueue("dead", job, incident="dead:1") == []
+    assert len(queries) == 0  # no channel: the completion path is as it was
+    with override_settings(SCHEDAPP_NOTIFICATIONS={"ops": hook("http://127.0.0.1:9/x")}):
+        with CaptureQueriesContext(connections["default"]) as queries:
+            deliver_once()
+    assert len(queries) == 1  # a beat's loop with nothing pending: one indexed read a pass
