@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: The longest a loop waits before looking for new events (nothing wakes it early).
 POLL = 2.0
+#: The shortest wait between passes (a group interval or backoff of 0 must not spin).
+MIN_WAIT = 0.05
 ERROR_CHARS = 2000
 
 
@@ -238,7 +240,9 @@ class DeliveryLoop:
         self._thread = threading.Thread(target=self.run, name="schedapp-notify", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the loop to end and wait for it a little: a send under way ends within its
+        channel's timeout, and the thread is a daemon, so a process stopping is never held."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -264,6 +268,6 @@ class DeliveryLoop:
                         delay,
                         extra={"action": "notify_loop_failed"},
                     )
-                self._stop.wait(delay)
+                self._stop.wait(max(delay, MIN_WAIT))
         finally:
             connection.close()
