@@ -46,8 +46,7 @@ def enqueue(
     only for a channel whose last message about the incident was an alert it sent."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    tags = [str(t) for t in (getattr(job, "tags", None) or [])]
-    named = [str(n) for n in (getattr(job, "notify", None) or [])]
+    tags, named = _words(getattr(job, "tags", None)), _words(getattr(job, "notify", None))
     channels = route(configured_channels(), kind, tags, named)
     incident = incident or ""
     if kind == RECOVERED:
@@ -73,6 +72,14 @@ def enqueue(
     # ON CONFLICT DO NOTHING: the one-alert-per-incident indexes, whoever commits first.
     Notification.objects.using(using).bulk_create(rows, ignore_conflicts=True)
     return channels
+
+
+def _words(value: Any) -> list[str]:
+    """A job's tags or channel names as stored: a value written behind the API's back (not a
+    list of strings) counts as none, so it cannot fail the transaction recording the event."""
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, str)]
 
 
 def _recovery_channels(channels: Sequence[str], incident: str, using: str) -> list[str]:

@@ -447,3 +447,12 @@ def test_nothing_configured_costs_the_dead_path_no_statement_and_an_idle_pass_on
         with CaptureQueriesContext(connections["default"]) as queries:
             deliver_once()
     assert len(queries) == 1  # a beat's loop with nothing pending: one indexed read a pass
+
+
+@pytest.mark.parametrize("stored", [7, "pager", {"pager": 1}, [1, None]])
+def test_a_jobs_tags_or_channels_written_behind_the_apis_back_count_as_none(stored):
+    with override_settings(SCHEDAPP_NOTIFICATIONS=CHANNELS):
+        job = a_job("odd")
+        Job.objects.filter(pk=job.pk).update(tags=stored, notify=stored)
+        job.refresh_from_db()
+        assert notify.enqueue("dead", job) == []  # the pager is named only; eu tagged only
