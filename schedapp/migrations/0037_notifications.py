@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0028_calendars")]
+    dependencies = [("schedapp", "0036_deadline_checks_and_indexes")]
 
     operations = [
         migrations.CreateModel(

@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0029_notifications")]
+    dependencies = [("schedapp", "0037_notifications")]
 
     operations = [
         migrations.AddField(
