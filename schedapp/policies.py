@@ -350,13 +350,14 @@ def _calendar_misfire(
     if at is not None and at <= now:  # past the bound: count the rest without the calendar
         out.extend(MissedRange(r, r, 1, fate, detail) for r in runs)
         missed = len(outside) + len(runs)
-        latest = recent_fire_times(schedule, now, cursor + _TICK, 1)[-1]
+        recent = recent_fire_times(schedule, now, cursor + _TICK, 1)
+        latest = recent[-1] if recent else cursor  # none: a run rolled back before now
         wall = latest.astimezone(cal.tz)
         runs_one = policy in (RUN_ONCE, RUN_ALL) or (policy == RUN_RECENT and now - latest <= grace)
-        if runs_one and not calendars.excludes(cal.attached.excluded, wall):
+        if recent and runs_one and not calendars.excludes(cal.attached.excluded, wall):
             run_for = latest
         end = latest - _TICK if run_for is not None else latest
-        count = count_fire_times(schedule, cursor + _TICK, end)
+        count = count_fire_times(schedule, cursor + _TICK, end) if recent else 0
         if count > 0:
             first = next_fire_time(schedule, cursor)
             last = recent_fire_times(schedule, end, cursor + _TICK, 1)[-1]
@@ -590,11 +591,10 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
     if isinstance(job.schedule, Once) or nxt is None:
         return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
     fixed_delay = job.fixed_delay and isinstance(job.schedule, Interval)
-    if (
-        job.now is not None
-        and job.calendar is None  # validation refuses a calendar with these
-        and end_decides(job.overlap, fixed_delay, nxt <= job.now)
-    ):
+    if job.now is not None and job.calendar is not None:
+        if job.overlap in (OVERLAP_SKIP, BUFFER_ALL, *SUPERSEDING) and nxt <= job.now:
+            return _after_overlap_on_calendar(job, job.calendar, nxt, ranges, job.now, rng)
+    elif job.now is not None and end_decides(job.overlap, fixed_delay, nxt <= job.now):
         return _after_overlap(job, nxt, job.now, rng)
     return AfterRun(
         _keep_operator_state(job.state, "scheduled"),
@@ -673,6 +673,70 @@ def _after_overlap(job: JobFacts, nxt: datetime, now: datetime, rng: Rng) -> Aft
     detail = f"{why}, beyond max_buffer ({job.max_buffer}) (overlap policy buffer_all)"
     ranges = _missed(schedule, nxt, first, dropped, BUFFER_FULL, detail)
     return AfterRun(state, first, None, timedelta(0), 0, ranges=ranges)
+
+
+def _after_overlap_on_calendar(
+    job: JobFacts,
+    cal: OnCalendar,
+    nxt: datetime,
+    ranges: tuple[MissedRange, ...],
+    now: datetime,
+    rng: Rng,
+) -> AfterRun:
+    """``_after_overlap`` for a job under a calendar: the runs that came due during the run
+    are the calendar's, walked from ``nxt`` (at most ``CALENDAR_WALK``); the overlap policy
+    decides among them as it does among the schedule's own occurrences. Past the bound, the
+    occurrences up to now are counted without the calendar and the job waits for its next
+    run after now, whatever the policy."""
+    state = _keep_operator_state(job.state, "scheduled")
+    schedule = job.schedule
+    ran = job.ran_for or job.scheduled_for
+    why = f"came due while the run for {ran.isoformat()} was in flight, under {cal.detail}"
+    runs, out, cursor = [nxt], list(ranges), nxt
+    at: datetime | None = None
+    found: tuple[MissedRange, ...] = ()
+    while True:
+        at, found = next_run(schedule, cursor, cal)
+        if at is None or at > now or len(runs) >= CALENDAR_WALK:
+            break
+        out.extend(found)
+        runs.append(at)
+        cursor = at
+    fate = BUFFER_FULL if job.overlap == BUFFER_ALL else OVERLAPPED
+    if at is not None and at <= now:  # past the bound: count the rest, wait for the next
+        out.extend(
+            MissedRange(r, r, 1, fate, f"{why} (overlap policy {job.overlap})") for r in runs
+        )
+        recent = recent_fire_times(schedule, now, cursor + _TICK, 1)
+        latest = recent[-1] if recent else cursor  # none: a run rolled back before now
+        count = count_fire_times(schedule, cursor + _TICK, latest) if recent else 0
+        first = next_fire_time(schedule, cursor)
+        if count > 0 and first is not None:
+            detail = f"{why}; past {CALENDAR_WALK} runs, counted without the calendar"
+            out.append(MissedRange(first, latest, count, fate, detail))
+        at, found = next_run(schedule, latest, cal)
+        while at is not None and at <= now:  # a previous-business-day run: pass it
+            at, found = next_run(schedule, at, cal)
+        runs = []
+    if job.overlap == OVERLAP_SKIP or not runs:
+        detail = f"{why} (overlap policy {job.overlap})"
+        out.extend(MissedRange(r, r, 1, fate, detail) for r in runs)
+        out.extend(found)
+        if at is None:  # its expires_at passed meanwhile: done, as after a last run
+            return AfterRun(_done(job.state), job.scheduled_for, None, None, 0, ranges=tuple(out))
+        jittered = at + compute_jitter(job.jitter, rng)
+        return AfterRun(state, at, jittered, None, 0, ranges=tuple(out))
+    if job.overlap in SUPERSEDING:
+        run_for = runs[-1]  # the latest due runs now; those before it were cancelled with it
+        detail = f"{why}, a later one ran instead (overlap policy {job.overlap})"
+        out.extend(MissedRange(r, r, 1, OVERLAPPED, detail) for r in runs[:-1])
+    else:  # buffer_all: the most recent max_buffer of them run one after another from now
+        keep = runs[-max(1, job.max_buffer) :]
+        run_for = keep[0]
+        detail = f"{why}, beyond max_buffer ({job.max_buffer}) (overlap policy buffer_all)"
+        out.extend(MissedRange(r, r, 1, BUFFER_FULL, detail) for r in runs[: -len(keep)])
+    out = [r for r in out if r.first <= run_for]  # what comes after is decided again later
+    return AfterRun(state, run_for, None, timedelta(0), 0, ranges=tuple(out))
 
 
 def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:

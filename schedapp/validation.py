@@ -384,13 +384,6 @@ def _check_calendar(
             "calendar",
             "a one-off (run_at) runs at its time; a calendar is for a recurring schedule.",
         )
-    if values.get("overlap") not in (None, "", "buffer_one"):
-        _add(
-            errors,
-            "calendar",
-            f"a job under a calendar takes overlap buffer_one (the "
-            f"default), not {values.get('overlap')!r}.",
-        )
     if values.get("fixed_delay"):
         _add(
             errors,

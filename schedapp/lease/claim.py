@@ -23,7 +23,7 @@ from .. import job_calendars, ledger, policies
 from ..db import beat_transaction, notify_due
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Job, JobRun, JobState, RunStatus, schedule_of
-from ..schedules import DEFAULT_DST_POLICY, next_fire_time
+from ..schedules import DEFAULT_DST_POLICY
 from ..store import get_store, insert_runs, pairs
 from .after_run import job_facts
 from .quarantine import (
@@ -295,11 +295,13 @@ def _arm_supersede(rows: list[dict]) -> None:
     due when it was claimed are its misfire policy's, then the end of the run's). That time,
     written with the claim, is what ``supersede_due`` looks for. Only those jobs pay: one
     statement each."""
-    for row in rows:
-        if row["overlap"] not in policies.SUPERSEDING:
-            continue
+    superseding = [row for row in rows if row["overlap"] in policies.SUPERSEDING]
+    read = job_calendars.for_rows(superseding)  # their calendars: one query, parsed once
+    for row in superseding:
         try:
-            nxt = next_fire_time(schedule_of(row), max(row["scheduled_for"], _claimed_at(row)))
+            after = max(row["scheduled_for"], _claimed_at(row))
+            calendar = job_calendars.for_row(row, read)
+            nxt = policies.next_run(schedule_of(row), after, calendar)[0]
         except Exception as exc:  # the end of the run will quarantine it: not the claim
             log.warning("job %s: no next occurrence to supersede its run: %s", row["id"], exc)
             nxt = None

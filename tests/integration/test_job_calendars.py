@@ -212,7 +212,6 @@ def test_resume_decides_the_paused_weeks_under_the_calendar(store, office, holid
         ({"calendar_roll": "sideways"}, "calendar_roll"),
         ({"calendar": None, "calendar_roll": "defer"}, "calendar_roll"),
         ({"calendar": None, "calendar_mode": "only"}, "calendar_mode"),
-        ({"overlap": "skip"}, "calendar"),
         ({"cron": None, "interval": 60, "fixed_delay": True}, "calendar"),
     ],
 )
@@ -353,3 +352,33 @@ def test_a_restore_or_a_duplicate_keeps_the_calendar_and_only_a_change_of_it_mov
     copy = api.duplicate(job, name="payroll-copy")
     assert (copy.calendar_id, copy.calendar_roll) == (job.calendar_id, "next_business_day")
     assert copy.scheduled_for == next_business_nine(db_now(), holidays)
+
+
+@pytest.mark.parametrize("overlap", ["skip", "buffer_all", "cancel_other"])
+def test_a_run_that_outlasted_business_days_is_decided_by_its_overlap_policy_on_the_calendar(
+    store, office, holidays, overlap
+):
+    # Given a run for a business day ten days ago that ends only now
+    job = payroll(overlap=overlap, max_buffer=2)
+    now = db_now()
+    start = latest_business_nine(now - timedelta(days=10), holidays)
+    Job.objects.filter(pk=job.pk).update(scheduled_for=start)
+    job = run_due(job)
+    # Then the business days' runs that came due meanwhile are decided by the policy
+    due = []
+    at = start
+    while (at := next_business_nine(at, holidays)) <= db_now():
+        due.append(at)
+    fates = {d: f for d, f, _ in ledger(job) if f in ("overlapped", "buffer_full")}
+    if overlap == "skip":
+        assert job.scheduled_for == next_business_nine(db_now(), holidays)
+        assert sorted(fates) == [d.date() for d in due]
+    elif overlap == "buffer_all":
+        assert job.scheduled_for == due[-2]  # the two most recent run, the oldest first
+        assert sorted(fates) == [d.date() for d in due[:-2]]
+        assert set(fates.values()) == {"buffer_full"}
+    else:
+        assert job.scheduled_for == due[-1]  # the latest runs now
+        assert sorted(fates) == [d.date() for d in due[:-1]]
+    assert job.next_run_at <= db_now() + timedelta(days=4)
+    assert all(business(d, holidays) for d in fates)
