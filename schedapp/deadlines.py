@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
+from types import SimpleNamespace
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Q
@@ -25,6 +26,8 @@ from django.db.models.functions import Coalesce, Now
 
 from .message import task_id_for
 from .models import Breach, BreachKind, Job, JobRun, JobState, RunStatus, schedule_of
+from .notify.channels import RECOVERED
+from .notify.outbox import breach_incident, configured_channels, dead_incident, enqueue
 from .policies import next_finish_by
 from .schedules import next_fire_time
 from .signals import BREACH_SIGNALS, job_recovered
@@ -286,7 +289,9 @@ def _clear(using: str, limit: int, result: DeadlineResult) -> None:
                 .update(cleared_at=Now(), cleared_detail=said)
             )
             if cleared:
-                result.recovered.append(_event(breach, breach.job, said, recovered=True))
+                event = _event(breach, breach.job, said, recovered=True)
+                _notify(event, using)
+                result.recovered.append(event)
 
 
 def _moved_on(breach: Breach) -> str:
@@ -321,6 +326,8 @@ def _insert(
             breach = Breach.objects.using(using).create(
                 job_id=job_id, kind=kind, scheduled_for=occurrence, detail=detail[:2000]
             )
+            event = BreachEvent(breach.pk, job_id, name, _tags(tags), kind, occurrence, detail)
+            _notify(event, using)
     except IntegrityError:
         return None
     log.warning(
@@ -332,7 +339,30 @@ def _insert(
         detail,
         extra={"action": f"breach_{kind}", "job": job_id},
     )
-    return BreachEvent(breach.pk, job_id, name, _tags(tags), kind, occurrence, detail)
+    return event
+
+
+def _notify(event: BreachEvent, using: str) -> None:
+    """The breach's notification (``schedapp.notify``), queued in the transaction that records
+    it or its recovery, so it is sent if and only if that commits. A job's dead-lettering
+    queues its own ``dead`` where it happens (``lease.after_run.notify_dead``): a dead breach
+    queues only its recovery, under that incident."""
+    dead = event.kind == BreachKind.DEAD
+    channels = configured_channels()
+    if (dead and not event.recovered) or not channels:
+        return  # no channel: not even the job's own channels are read
+    notify = Job.objects.using(using).filter(pk=event.job_id).values_list("notify", flat=True)
+    job = SimpleNamespace(
+        id=event.job_id, name=event.job_name, tags=event.tags, notify=notify.first()
+    )
+    enqueue(
+        RECOVERED if event.recovered else event.kind,
+        job,
+        scheduled_for=event.scheduled_for,
+        detail=event.detail,
+        incident=dead_incident(event.job_id) if dead else breach_incident(event.breach_id),
+        using=using,
+    )
 
 
 def _event(breach: Breach, job: Job, detail: str, *, recovered: bool) -> BreachEvent:

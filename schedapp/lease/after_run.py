@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from .. import job_calendars, ledger, policies
 from ..db import notify_due
 from ..models import Job, JobRun, JobState, RunStatus
-from ..notify.outbox import enqueue
+from ..notify.outbox import dead_incident, enqueue
 from ..schedules import Schedule
 from .quarantine import ERROR_CHARS, storable
 
@@ -99,11 +99,6 @@ def write_after_run(
     if plan.state == JobState.SCHEDULED:
         # Beats sleep until the next due time they know of; this one may be sooner.
         notify_due(plan.next_run_at, plan.delay.total_seconds() if plan.delay else None)
-
-
-def dead_incident(job_id: int) -> str:
-    """The incident a job's dead-lettering is: one until it is resumed and dies again."""
-    return f"dead:{job_id}"
 
 
 def notify_dead(job: Job, scheduled_for: datetime | None, error: str) -> None:

@@ -20,6 +20,16 @@ log = logging.getLogger(__name__)
 DETAIL_CHARS = 2000
 
 
+def dead_incident(job_id: int) -> str:
+    """The incident a job's dead-lettering is: one until it is resumed and dies again."""
+    return f"dead:{job_id}"
+
+
+def breach_incident(breach_id: int) -> str:
+    """The incident a deadline breach is (``schedapp.deadlines``): its row, opened once."""
+    return f"breach:{breach_id}"
+
+
 def configured_channels() -> dict[str, Channel]:
     """The channels ``SCHEDAPP_NOTIFICATIONS`` configures (those without a problem: the
     settings checks refuse to start a beat or a worker on any)."""
