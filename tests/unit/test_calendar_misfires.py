@@ -68,3 +68,22 @@ def test_every_occurrence_is_run_or_recorded_once_and_runs_are_allowed(roll, pol
     assert plan.missed == sum(r.count for r in plan.ranges if r.fate == policies.MISFIRED)
     firsts = [r.first for r in plan.ranges]
     assert len(firsts) == len(set(firsts)), "one record per first occurrence"
+
+
+@pytest.mark.parametrize("window", [None, timedelta(days=30)])
+def test_a_start_deadline_applies_under_a_calendar_and_its_misses_are_late(window):
+    # Given a daily 09:00 job under the office calendar, away for 10 days, skipping late ones
+    schedule = schedules.parse_cron("0 9 * * *", "Europe/Berlin")
+    cal = on("skip")
+    due, _ = policies.first_run(schedule, datetime(2026, 11, 2, 6, tzinfo=UTC), cal)
+    now = due + timedelta(days=10, hours=1)
+    deadline = timedelta(hours=2)
+    plan = policies.plan_misfire(
+        schedule, due, now, "run_once", 3, timedelta(minutes=1), window, calendar=cal,
+        start_deadline=deadline,
+    )
+    # Then nothing older than the deadline runs, and the runs it passed are recorded late
+    assert plan.run_for is None or now - plan.run_for <= deadline
+    late = [r for r in plan.ranges if r.fate == policies.LATE]
+    assert late and all(now - r.last > deadline for r in late)
+    assert not [r for r in plan.ranges if r.fate == policies.OUTSIDE_WINDOW]
