@@ -306,6 +306,23 @@ def first_run(
     return at, ranges
 
 
+def _walk_calendar(
+    schedule: Schedule, first: datetime, now: datetime, cal: OnCalendar
+) -> tuple[list[datetime], list[MissedRange], datetime, datetime | None, tuple[MissedRange, ...]]:
+    """The calendar's runs from ``first`` (one) up to ``now``, at most ``CALENDAR_WALK`` of
+    them, with what it excluded or merged between them: (runs, those ranges, the last run, the
+    run the walk stopped at and what the calendar did on the way to it). A stop at or before
+    ``now`` means the bound was reached; one after it, the next run after now."""
+    runs, ranges, cursor = [first], [], first
+    while True:
+        at, found = next_run(schedule, cursor, cal)
+        if at is None or at > now or len(runs) >= CALENDAR_WALK:
+            return runs, ranges, cursor, at, found
+        ranges.extend(found)
+        runs.append(at)
+        cursor = at
+
+
 def _calendar_misfire(
     schedule: Schedule,
     due: datetime,
@@ -326,16 +343,7 @@ def _calendar_misfire(
     Past the bound, the occurrences up to the latest before ``now`` are counted without the
     calendar (one range, arithmetic); that latest one runs if the calendar allows it at its own
     time and the policy runs one (``run_all`` then runs just it), else the job waits."""
-    runs = [due]
-    ranges: list[MissedRange] = []
-    cursor = due
-    while True:
-        at, found = next_run(schedule, cursor, cal)
-        if at is None or at > now or len(runs) >= CALENDAR_WALK:
-            break
-        ranges.extend(found)
-        runs.append(at)
-        cursor = at
+    runs, ranges, cursor, at, found = _walk_calendar(schedule, due, now, cal)
     why = "passed while the job was paused; " if fate == PAUSED else ""
     detail = f"{why}missed under {cal.detail} (misfire policy {policy})"
     out = list(ranges)
@@ -692,16 +700,8 @@ def _after_overlap_on_calendar(
     schedule = job.schedule
     ran = job.ran_for or job.scheduled_for
     why = f"came due while the run for {ran.isoformat()} was in flight, under {cal.detail}"
-    runs, out, cursor = [nxt], list(ranges), nxt
-    at: datetime | None = None
-    found: tuple[MissedRange, ...] = ()
-    while True:
-        at, found = next_run(schedule, cursor, cal)
-        if at is None or at > now or len(runs) >= CALENDAR_WALK:
-            break
-        out.extend(found)
-        runs.append(at)
-        cursor = at
+    runs, walked, cursor, at, found = _walk_calendar(schedule, nxt, now, cal)
+    out = [*ranges, *walked]
     fate = BUFFER_FULL if job.overlap == BUFFER_ALL else OVERLAPPED
     if at is not None and at <= now:  # past the bound: count the rest, wait for the next
         out.extend(

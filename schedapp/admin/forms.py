@@ -26,7 +26,7 @@ from .. import calendars, job_calendars
 from ..celeryapp import task_not_allowed, task_problem
 from ..cronmath import end_of_gap, instants
 from ..display import PREVIEW_COUNT, describe_schedule, dst_note, preview_text, safe_zone
-from ..fields import JOB_FIELDS, SCHEDULE_FIELDS
+from ..fields import DEADLINE_FIELDS, JOB_FIELDS, SCHEDULE_FIELDS
 from ..models import Job, field_default
 from ..schedules import DEFAULT_DST_POLICY, OUT_OF_RANGE, Once, fire_times
 from ..validation import name_taken, stored_schedule, validate_job
@@ -71,12 +71,7 @@ FORM_FIELDS = [
     "max_buffer",
     "max_concurrent",
     "message_options",
-    "start_deadline",
-    "skip_late",
-    "max_runtime",
-    "revoke_overrun",
-    "finish_by",
-    "alert_after_failures",
+    *DEADLINE_FIELDS,
 ]
 assert set(FORM_FIELDS) == set(JOB_FIELDS)
 # Typed and shown as wall-clock time in the job's zone, to the second.

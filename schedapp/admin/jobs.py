@@ -27,7 +27,7 @@ from django.utils.safestring import mark_safe
 from .. import api, audit
 from ..display import job_schedule_text, local_time, timezone_names
 from ..exceptions import JobStateError
-from ..fields import JOB_FIELDS, changed_fields
+from ..fields import DEADLINE_FIELDS, JOB_FIELDS, changed_fields
 from ..models import Job, JobRun, JobSource, JobState
 from .filters import (
     LargeTablePaginator,
@@ -92,14 +92,7 @@ _EDITABLE = (
     (
         "Deadlines",
         {
-            "fields": (
-                "start_deadline",
-                "skip_late",
-                "max_runtime",
-                "revoke_overrun",
-                "finish_by",
-                "alert_after_failures",
-            ),
+            "fields": DEADLINE_FIELDS,
             "classes": ("collapse",),
         },
     ),

@@ -280,6 +280,18 @@ def _complete_and_quarantine(
     return CompletionResult(Completion.APPLIED, dead=True, quarantined=quarantined)
 
 
+def _stale(job: Job | None, job_id: int, token: int) -> CompletionResult:
+    """A completion whose lease was lost (kept on its run, not applied to the job): said once,
+    for the job and the run the worker held."""
+    log.warning(
+        "stale completion of %s token %s: not applied",
+        job_label(job_id, job.name if job is not None else None),
+        token,
+        extra={"action": "stale_completion", "job": job_id, "token": token},
+    )
+    return CompletionResult(Completion.STALE)
+
+
 def _complete_locked(
     job_id: int,
     token: int,
@@ -308,13 +320,7 @@ def _complete_locked(
             status=outcome, finished_at=Now(), error=error, traceback=traceback, stale=not fresh
         )
         if not fresh:
-            log.warning(
-                "stale completion of %s token %s: not applied",
-                job_label(job_id, job.name if job is not None else None),
-                token,
-                extra={"action": "stale_completion", "job": job_id, "token": token},
-            )
-            return CompletionResult(Completion.STALE)
+            return _stale(job, job_id, token)
         assert job is not None
         try:
             facts = job_facts(job, ran_for=run["scheduled_for"])
@@ -389,13 +395,7 @@ def _complete_own_lease(
     )
     notify_due(None, 0.0)  # a slot of max_concurrent is free: an occurrence may be waiting
     if not fresh:
-        log.warning(
-            "stale completion of %s token %s: not applied",
-            job_label(job_id, job.name if job is not None else None),
-            token,
-            extra={"action": "stale_completion", "job": job_id, "token": token},
-        )
-        return CompletionResult(Completion.STALE)
+        return _stale(job, job_id, token)
     assert job is not None and run is not None
     return record_own_lease_outcome(
         job, outcome, error, run["attempt"], run["scheduled_for"], retry_delay, rng
