@@ -19,7 +19,18 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from . import audit, bulk, calendars, display, job_calendars, lease, ledger, policies, schedules
+from . import (
+    audit,
+    bulk,
+    calendar_edits,
+    calendars,
+    display,
+    job_calendars,
+    lease,
+    ledger,
+    policies,
+    schedules,
+)
 from .bulk import CHUNK_SIZE
 from .celeryapp import celery_app, task_not_allowed
 from .db import db_now, notify_due
@@ -471,6 +482,7 @@ def write_calendar(
     them too, and may rename the calendar it edits."""
     today = db_now().date()
     checked = validate_calendar(name, definition, description, instance=existing, today=today)
+    before = None if existing is None else existing.definition
     calendar = existing or Calendar()
     for field, value in checked.values.items():
         setattr(calendar, field, value)
@@ -483,6 +495,8 @@ def write_calendar(
     except IntegrityError as exc:
         raise ValidationError({"name": [f"a calendar named {name!r} already exists."]}) from exc
     store_references(calendar, checked.references)
+    if existing is not None and calendar.definition != before:
+        calendar_edits.after_edit(calendar.pk, calendar.name)
     return calendar
 
 

@@ -56,6 +56,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "option_rules",
             "validation",
             "job_calendars",
+            "calendar_edits",
             "lease",
             "lease.*",
             "settings_checks",
