@@ -37,7 +37,7 @@ from .policies import MissedRange
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZE = 500  # jobs locked at once: one short transaction each
+BATCH_SIZE = 100  # jobs locked at once: one short transaction each
 RETRIES = 5  # rounds for jobs that were locked (a claim in progress) when their batch ran
 RETRY_PAUSE = timedelta(milliseconds=200)
 _TICK = timedelta(microseconds=1)
@@ -162,9 +162,21 @@ def _batch(ids: list[int], calendar_ids: set[int], name: str) -> tuple[int, list
         changed: list[Job] = []
         decided: list[tuple[int, MissedRange]] = []
         failed: list[int] = []
+        # jobs alike (schedule, occurrence, calendar and its options) share one answer
+        answers: dict[tuple, tuple[datetime | None, tuple[MissedRange, ...]]] = {}
         for job in jobs:
+            key = (
+                job.schedule,
+                job.scheduled_for,
+                job.calendar_id,
+                job.calendar_mode,
+                job.calendar_roll,
+                job.timezone,
+            )
             try:
-                at, ranges = _next(job, read, now)
+                if key not in answers:
+                    answers[key] = _next(job, read, now)
+                at, ranges = answers[key]
             except ScheduleError as exc:  # the beat would quarantine it at its next run: now
                 quarantine_locked(job.pk, f"calendar {name!r} edited: {exc.message}")
                 failed.append(job.pk)
