@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from . import job_calendars, ledger, policies
-from .db import db_now
+from .db import db_now, notify_due
 from .exceptions import ScheduleError
 from .lease.quarantine import quarantine_locked
 from .models import CalendarReference, Job, JobState
@@ -189,6 +189,8 @@ def _batch(ids: list[int], calendar_ids: set[int], name: str) -> tuple[int, list
             decided.extend((job.pk, r) for r in ranges)
         if changed:
             Job.objects.bulk_update(changed, ["scheduled_for", "next_run_at"])
+            # a run brought forward wakes the beats sleeping until the old one (at commit)
+            notify_due(min(j.next_run_at for j in changed if j.next_run_at is not None))
         if decided:
             ledger.record(decided, f"calendar {name} edited" if name else "calendar edited")
     return len(changed), skipped, failed

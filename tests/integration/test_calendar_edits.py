@@ -204,3 +204,25 @@ def test_a_job_the_edit_leaves_no_run_is_quarantined_with_the_reason(
     job.refresh_from_db()
     assert job.state == JobState.DEAD and job.last_status == "quarantined"
     assert "calendar 'window' edited" in job.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_brought_forward_wakes_a_beat_sleeping_until_the_old_one():
+    from schedapp.store import get_store
+
+    first = next_business_nine(db_now(), []).date()
+    api.save_calendar("office", office([first]))
+    job = payroll(calendar_roll="skip")
+    listener = get_store().listen()
+    assert listener is not None
+    try:
+        # a beat sleeping until the job's run, waking for nothing due later
+        wake_at = job.scheduled_for.timestamp()
+        while listener.wait(0.1, wake_at_db=wake_at):
+            pass  # what the setup itself notified
+        api.save_calendar("office", office([]))  # autocommit: the run moves forward now
+        assert listener.wait(5.0, wake_at_db=wake_at) is True
+    finally:
+        listener.close()
+    job.refresh_from_db()
+    assert job.scheduled_for.date() == first
