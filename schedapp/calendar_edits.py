@@ -31,7 +31,7 @@ from django.db.models import F, Q
 from . import job_calendars, ledger, policies
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
-from .lease.quarantine import quarantine_locked
+from .lease.quarantine import ROW_ERRORS, quarantine_locked, unschedulable
 from .models import CalendarReference, Job, JobState
 from .policies import MissedRange
 
@@ -82,7 +82,8 @@ def _waiting(calendar_ids: Iterable[int]) -> Q:
 def after_edit(calendar_id: int, name: str) -> None:
     """``recompute_following`` once the calendar's save has committed (a job must never be
     moved by a definition that was rolled back)."""
-    transaction.on_commit(lambda: _after_commit(calendar_id, name))
+    # robust: the save has committed, whatever befalls the jobs (logged) is not its failure
+    transaction.on_commit(lambda: _after_commit(calendar_id, name), robust=True)
 
 
 def _after_commit(calendar_id: int, name: str) -> None:
@@ -165,20 +166,21 @@ def _batch(ids: list[int], calendar_ids: set[int], name: str) -> tuple[int, list
         # jobs alike (schedule, occurrence, calendar and its options) share one answer
         answers: dict[tuple, tuple[datetime | None, tuple[MissedRange, ...]]] = {}
         for job in jobs:
-            key = (
-                job.schedule,
-                job.scheduled_for,
-                job.calendar_id,
-                job.calendar_mode,
-                job.calendar_roll,
-                job.timezone,
-            )
             try:
+                key = (
+                    job.schedule,
+                    job.scheduled_for,
+                    job.calendar_id,
+                    job.calendar_mode,
+                    job.calendar_roll,
+                    job.timezone,
+                )
                 if key not in answers:
                     answers[key] = _next(job, read, now)
                 at, ranges = answers[key]
-            except ScheduleError as exc:  # the beat would quarantine it at its next run: now
-                quarantine_locked(job.pk, f"calendar {name!r} edited: {exc.message}")
+            except ROW_ERRORS as exc:  # the beat would quarantine it at its next run: now
+                reason = exc.message if isinstance(exc, ScheduleError) else unschedulable(exc)
+                quarantine_locked(job.pk, f"calendar {name!r} edited: {reason}")
                 failed.append(job.pk)
                 continue
             if at is None or at == job.scheduled_for:

@@ -226,3 +226,18 @@ def test_a_run_brought_forward_wakes_a_beat_sleeping_until_the_old_one():
         listener.close()
     job.refresh_from_db()
     assert job.scheduled_for.date() == first
+
+
+def test_a_row_written_behind_the_apis_back_is_quarantined_and_the_others_move(
+    django_capture_on_commit_callbacks,
+):
+    api.save_calendar("office", office([]))
+    bad = payroll(name="bad", calendar_roll="skip")
+    good = payroll(name="good", calendar_roll="skip")
+    old = good.scheduled_for
+    Job.objects.filter(pk=bad.pk).update(cron="61 9 * * *")
+    edit(django_capture_on_commit_callbacks, [old.date()])
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert bad.state == JobState.DEAD and "calendar 'office' edited" in bad.last_error
+    assert good.scheduled_for == next_business_nine(db_now(), [old.date()])
