@@ -942,10 +942,28 @@ class Breach(models.Model):
         indexes = [
             # A job's breaches on its timeline.
             models.Index(fields=["job", "scheduled_for"], name="schedapp_breach_job"),
+            # The "needs attention" page: a kind's open breaches, newest first, a page at a
+            # time, and each kind counted up to a cap (only open rows: never the history).
+            models.Index(
+                fields=["kind", "opened_at", "id"],
+                name="schedapp_breach_open_kind",
+                condition=Q(cleared_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.kind} @{self.scheduled_for:%Y-%m-%d %H:%M:%S}"
+
+
+class Attention(Breach):
+    """The open breaches as the admin's "needs attention" page (``schedapp.admin.attention``):
+    a proxy, so that the page is listed on the admin index like a model, with no table of
+    its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "needs attention"
+        verbose_name_plural = "needs attention"
 
 
 class JobChange(models.Model):
@@ -1157,6 +1175,12 @@ class Notification(models.Model):
                 name="schedapp_notification_incident",
                 condition=~Q(incident=""),
             ),
+            # Deliveries that failed for good, newest first (the "needs attention" page).
+            models.Index(
+                fields=["failed_at"],
+                name="schedapp_notification_failed",
+                condition=Q(failed_at__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -1195,6 +1219,7 @@ class NotificationChannel(models.Model):
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "Attention",
     "Breach",
     "BreachKind",
     "Calendar",

@@ -10,23 +10,34 @@ the four ModelAdmins. One module per concern:
 * ``filters``: paginator and filters that stay fast on millions of rows;
 * ``forms``: the job form, validated with the API's own rules;
 * ``calendars``: ``CalendarAdmin`` (a calendar's definition, and its next year's excluded days);
-* ``notifications``: ``NotificationAdmin``, the outbox read-only (sent, pending, failed).
+* ``notifications``: ``NotificationAdmin``, the outbox read-only (sent, pending, failed);
+* ``attention``: the "needs attention" page (open breaches, failed deliveries), listed on the
+  index through the ``Attention`` proxy.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Calendar, Job, JobRun, Node, Notification
+from ..models import Attention, Calendar, Job, JobRun, Node, Notification
+from .attention import AttentionAdmin
 from .calendars import CalendarAdmin
 from .jobs import JobAdmin
 from .notifications import NotificationAdmin
 from .runs import JobRunAdmin, NodeAdmin
 
-__all__ = ["CalendarAdmin", "JobAdmin", "JobRunAdmin", "NodeAdmin", "NotificationAdmin"]
+__all__ = [
+    "AttentionAdmin",
+    "CalendarAdmin",
+    "JobAdmin",
+    "JobRunAdmin",
+    "NodeAdmin",
+    "NotificationAdmin",
+]
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(JobRun, JobRunAdmin)
 admin.site.register(Node, NodeAdmin)
 admin.site.register(Calendar, CalendarAdmin)
 admin.site.register(Notification, NotificationAdmin)
+admin.site.register(Attention, AttentionAdmin)

@@ -123,6 +123,7 @@ class JobViewsMixin:
             "runs_url": reverse("admin:schedapp_jobrun_changelist"),
             "nodes_url": reverse("admin:schedapp_node_changelist"),
             "not_run_url": reverse("admin:schedapp_job_not_run"),
+            "attention_url": reverse("admin:schedapp_attention_changelist"),
             "node_groups": [("Beats", data.beats, "beats"), ("Workers", data.workers, "workers")],
         }
         return TemplateResponse(request, "admin/schedapp/overview.html", context)

@@ -66,6 +66,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "nodes",
             "explain",
             "deadlines",
+            "attention",
             "notify",
             "notify.outbox",
         ),
