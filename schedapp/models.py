@@ -1177,7 +1177,7 @@ class Notification(models.Model):
             ),
             # Deliveries that failed for good, newest first (the "needs attention" page).
             models.Index(
-                fields=["failed_at"],
+                fields=["failed_at", "id"],
                 name="schedapp_notification_failed",
                 condition=Q(failed_at__isnull=False),
             ),

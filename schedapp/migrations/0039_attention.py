@@ -16,7 +16,7 @@ BREACH_INDEX = models.Index(
 )
 FAILED_INDEX = models.Index(
     condition=models.Q(("failed_at__isnull", False)),
-    fields=["failed_at"],
+    fields=["failed_at", "id"],
     name="schedapp_notification_failed",
 )
 INDEXES = [
@@ -28,7 +28,7 @@ INDEXES = [
     (
         "Notification",
         FAILED_INDEX,
-        'ON schedapp_notification ("failed_at") WHERE "failed_at" IS NOT NULL',
+        'ON schedapp_notification ("failed_at", "id") WHERE "failed_at" IS NOT NULL',
     ),
 ]
 INVALID = (

@@ -560,3 +560,112 @@ def test_a_jobs_history_at_1400_pixels_and_a_version_restored(
     assert (job.cron, job.max_retries, job.kwargs) == ("0 6 * * 1-5", 3, {"region": "eu"})
     _no_sideways_scroll(page)
     page.screenshot(path=str(SHOTS_DAILY / "audit-history-1400.png"), full_page=True)
+
+
+def test_needs_attention_at_1400_pixels_from_the_admin_index(
+    live_server, browser, django_user_model
+):
+    """The "needs attention" page, reached from the admin index: open breaches of every kind
+    (the late and dead ones recorded by the deadline pass itself), counted at the top, a tag
+    filter, and a channel whose deliveries fail."""
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+    from playwright.sync_api import expect
+
+    from schedapp import api, deadlines
+    from schedapp.models import Breach, JobState, Notification, NotificationChannel
+
+    # Given jobs in trouble: late and dead (by the deadline pass), and the other kinds
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    late = api.schedule(
+        "project.tasks.record",
+        name="invoices-eu-nightly",
+        interval=timedelta(hours=1),
+        start_deadline=timedelta(minutes=5),
+        tags=["billing", "eu"],
+    )
+    Job.objects.filter(pk=late.pk).update(
+        scheduled_for=Now() - timedelta(minutes=12), next_run_at=Now() - timedelta(minutes=12)
+    )
+    dead = api.schedule(
+        "project.tasks.record", name="ledger-export", cron="0 3 * * *", tags=["billing"]
+    )
+    Job.objects.filter(pk=dead.pk).update(
+        state=JobState.DEAD, last_error="ConnectionError: sftp.bank.example refused\ntraceback"
+    )
+    deadlines.check_deadlines()
+    others = [
+        (
+            "overrunning",
+            "search-reindex",
+            ["search"],
+            "running longer than its max runtime (1:00:00)",
+        ),
+        (
+            "failing",
+            "crm-sync",
+            ["crm", "eu"],
+            "3 failed attempt(s) in a row (alert_after_failures)",
+        ),
+        (
+            "missed_finish_by",
+            "daily-report",
+            ["reports"],
+            "the occurrence due by 09:00 (Europe/Paris) had not succeeded",
+        ),
+        (
+            "failing",
+            "payroll-export",
+            ["billing"],
+            "5 failed attempt(s) in a row (alert_after_failures)",
+        ),
+    ]
+    for i, (kind, name, tags, detail) in enumerate(others):
+        job = api.schedule(
+            "project.tasks.record", name=name, cron="0 9 * * *", timezone="Europe/Paris", tags=tags
+        )
+        made = Breach.objects.create(
+            job=job, kind=kind, scheduled_for=job.scheduled_for - timedelta(days=1), detail=detail
+        )
+        Breach.objects.filter(pk=made.pk).update(opened_at=Now() - timedelta(minutes=7 * i + 3))
+    Notification.objects.create(
+        channel="pager-webhook",
+        kind="dead",
+        job_id=dead.pk,
+        job_name=dead.name,
+        failed_at=Now(),
+        attempts=5,
+        last_error="HTTPError 502 from https://hooks.example/alerts after 10.0 s",
+    )
+    NotificationChannel.objects.create(name="pager-webhook", failures=5, retry_at=Now())
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(30_000)
+    SHOTS_DAILY.mkdir(parents=True, exist_ok=True)
+
+    # When the operator opens "Needs attention" from the admin index
+    _login(page, live_server, "/admin/")
+    page.click("a[href='/admin/schedapp/attention/']")
+    page.wait_for_url(re.compile(r"/admin/schedapp/attention/$"))
+    # Then every kind is counted at the top, and each row is its job with a timeline link
+    expect(page.locator("#schedapp-count-all .count")).to_have_text("6")
+    expect(page.locator("#schedapp-count-failing .count")).to_have_text("2")
+    expect(page.locator("#schedapp-breaches-late")).to_contain_text("invoices-eu-nightly")
+    expect(page.locator("#schedapp-breaches-late")).to_contain_text("not started within")
+    expect(page.locator("#schedapp-breaches-dead")).to_contain_text("dead: ConnectionError")
+    expect(page.locator("#schedapp-channels")).to_contain_text("pager-webhook")
+    expect(page.locator("tr.schedapp-failed-notification")).to_have_count(1)
+    _no_sideways_scroll(page)
+    page.screenshot(path=str(SHOTS_DAILY / "attention-1400.png"), full_page=True)
+
+    # When they filter by a tag
+    page.fill("#schedapp-tag", "billing")
+    page.click("#schedapp-tag-filter input[type=submit]")
+    page.wait_for_url(re.compile(r"/admin/schedapp/attention/\?tag=billing$"))
+    # Then only the billing team's jobs are left, counted
+    expect(page.locator("#schedapp-count-all .count")).to_have_text("3")
+    expect(page.locator("tr.schedapp-breach")).to_have_count(3)
+    expect(page.locator("#schedapp-breaches-failing")).not_to_contain_text("crm-sync")
+    # ... and a row's timeline link leads to the job's occurrence
+    page.locator("#schedapp-breaches-late a", has_text="timeline").click()
+    page.wait_for_url(re.compile(rf"/admin/schedapp/job/{late.pk}/timeline/\?"))
