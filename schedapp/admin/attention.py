@@ -1,5 +1,6 @@
 """The "needs attention" page: what needs a person now (open deadline breaches by kind, and
-notifications that failed to reach their channel). Read-only.
+notifications that failed to reach their channel). Read-only but for a dead job's Requeue
+button, which is the job page's (``JobAdmin.operation_view``: the API, the audit trail).
 
 Registered on the ``Attention`` proxy so the admin index lists it; its changelist is this
 page and it has no other view. Who may see it: staff with view (or change) permission on
@@ -22,7 +23,7 @@ from django.utils.html import format_html
 
 from .. import attention
 from ..display import seconds_text
-from ..models import BreachKind, Job
+from ..models import BreachKind, Job, JobState
 from .ledger import _job_time, _server_time, detail_html, timeline_url
 from .runs import badge
 
@@ -70,9 +71,11 @@ def _older_than(text: str) -> tuple[datetime, int] | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)), number
 
 
-def attention_page(query: QueryDict) -> dict[str, Any]:
+def attention_page(query: QueryDict, may_requeue: bool = False) -> dict[str, Any]:
     """The page's context: the filters read (an unknown kind or keyset is said, not obeyed),
-    every kind's count, each listed kind's rows, the failed deliveries."""
+    every kind's count, each listed kind's rows, the failed deliveries. A dead job still dead
+    gets the job page's Requeue button when the user may requeue (the same view: the API,
+    recorded in the audit trail as the admin user's)."""
     errors = []
     kind = query.get("kind", "")
     if kind and kind not in attention.KINDS:
@@ -100,6 +103,11 @@ def attention_page(query: QueryDict) -> dict[str, Any]:
                 "occurrence": _job_time(b.scheduled_for, b.zone),
                 "detail": detail_html(b.detail) if b.detail else "-",
                 "tags": [{"name": t, "url": _query(kind=kind, tag=t)} for t in b.tags],
+                "requeue_url": (
+                    reverse("admin:schedapp_job_operation", args=[b.job_id, "requeue"])
+                    if may_requeue and b.job_state == JobState.DEAD
+                    else ""
+                ),
             }
             for b in page.rows
         ]
@@ -213,7 +221,8 @@ class AttentionAdmin(admin.ModelAdmin):
             "add": False,
             "has_view_permission": True,
             "opts": Job._meta,
-            "page": attention_page(request.GET),
+            "page": attention_page(request.GET, request.user.has_perm("schedapp.requeue_job")),
+            "here": request.get_full_path(),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/schedapp/attention.html", context)

@@ -23,6 +23,7 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from .. import api, overview
 from ..exceptions import JobStateError
@@ -83,6 +84,11 @@ class JobViewsMixin:
             raise Http404("no such job")
         results = apply_operation(self, request, op, [(job.pk, job.name)])
         target = results[0].pk if (results and op.slug == "duplicate") else job.pk
+        back = request.POST.get("next", "")
+        if back and url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            return HttpResponseRedirect(back)  # the page the button was on (needs attention)
         return HttpResponseRedirect(reverse("admin:schedapp_job_change", args=[target]))
 
     def preview_view(self, request: HttpRequest) -> HttpResponse:

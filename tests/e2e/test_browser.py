@@ -669,3 +669,13 @@ def test_needs_attention_at_1400_pixels_from_the_admin_index(
     # ... and a row's timeline link leads to the job's occurrence
     page.locator("#schedapp-breaches-late a", has_text="timeline").click()
     page.wait_for_url(re.compile(rf"/admin/schedapp/job/{late.pk}/timeline/\?"))
+
+    # When they requeue the dead job from the page
+    page.goto(f"{live_server.url}/admin/schedapp/attention/?kind=dead")
+    page.locator("form.schedapp-requeue input[type=submit]").click()
+    page.wait_for_url(re.compile(r"/admin/schedapp/attention/\?kind=dead$"))
+    # Then it is back on schedule (through the API, in the audit trail), no button left
+    expect(page.locator("ul.messagelist")).to_contain_text("requeued from the dead letters")
+    expect(page.locator("form.schedapp-requeue")).to_have_count(0)
+    dead.refresh_from_db()
+    assert dead.state == JobState.SCHEDULED
