@@ -38,6 +38,9 @@ log = logging.getLogger("schedapp.deadlines")
 PASS_LIMIT = 500  # rows each statement of a pass reads at most; the next pass goes on
 _TICK = timedelta(microseconds=1)
 PENDING = (JobState.SCHEDULED, JobState.RUNNING)
+#: How an overrunning breach's detail says schedapp revoked the run (its recovery then never
+#: withdraws the alert: see ``_notify``).
+REVOKED = "; revoked (revoke_overrun)"
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
     for job_id, name, tags, occurrence, runtime, token, revoke in rows:
         detail = f"running longer than its max runtime ({runtime})"
         if revoke:
-            detail += "; revoked (revoke_overrun)"
+            detail += REVOKED
         event = _insert(using, job_id, name, tags, BreachKind.OVERRUNNING, occurrence, detail)
         _collect(result, event)
         if event is not None and revoke:
@@ -290,7 +293,7 @@ def _clear(using: str, limit: int, result: DeadlineResult) -> None:
             )
             if cleared:
                 event = _event(breach, breach.job, said, recovered=True)
-                _notify(event, using)
+                _notify(event, using, withdraw=REVOKED not in breach.detail)
                 result.recovered.append(event)
 
 
@@ -342,11 +345,14 @@ def _insert(
     return event
 
 
-def _notify(event: BreachEvent, using: str) -> None:
+def _notify(event: BreachEvent, using: str, *, withdraw: bool = True) -> None:
     """The breach's notification (``schedapp.notify``), queued in the transaction that records
     it or its recovery, so it is sent if and only if that commits. A job's dead-lettering
     queues its own ``dead`` where it happens (``lease.after_run.notify_dead``): a dead breach
-    queues only its recovery, under that incident."""
+    queues only its recovery, under that incident. ``withdraw=False``: the recovery of an
+    overrun schedapp revoked, which ends within a pass or two, usually before the channel's
+    group_wait; the team must still hear that a run was killed, so the alert stays and the
+    recovery follows it."""
     dead = event.kind == BreachKind.DEAD
     channels = configured_channels()
     if (dead and not event.recovered) or not channels:
@@ -361,6 +367,7 @@ def _notify(event: BreachEvent, using: str) -> None:
         scheduled_for=event.scheduled_for,
         detail=event.detail,
         incident=dead_incident(event.job_id) if dead else breach_incident(event.breach_id),
+        withdraw=withdraw,
         using=using,
     )
 

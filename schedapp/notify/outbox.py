@@ -43,6 +43,7 @@ def enqueue(
     scheduled_for: datetime | None = None,
     detail: str = "",
     incident: str | None = None,
+    withdraw: bool = True,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[str]:
     """Queue the event ``kind`` about ``job`` (a ``Job``, or anything with ``id``, ``name``
@@ -53,7 +54,9 @@ def enqueue(
     a channel's alert for an incident is unsent, another for it adds nothing (a unique
     index, so racing transactions agree). A ``recovered`` for an incident whose alert is
     still unsent removes that alert and is not queued either (nothing to say); it is queued
-    only for a channel whose last message about the incident was an alert it sent."""
+    only for a channel whose last message about the incident was an alert it sent.
+    ``withdraw=False`` keeps an unsent alert: the recovery is queued behind it (for an
+    incident the team must hear of however short, e.g. a run schedapp revoked)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     tags, named = _words(getattr(job, "tags", None)), _words(getattr(job, "notify", None))
@@ -63,7 +66,7 @@ def enqueue(
         if not incident:
             raise ValueError("a recovered event names the incident it clears")
         with transaction.atomic(using):  # the caller's, or one of its own if called outside
-            channels = _recovery_channels(channels, incident, using)
+            channels = _recovery_channels(channels, incident, using, withdraw)
     if not channels:
         return []
     rows = [
@@ -92,18 +95,23 @@ def _words(value: Any) -> list[str]:
     return [v for v in value if isinstance(v, str)]
 
 
-def _recovery_channels(channels: Sequence[str], incident: str, using: str) -> list[str]:
+def _recovery_channels(
+    channels: Sequence[str], incident: str, using: str, withdraw: bool = True
+) -> list[str]:
     """The channels a recovery of ``incident`` is told to; an alert for it still unsent is
-    withdrawn instead. An alert a delivery loop is sending right now (its row locked) is
-    taken as sent, without waiting for that loop: the recovery follows it."""
+    withdrawn instead (unless ``withdraw`` is false: the recovery follows it). An alert a
+    delivery loop is sending right now (its row locked) is taken as sent, without waiting
+    for that loop: the recovery follows it."""
     pending = Notification.objects.using(using).filter(
         channel__in=channels, incident=incident, sent_at=None, failed_at=None
     )
-    unsent = list(
-        pending.exclude(kind=RECOVERED)
-        .select_for_update(skip_locked=True)
-        .values_list("id", "channel")
-    )
+    unsent = []
+    if withdraw:
+        unsent = list(
+            pending.exclude(kind=RECOVERED)
+            .select_for_update(skip_locked=True)
+            .values_list("id", "channel")
+        )
     if unsent:
         Notification.objects.using(using).filter(id__in=[i for i, _ in unsent]).delete()
     withdrawn = {channel for _, channel in unsent}

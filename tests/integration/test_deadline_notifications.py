@@ -85,3 +85,54 @@ def test_without_channels_a_breach_queues_nothing():
     job = make("default", start_deadline=timedelta(seconds=10), scheduled_for=now - MINUTE)
     assert [e.kind for e in check_deadlines().opened] == ["late"]
     assert Breach.objects.filter(job=job).exists() and not Notification.objects.exists()
+
+
+def test_a_revoked_overrun_is_told_even_when_its_run_ended_before_the_alert_went_out():
+    """revoke_overrun: schedapp itself ends the run, so the breach clears at the next pass,
+    usually within the channel's group_wait. The alert must not be withdrawn as for an incident
+    that cleared on its own: the team is told the run overran and was revoked (and that it
+    ended), in one grouped message."""
+    with webhook_receiver() as receiver:
+        with override_settings(SCHEDAPP_NOTIFICATIONS={"ops": hook(receiver.url)}):
+            # Given a run past its max runtime, its job asking for it to be revoked
+            now = now_of("default")
+            job = make(
+                "default",
+                max_runtime=timedelta(seconds=30),
+                revoke_overrun=True,
+                state=JobState.RUNNING,
+                lease_expires_at=now + MINUTE,
+                token=7,
+            )
+            running = run("default", job, status="running", started_at=now - MINUTE)
+            assert check_deadlines().to_revoke == [f"schedapp:{job.pk}:7"]
+            # When the revoked run ends before the channel sent the alert
+            JobRun.objects.filter(pk=running.pk).update(status="cancelled", finished_at=now)
+            Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)
+            assert [e.kind for e in check_deadlines().recovered] == ["overrunning"]
+            # Then the alert and its recovery both go out
+            deliver_until(lambda: len(receiver.accepted()) == 1)
+        (message,) = receiver.accepted()
+        assert message.body["counts"] == {"overrunning": 1, "recovered": 1}
+        assert "revoked (revoke_overrun)" in message.body["events"][0]["detail"]
+
+
+def test_an_overrun_not_revoked_that_ends_before_its_alert_went_out_is_withdrawn():
+    """Without revoke_overrun the run ended on its own: nothing to tell (the rule for every
+    incident that clears within group_wait)."""
+    with webhook_receiver() as receiver:
+        with override_settings(SCHEDAPP_NOTIFICATIONS={"ops": hook(receiver.url)}):
+            now = now_of("default")
+            job = make(
+                "default",
+                max_runtime=timedelta(seconds=30),
+                state=JobState.RUNNING,
+                lease_expires_at=now + MINUTE,
+                token=3,
+            )
+            running = run("default", job, status="running", started_at=now - MINUTE)
+            check_deadlines()
+            JobRun.objects.filter(pk=running.pk).update(status="succeeded", finished_at=now)
+            Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)
+            assert [e.kind for e in check_deadlines().recovered] == ["overrunning"]
+            assert not Notification.objects.exists()
