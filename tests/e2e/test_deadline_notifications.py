@@ -47,11 +47,11 @@ class Team:
 
 
 @contextmanager
-def team_channels() -> Iterator[Team]:
+def team_channels(timing: dict[str, float] = FAST) -> Iterator[Team]:
     with smtp_sink() as sink, webhook_receiver() as receiver:
         channels = {
-            "mail": {"type": "email", "to": ["ops@example.com"], **FAST},
-            "hook": {"type": "webhook", "url": receiver.url, "secret": SECRET, **FAST},
+            "mail": {"type": "email", "to": ["ops@example.com"], **timing},
+            "hook": {"type": "webhook", "url": receiver.url, "secret": SECRET, **timing},
         }
         env: dict[str, object] = {
             "SCHEDAPP_NOTIFICATIONS": json.dumps(channels),
@@ -131,6 +131,38 @@ def test_overrunning_a_run_past_its_max_runtime_then_ended(fleet, team):
     wait_until(lambda: team.told(2), timeout=40, message="recovered")
     assert_alerted_then_recovered(team, job, "overrunning")
     assert Breach.objects.get(job=job).cleared_detail == "the run ended"
+
+
+def test_a_revoked_overrun_is_told_though_it_ended_within_group_wait(fleet):
+    # Given channels waiting 6 s to group, and a 30 s task with a 2 s max runtime, revoked
+    with team_channels({"group_wait": 6, "group_interval": 1}) as team:
+        fleet.beat(settings=team.env)
+        fleet.worker(concurrency=1, pool="prefork", settings=team.env)
+        job = api.schedule(
+            "project.tasks.record",
+            kwargs={"label": "long", "sleep": 30},
+            run_at=db_now(),
+            max_runtime=2,
+            revoke_overrun=True,
+            max_retries=0,
+            name="runaway",
+        )
+        # When it is revoked and its run closed before the channels' group_wait ends
+        wait_until(
+            lambda: Notification.objects.filter(kind="recovered").count() == 2,
+            timeout=30,
+            message="recovery queued",
+        )
+        assert Notification.objects.filter(kind="overrunning", sent_at=None).count() == 2
+        # Then each channel still says it overran (revoked), and that it ended, in one message
+        # (with the job's dead-lettering: the revoked attempt was its last, max_retries=0)
+        wait_until(lambda: team.told(1), timeout=30, message="told")
+        wait_until(lambda: not Notification.objects.filter(sent_at=None).exists(), timeout=10)
+        assert team.subjects() == ["[schedapp] 1 overrunning, 1 dead, 1 recovered: runaway"]
+        assert team.hook_counts() == [{"overrunning": 1, "dead": 1, "recovered": 1}]
+        assert team.receiver.received[0].signed
+        assert "revoked (revoke_overrun)" in team.sink.messages[0].get_payload()
+        assert Breach.objects.get(job=job, kind="overrunning").cleared_at is not None
 
 
 def a_zone_away_from_midnight(now: datetime) -> str:
