@@ -1,5 +1,7 @@
-"""The demo's own table: every task execution records itself here, so tests can check what
-really ran from the task's side, not only from schedapp's bookkeeping."""
+"""The demo's own tables: every task execution records itself in ``Execution``, so tests can
+check what really ran from the task's side, not only from schedapp's bookkeeping; every
+deadline signal received is a ``SignalReceived`` (apart, so that signals never count as
+executions)."""
 
 from django.db import models
 
@@ -22,3 +24,17 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} job={self.job_id} at {self.started_at:%H:%M:%S.%f}"
+
+
+class SignalReceived(models.Model):
+    label = models.CharField(max_length=200, db_index=True)  # signal:<name>:<kind>
+    job_id = models.BigIntegerField(null=True, db_index=True)
+    scheduled_for = models.DateTimeField(null=True)
+    pid = models.IntegerField(null=True)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.label} job={self.job_id}"

@@ -2,13 +2,13 @@
 recovered when a worker comes back; a run past its max runtime is overrunning and revoked
 (terminated) when its job asks; failed attempts in a row make a job failing, a success
 recovers it. Each signal is received once (the demo project's receiver records each one as
-an Execution row, ``signal:<name>:<kind>``)."""
+a SignalReceived row, ``signal:<name>:<kind>``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from project.models import Execution
+from project.models import Execution, SignalReceived
 from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Breach, Job, JobRun, JobState, RunStatus
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e]
 
 def signals_of(job: Job) -> list[str]:
     return list(
-        Execution.objects.filter(job_id=job.pk, label__startswith="signal:")
+        SignalReceived.objects.filter(job_id=job.pk)
         .order_by("id")
         .values_list("label", flat=True)
     )
