@@ -27,7 +27,7 @@ from django.utils.safestring import mark_safe
 from .. import api, audit
 from ..display import job_schedule_text, local_time, timezone_names
 from ..exceptions import JobStateError
-from ..fields import DEADLINE_FIELDS, JOB_FIELDS, changed_fields
+from ..fields import CALENDAR_FIELDS, DEADLINE_FIELDS, JOB_FIELDS, changed_fields
 from ..models import Job, JobRun, JobSource, JobState
 from .filters import (
     LargeTablePaginator,
@@ -45,7 +45,7 @@ from .views import JobViewsMixin
 __all__ = ["DELETE_RUNS_MAX", "JobAdmin"]
 
 _EDITABLE = (
-    (None, {"fields": ("name", "task", "description", "tags", "notify", "args", "kwargs")}),
+    (None, {"fields": ("name", "task", "description", "tags", "args", "kwargs")}),
     (
         "Schedule",
         {
@@ -61,9 +61,6 @@ _EDITABLE = (
                 "latitude",
                 "longitude",
                 "timezone",
-                "calendar",
-                "calendar_mode",
-                "calendar_roll",
                 "fire_preview",
             ),
             "description": "Give exactly one of cron, interval, run_at or a solar event.",
@@ -90,13 +87,15 @@ _EDITABLE = (
         },
     ),
     (
-        "Deadlines",
+        "Deadlines and notifications",
         {
-            "fields": DEADLINE_FIELDS,
+            "fields": (*DEADLINE_FIELDS, "notify"),
             "classes": ("collapse",),
         },
     ),
 )
+# A calendar, like the window below: folded unless the job (or the form sent back) has one.
+_CALENDAR = CALENDAR_FIELDS
 # Optional, rarely set: folded unless the job (or the form sent back) has one. With Django
 # 6.1's labels above the fields, their date and time inputs took ~430 px of every job page.
 _WINDOW = ("not_before", "expires_at")
@@ -162,6 +161,13 @@ def _has_window(request: HttpRequest, job: Job | None) -> bool:
         return True
     sent = request.POST if request.method == "POST" else {}
     return any(sent.get(f"{name}_{part}") for name in _WINDOW for part in (0, 1))
+
+
+def _has_calendar(request: HttpRequest, job: Job | None) -> bool:
+    """Whether the job follows a calendar, or the form sent back one chosen."""
+    if job is not None and job.calendar_id is not None:
+        return True
+    return bool(request.method == "POST" and request.POST.get("calendar"))
 
 
 def kind_chooser(selected: str) -> str:
@@ -342,8 +348,18 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
         window: dict[str, Any] = {"fields": _WINDOW}
         if not _has_window(request, obj):
             window["classes"] = ("collapse",)
+        calendar: dict[str, Any] = {"fields": _CALENDAR}
+        if not _has_calendar(request, obj):
+            calendar["classes"] = ("collapse",)
         reason = ("Why", {"fields": ("change_reason",)})
-        editable = (first, (title, schedule), ("Window (optional)", window), *rest, reason)
+        editable = (
+            first,
+            (title, schedule),
+            ("Calendar (optional)", calendar),
+            ("Window (optional)", window),
+            *rest,
+            reason,
+        )
         return editable if obj is None else (*editable, *_STATUS)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
