@@ -125,6 +125,19 @@ def _datalist(field: forms.Field, list_id: str) -> None:
     field.widget.attrs.update({"list": list_id, "autocomplete": "off", "class": "vTextField"})
 
 
+class ListedChoices(forms.models.ModelChoiceIterator):
+    """A model field's choices read with one plain query, not Django's ``.iterator()``: that
+    is a server-side cursor, which a transaction-pooling PgBouncer loses between statements
+    ("portal does not exist"), and schedapp asks no one to set DISABLE_SERVER_SIDE_CURSORS.
+    The choices (calendars) are few."""
+
+    def __iter__(self) -> Any:
+        if self.field.empty_label is not None:
+            yield ("", self.field.empty_label)
+        for obj in self.queryset.all():
+            yield self.choice(obj)
+
+
 class JobForm(forms.ModelForm):
     change_reason = forms.CharField(
         required=False,
@@ -225,6 +238,10 @@ class JobForm(forms.ModelForm):
         for name in ("dst_policy", "calendar_mode", "calendar_roll"):
             if name in self.fields:  # a post without it (a script's) keeps the default
                 self.fields[name].required = False
+        if "calendar" in self.fields:
+            field = self.fields["calendar"]
+            field.iterator = ListedChoices
+            field.widget.choices = field.choices  # (the admin's wrapper passes it on)
         instance = self.instance
         for name in WALL_TIMES:  # in the job's zone
             value = getattr(instance, name)

@@ -165,10 +165,17 @@ def _claim_due_jobs(
     with beat_transaction():
         if careful:
             result.reap = reap_each(limit, rng, message_expiry)
-            rows, now = _claim_each(store, beat, limit, result.quarantined)
         else:
             result.reap = reap_locked(limit, rng, message_expiry)
-            rows, now = store.claim(beat, limit)
+        # Retries of allow_all occurrences first: each is of an occurrence older than any the
+        # job still has waiting. Claimed after them, a job whose runs keep every slot of
+        # max_concurrent busy would give each slot that frees to its next occurrence, never
+        # to a retry. The claim below counts the slots they take (this transaction's writes).
+        retries = _claim_due_retries(beat, limit, result.quarantined)
+        if careful:
+            rows, now = _claim_each(store, beat, limit - len(retries), result.quarantined)
+        else:
+            rows, now = store.claim(beat, limit - len(retries))
         result.claimed = len(rows)
         late = [r for r in rows if r["late"]]
         ready = [r for r in rows if not r["late"]]
@@ -193,8 +200,7 @@ def _claim_due_jobs(
             result.restamped = True
         # last: each allow_all run takes the lease its job was just given (restamped or not)
         ready = _start_own_leases(ready, rng, result.quarantined)
-        if len(ready) < limit:
-            ready.extend(_claim_due_retries(beat, limit - len(ready), result.quarantined))
+        ready.extend(retries)
     result.runs = [_claimed_run(r, started) for r in ready]
     return result
 

@@ -546,3 +546,21 @@ def test_the_preview_marks_a_time_its_dst_rule_moved():
         values, scheduled_for=None, now=datetime(2026, 10, 24, 12, tzinfo=UTC), count=1
     )
     assert "repeated hour: its first offset" in times[0], times
+
+
+def test_the_job_pages_read_no_server_side_cursor(admin_client, monkeypatch):
+    """Behind a transaction-pooling PgBouncer a server-side cursor's portal is lost between
+    statements: the job's pages (its calendar choices) must read without one."""
+    from django.db import connection
+
+    api.save_calendar("weekends", {"weekdays": ["sat", "sun"]})
+    job = api.schedule("project.tasks.record", name="cursorless", cron="0 9 * * *")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server-side cursor (.iterator()) was opened")
+
+    monkeypatch.setattr(connection, "chunked_cursor", refuse)
+    for url in (reverse(ADD), change_url(job)):
+        response = admin_client.get(url)
+        assert response.status_code == 200
+        assert b"weekends" in response.content

@@ -336,16 +336,31 @@ def test_a_retry_waits_while_its_job_is_paused_or_has_no_slot():
     api.pause(job.pk)
     assert claim_due_jobs("beat-1", 10).runs == []
     api.resume(job.pk)
-    # the job's next occurrence takes the one slot first (it was due first), the retry waits
+    # the retry takes the one slot before the job's next occurrence, though that was due
+    # first (its occurrence is older than any still waiting), and the occurrence waits
     Job.objects.filter(pk=job.pk).update(next_run_at=db_now() - timedelta(hours=2))
     [first] = claim_due_jobs("beat-1", 10).runs
-    assert first.run_id != retry.pk
+    assert first.run_id == retry.pk
     assert claim_due_jobs("beat-1", 10).runs == []
     assert admit_run(first.job_id, first.token, "w1", "b") == "admitted"
     assert complete_run(first.job_id, first.token, lease.SUCCEEDED).applied
-    Job.objects.filter(pk=job.pk).update(next_run_at=db_now() + timedelta(hours=1))
     [then] = claim_due_jobs("beat-1", 10).runs
-    assert then.run_id == retry.pk
+    assert then.run_id != retry.pk and then.attempt == 1
+
+
+def test_a_job_whose_slots_stay_full_still_runs_its_retries():
+    # Given an allow_all job with one slot, always behind its schedule, its run in flight
+    job = allow_all_job(max_concurrent=1, max_retries=1)
+    run = claim_one()
+    assert run is not None
+    assert admit_run(run.job_id, run.token, "w1", "a") == "admitted"
+    # When that run fails and its retry is due while the job's next occurrence is too
+    assert complete_run(run.job_id, run.token, lease.FAILED, error="boom").applied
+    retry = JobRun.objects.get(job=job, attempt=2)
+    due_now(retry.pk)
+    # Then the slot that freed goes to the retry, not to the next occurrence
+    [sent] = claim_due_jobs("beat-1", 10).runs
+    assert sent.run_id == retry.pk and sent.scheduled_for == run.scheduled_for
 
 
 @pytest.mark.postgresql
