@@ -36,6 +36,15 @@ class ReapResult:
     dropped: int = 0  # ... never started, their message expired: occurrence dropped
     quarantined: list[Quarantined] = field(default_factory=list)
 
+    def add(self, other: ReapResult) -> None:
+        """Count ``other``'s reaping in too (one row's, or the run leases'): every field."""
+        self.expired += other.expired
+        self.started += other.started
+        self.dead += other.dead
+        self.carried_on += other.carried_on
+        self.dropped += other.dropped
+        self.quarantined.extend(other.quarantined)
+
 
 # --- reaping -------------------------------------------------------------------------------
 
@@ -85,11 +94,7 @@ def reap_each(limit: int, rng: policies.Rng, message_expiry: MessageExpiry | Non
             "the reaper cannot take this row",
         )
         if one is not None:
-            result.expired += one.expired
-            result.started += one.started
-            result.dead += one.dead
-            result.dropped += one.dropped
-            result.quarantined.extend(one.quarantined)
+            result.add(one)
     return result
 
 
@@ -101,12 +106,7 @@ def reap_locked(
 ) -> ReapResult:
     result = _reap_job_leases(limit, rng, message_expiry, ids)
     if ids is None:
-        runs = _reap_run_leases(limit)
-        result.expired += runs.expired
-        result.started += runs.started
-        result.dead += runs.dead
-        result.carried_on += runs.carried_on
-        result.quarantined.extend(runs.quarantined)
+        result.add(_reap_run_leases(limit))
     return result
 
 
