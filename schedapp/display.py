@@ -155,6 +155,22 @@ def dst_note(schedule: Schedule, at: datetime) -> str:
     return ""
 
 
+WAITING = "waiting"
+
+
+def run_status(status: str, retry_at: datetime | None) -> str:
+    """A retry of an allow_all occurrence waits as a run row with status ``dispatched``
+    until a beat sends it at its ``retry_at``: people read it as waiting, not as sent."""
+    return WAITING if retry_at is not None and status == "dispatched" else status
+
+
+def run_status_label(status: str, retry_at: datetime | None, stale: bool = False) -> str:
+    shown = run_status(status, retry_at)
+    if shown == WAITING:
+        return "waiting for its retry"
+    return f"{status} (stale)" if stale else status
+
+
 def duration_text(value: timedelta | None) -> str:
     if value is None:
         return "-"

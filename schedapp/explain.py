@@ -19,6 +19,7 @@ from django.db.models import Count, Sum
 
 from .conf import get_settings
 from .db import db_now
+from .display import WAITING, run_status
 from .models import Breach, Fate, Job, JobRun, JobState, Occurrence, RunStatus
 from .schedules import Schedule, fire_times, next_fire_time, recent_fire_times
 
@@ -43,6 +44,11 @@ class Attempt:
     error: str
     stale: bool
     kind: str | None = None  # as the claim recorded it (None: claimed before 0027)
+    retry_at: datetime | None = None  # a retry of an allow_all occurrence not sent yet
+
+    @property
+    def shown_status(self) -> str:
+        return run_status(self.status, self.retry_at)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ class Entry:
     @property
     def outcome(self) -> str:
         """The last attempt's status (succeeded, failed, running, ...); '' when none ran."""
-        return self.attempts[-1].status if self.attempts else ""
+        return self.attempts[-1].shown_status if self.attempts else ""
 
     @property
     def lag(self) -> timedelta | None:
@@ -151,6 +157,7 @@ def _attempts(runs: Iterable[JobRun]) -> dict[datetime, list[Attempt]]:
                 r.error,
                 r.stale,
                 r.kind,
+                r.retry_at,
             )
         )
     for attempts in grouped.values():
@@ -198,6 +205,7 @@ _RUN_FIELDS = (
     "error",
     "stale",
     "kind",
+    "retry_at",
 )
 
 
@@ -384,6 +392,12 @@ def _ms(delta: timedelta | None) -> str:
 def _ran_text(job: Job, entry: Entry) -> str:
     parts = []
     for a in entry.attempts:
+        if a.shown_status == WAITING and a.retry_at is not None:
+            parts.append(
+                f"attempt {a.attempt} (token {a.token}) waiting for its retry, due "
+                f"{_local(job, a.retry_at)}"
+            )
+            continue
         line = f"attempt {a.attempt} (token {a.token}) dispatched by {a.claimed_by or '?'} "
         line += f"{_ms(a.dispatched_at - entry.first)} after its time"
         if a.started_at is not None:

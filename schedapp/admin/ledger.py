@@ -20,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 
 from .. import explain
 from ..db import db_now
-from ..display import safe_zone, seconds_text
+from ..display import run_status_label, safe_zone, seconds_text
 from ..models import Fate, Job
 from .runs import badge
 
@@ -154,7 +154,7 @@ def _row(entry: explain.Entry, zone: str, asked: explain.Entry | None) -> Row:
             a.token,
             a.worker,
             a.claimed_by,
-            badge(a.status, f"{a.status} (stale)" if a.stale else a.status),
+            badge(a.shown_status, run_status_label(a.status, a.retry_at, a.stale)),
             a.stale,
             a.error.strip().splitlines()[0][:200] if a.error.strip() else "",
         )

@@ -16,7 +16,14 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone as django_tz
 from django.utils.html import format_html, format_html_join
 
-from ..display import duration_text, local_time, safe_zone, seconds_text
+from ..display import (
+    duration_text,
+    local_time,
+    run_status,
+    run_status_label,
+    safe_zone,
+    seconds_text,
+)
 from ..models import Job, JobRun, Node
 from ..overview import NODE_FRESH_SECONDS
 from .filters import LargeTablePaginator, RunJobFilter
@@ -34,6 +41,7 @@ COLOURS = {
     "failed": "#ba2121",
     "lost": "#8e24aa",
     "skipped": "#777777",
+    "waiting": "#5a6a7a",  # a retry of an allow_all occurrence, not sent yet
     # occurrences' fates (the ledger)
     "ran": "#417690",
     "misfired": "#c05600",
@@ -66,7 +74,16 @@ def runs_summary(job: Job) -> str:
     latest = list(
         JobRun.objects.filter(job_id=job.pk)
         .order_by("-id")
-        .only("id", "status", "scheduled_for", "started_at", "finished_at", "attempt", "worker")[
+        .only(
+            "id",
+            "status",
+            "retry_at",
+            "scheduled_for",
+            "started_at",
+            "finished_at",
+            "attempt",
+            "worker",
+        )[
             :RECENT_RUNS_ON_JOB_PAGE
         ]
     )
@@ -77,7 +94,7 @@ def runs_summary(job: Job) -> str:
             (
                 reverse("admin:schedapp_jobrun_change", args=[r.pk]),
                 r.pk,
-                badge(r.status, r.status),
+                badge(run_status(r.status, r.retry_at), run_status_label(r.status, r.retry_at)),
                 local_time(r.scheduled_for, job.timezone, seconds=True),
                 r.attempt,
                 duration_text(r.duration),
@@ -189,8 +206,8 @@ class JobRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status")
     def status_badge(self, run: JobRun) -> str:
-        label = f"{run.status} (stale)" if run.stale else run.status
-        return badge(run.status, label)
+        shown = run_status(run.status, run.retry_at)
+        return badge(shown, run_status_label(run.status, run.retry_at, run.stale))
 
     @admin.display(description="job")
     def job_link(self, run: JobRun) -> str:

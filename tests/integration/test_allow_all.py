@@ -388,3 +388,39 @@ def test_a_run_the_previous_releases_door_refused_is_sent_again_when_its_lease_l
     assert len(again) == 1 and again[0].attempt == 1 and again[0].token > run.token
     reap_expired_leases(10)
     assert JobRun.objects.filter(job=job, scheduled_for=run.scheduled_for).count() == 2
+
+
+def test_a_waiting_retry_reads_as_waiting_not_dispatched(client):
+    # Given an allow_all occurrence whose first attempt failed: its retry waits as a run row
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    from schedapp import explain
+
+    job = allow_all_job(max_concurrent=10, max_retries=2, retry_backoff=timedelta(minutes=5))
+    failing = claim_one()
+    assert failing is not None
+    assert admit_run(failing.job_id, failing.token, "w1", "a") == "admitted"
+    assert complete_run(failing.job_id, failing.token, lease.FAILED, error="boom").applied
+    retry = JobRun.objects.get(job=job, attempt=2)
+    assert retry.retry_at is not None
+    # Then the timeline says the retry waits for its time, not that it was sent
+    answer = explain.explain(job, failing.scheduled_for)
+    assert "attempt 2" in answer.text
+    second = answer.text.split("attempt 2", 1)[1]
+    assert "waiting" in second and "dispatched" not in second.split(";")[0]
+    assert answer.entry is not None and answer.entry.attempts[-1].shown_status == "waiting"
+    # and so do the admin's runs list and the job page
+    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
+    client.force_login(user)
+    for url in (
+        reverse("admin:schedapp_jobrun_changelist"),
+        reverse("admin:schedapp_job_change", args=[job.pk]),
+    ):
+        page = client.get(url).content.decode()
+        assert "waiting for its retry" in page, url
+    # Once a beat sends it, it reads as dispatched again
+    due_now(retry.pk)
+    assert any(r.run_id == retry.pk for r in claim_due_jobs("beat-1", 10).runs)
+    answer = explain.explain(job, failing.scheduled_for)
+    assert answer.entry is not None and answer.entry.attempts[-1].shown_status == "dispatched"
