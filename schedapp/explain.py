@@ -295,7 +295,7 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     if attempts:
         kind = _occurrence_kind(job, at, attempts)
         entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=kind)
-        return Answer(job.pk, at, True, _ran_text(job, entry), entry)
+        return Answer(job.pk, at, True, _ran_text(job, entry) + _moved_here(job, at), entry)
     nominal, before, after = _around(job, at)
     record = (
         Occurrence.objects.filter(job=job, scheduled_for__lte=at, last__gte=at)
@@ -410,6 +410,19 @@ def _ran_text(job: Job, entry: Entry) -> str:
         parts.append(line)
     manual = " (a manual run: no occurrence of the schedule)" if entry.kind == "manual" else ""
     return f"{_local(job, entry.first)} ran{manual}: " + "; ".join(parts) + "."
+
+
+def _moved_here(job: Job, at: datetime) -> str:
+    """Where a calendar's roll moved the run at ``at`` from: the occurrences recorded merged
+    "moved to" it (``policies.calendar_ranges``), so a moved run names what it stands for."""
+    moved = Occurrence.objects.filter(
+        job=job, fate=Fate.MERGED, detail__startswith=f"moved to {at.astimezone(UTC).isoformat()} "
+    ).order_by("scheduled_for")
+    said = [
+        f"{_local(job, o.scheduled_for)} ({o.detail.split(' by ', 1)[-1].split(';')[0]})"
+        for o in moved[:10]
+    ]
+    return f" It was moved here from {', '.join(said)}." if said else ""
 
 
 def _not_run_text(job: Job, at: datetime, entry: Entry) -> str:
