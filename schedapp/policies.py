@@ -589,6 +589,9 @@ def plan_after_success(job: JobFacts, rng: Rng = random.random) -> AfterRun:
             None,
             0,
         )
+    if job.fixed_delay and job.now is not None and job.calendar is not None:
+        if isinstance(job.schedule, Interval):  # counted from now: the old phase is not asked
+            return _after_fixed_delay_on_calendar(job, job.calendar, job.now, rng)
     nxt, ranges = next_run(job.schedule, job.scheduled_for, job.calendar)
     if nxt is None and not isinstance(job.schedule, Once):
         # Only its ``expires`` ends a recurring job; a schedule with no occurrence left
@@ -737,6 +740,61 @@ def _after_overlap_on_calendar(
         out.extend(MissedRange(r, r, 1, BUFFER_FULL, detail) for r in runs[: -len(keep)])
     out = [r for r in out if r.first <= run_for]  # what comes after is decided again later
     return AfterRun(state, run_for, None, timedelta(0), 0, ranges=tuple(out))
+
+
+def _after_fixed_delay_on_calendar(
+    job: JobFacts, cal: OnCalendar, now: datetime, rng: Rng
+) -> AfterRun:
+    """A fixed-delay interval under a calendar, as its run ends at ``now``: the interval's
+    phase moves to the end of the run (as without a calendar), and the calendar places the
+    run a whole delay later as it places any interval's occurrence (``next_run``): there when
+    allowed, else moved by the roll or skipped to the next multiple of the delay it allows,
+    each decision in the ledger. The phase is the run's end, which validation cannot know, so
+    a delay in step with an exclusion could skip for months: past ``CALENDAR_WALK`` multiples
+    the job runs at the first instant the calendar allows after the first (as ``defer``),
+    recorded, instead."""
+    state = _keep_operator_state(job.state, "scheduled")
+    schedule = job.schedule
+    assert isinstance(schedule, Interval)
+    anchored = replace(schedule, anchor=now)
+    if next_fire_time(anchored, now) is None:  # its expires_at comes first: done
+        return AfterRun(_done(job.state), job.scheduled_for, None, None, 0)
+    bound = now + schedule.every * CALENDAR_WALK + _TICK
+    if anchored.expires is not None and anchored.expires < bound:
+        bound = anchored.expires
+    try:
+        at, ranges = next_run(replace(anchored, expires=bound), now, cal)
+    except ScheduleError:
+        at = None
+    if at is None:
+        at, ranges = _fixed_delay_deferred(anchored, now, cal)
+        if anchored.expires is not None and at > anchored.expires:
+            return AfterRun(_done(job.state), job.scheduled_for, None, None, 0, ranges=ranges)
+    jittered = at + compute_jitter(job.jitter, rng)
+    return AfterRun(state, at, jittered, None, 0, ranges=ranges, interval_anchor=now)
+
+
+def _fixed_delay_deferred(
+    anchored: Interval, now: datetime, cal: OnCalendar
+) -> tuple[datetime, tuple[MissedRange, ...]]:
+    """The first allowed instant at or after the delay's first multiple after ``now``, and the
+    multiples passed on the way (``excluded``). ScheduleError (the beat quarantines the job)
+    only when the calendar allows nothing within its bounds."""
+    first = next_fire_time(anchored, now)
+    assert first is not None, "a schedule whose expires ended it has no run to defer"
+    wall = first.astimezone(cal.tz).replace(tzinfo=None)
+    end = calendars.allowed_at_or_after(cal.attached.excluded, wall)
+    if end is None:
+        raise ScheduleError(
+            "calendar", f"{cal.detail} allows nothing after {first.isoformat()} within its bounds."
+        )
+    at = calendars.to_instant(end, cal.tz, floor=first)
+    count = count_fire_times(replace(anchored, expires=None), first, at - _TICK)
+    detail = (
+        f"{cal.detail}: none of the next {CALENDAR_WALK} multiples of the fixed delay allowed, "
+        f"run at the first allowed instant, {at.isoformat()}"
+    )
+    return at, _missed(replace(anchored, expires=None), first, at, count, EXCLUDED, detail)
 
 
 def plan_after_expiry(job: JobFacts, rng: Rng = random.random) -> AfterRun:

@@ -384,12 +384,6 @@ def _check_calendar(
             "calendar",
             "a one-off (run_at) runs at its time; a calendar is for a recurring schedule.",
         )
-    if values.get("fixed_delay"):
-        _add(
-            errors,
-            "calendar",
-            "a fixed-delay interval counts from each run's end; it cannot follow a calendar.",
-        )
     try:
         job_calendars.parsed(calendar, known=known)
     except ScheduleError as exc:

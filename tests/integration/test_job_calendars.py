@@ -212,7 +212,6 @@ def test_resume_decides_the_paused_weeks_under_the_calendar(store, office, holid
         ({"calendar_roll": "sideways"}, "calendar_roll"),
         ({"calendar": None, "calendar_roll": "defer"}, "calendar_roll"),
         ({"calendar": None, "calendar_mode": "only"}, "calendar_mode"),
-        ({"cron": None, "interval": 60, "fixed_delay": True}, "calendar"),
     ],
 )
 def test_bad_calendar_options_name_their_field_and_write_nothing(office, options, field):
@@ -382,3 +381,80 @@ def test_a_run_that_outlasted_business_days_is_decided_by_its_overlap_policy_on_
         assert sorted(fates) == [d.date() for d in due[:-1]]
     assert job.next_run_at <= db_now() + timedelta(days=4)
     assert all(business(d, holidays) for d in fates)
+
+
+# --- a fixed-delay interval under a calendar --------------------------------------------------
+
+
+def fixed_delay_job(days: int, **options) -> Job:
+    return api.schedule(
+        TASK,
+        name="fixed",
+        interval=timedelta(days=days),
+        fixed_delay=True,
+        timezone="UTC",
+        calendar="office",
+        calendar_roll=options.pop("calendar_roll", "next_business_day"),
+        **options,
+    )
+
+
+def days_to_a_closed_day(holidays: list[date]) -> int:
+    """The fewest whole days from today to a day the calendar excludes (a weekend at most)."""
+    today = db_now().date()
+    return next(n for n in range(1, 8) if not business(today + timedelta(days=n), holidays))
+
+
+def rolled(at: datetime, holidays: list[date]) -> datetime:
+    """The oracle's next business day: the same time on the first business day from ``at``."""
+    while not business(at.date(), holidays):
+        at += timedelta(days=1)
+    return at
+
+
+@pytest.mark.parametrize("outcome", [lease.SUCCEEDED, lease.FAILED])
+def test_a_fixed_delay_counts_from_the_run_end_then_the_calendar_rolls_it(
+    store, office, holidays, outcome
+):
+    # Given a fixed-delay interval whose delay from today ends on a day the calendar excludes
+    days = days_to_a_closed_day(holidays)
+    job = fixed_delay_job(days, max_retries=0, when_retries_exhausted="next_occurrence")
+    Occurrence.objects.filter(job=job).delete()  # the first run's, at the same database time
+    # When its run ends (a success, or a failure going on to the next occurrence)
+    job = run_due(job, outcome)
+    # Then the next run is a whole delay after the run's end, rolled to the next business day
+    end = job.interval_anchor
+    assert end is not None
+    assert job.state == JobState.SCHEDULED
+    assert (
+        job.scheduled_for
+        == rolled(end + timedelta(days=days), holidays)
+        != end + timedelta(days=days)
+    )
+    # ... and the ledger records the delay's end rolled (merged into the run that stands for
+    # it), under the calendar's name
+    (record,) = Occurrence.objects.filter(job=job, scheduled_for=end + timedelta(days=days))
+    assert record.fate == "merged" and "calendar 'office'" in record.detail
+    if (job.scheduled_for - end) % timedelta(days=days):  # not itself a multiple of the delay
+        assert f"moved to {job.scheduled_for.isoformat()}" in record.detail
+
+
+def test_a_fixed_delay_under_skip_runs_at_the_next_multiple_of_the_delay_allowed(
+    store, office, holidays
+):
+    days = days_to_a_closed_day(holidays)
+    job = fixed_delay_job(days, calendar_roll="skip")
+    Occurrence.objects.filter(job=job).delete()  # the first run's, at the same database time
+    job = run_due(job)
+    end = job.interval_anchor
+    expected = next(
+        end + timedelta(days=days * k)
+        for k in range(1, 30)
+        if business((end + timedelta(days=days * k)).date(), holidays)
+    )
+    assert job.scheduled_for == expected
+    records = Occurrence.objects.filter(job=job, scheduled_for__gt=end)
+    assert records and all(o.fate == "excluded" for o in records)
+    assert sum(o.count for o in records if o.scheduled_for < expected) == (
+        (expected - end) // timedelta(days=days) - 1
+    )
