@@ -10,6 +10,10 @@ In one run, on a database of its own (``schedapp_bench_ingest``, created and dro
 (b'') (b) with the audit trail off (``SCHEDAPP_AUDIT = False``): what its records cost;
 (c) a mix: a third one-offs, a third cron (four expressions and zones), a third intervals
     (four periods), with ``kwargs`` and a jitter on some;
+(c') the same mix with every cron and interval job under a calendar that closes today and
+    tomorrow: each computes its first run through the calendar and records what it passed
+    in the ledger (a record or two per job, one insert per 8,000); (c) is the cost of jobs
+    without calendars, which the ledger's recording leaves as it was;
 (d) the old path: ``main``'s algorithm (``validate_job`` per spec, a ``Job`` per spec, a name
     query, ``bulk_create``), at 10,000 specs (the size of the issue's 3,500 jobs/s);
 (e) memory: a fresh process schedules 10,000, then 100,000, then 1,000,000 specs from
@@ -20,7 +24,7 @@ Each timed section starts from an empty table after a ``CHECKPOINT``; (a) and (b
 the ratio to the raw ``COPY`` of the same round is the figure to read.
 
     .venv/bin/python -m bench.ingest [--jobs 100000] [--repeat 3] [--rss-jobs 1000000]
-                                     [--profile] [--keep]
+                                     [--profile] [--keep] [--db schedapp_bench_ingest]
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ def one_offs(n: int, when: datetime, prefix: str = "once-") -> Iterator[dict[str
                "name": f"{prefix}{i}"}
 
 
-def mixed(n: int, when: datetime, prefix: str = "mix-") -> Iterator[dict[str, Any]]:
+def mixed(n: int, when: datetime, prefix: str = "mix-",
+          calendar: str | None = None) -> Iterator[dict[str, Any]]:
     for i in range(n):
         spec: dict[str, Any] = {"task": TASKS[i % 4], "name": f"{prefix}{i}",
                                 "kwargs": {"label": f"mix-{i}", "n": i}}
@@ -83,6 +88,8 @@ def mixed(n: int, when: datetime, prefix: str = "mix-") -> Iterator[dict[str, An
             spec["cron"], spec["timezone"] = CRONS[i % 4]
         else:
             spec["interval"] = INTERVALS[i % 4]
+        if calendar is not None and kind:
+            spec["calendar"] = calendar
         yield spec
 
 
@@ -271,7 +278,7 @@ def peak_rss_mb() -> float:
 
 
 def memory(sizes: list[int]) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, "-m", "bench.ingest", "--rss-child",
+    run = subprocess.run([sys.executable, "-m", "bench.ingest", "--db", DB, "--rss-child",
                           ",".join(map(str, sizes))],
                          cwd=common.ROOT, capture_output=True, text=True, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -294,14 +301,17 @@ def profile(conn: Any, n: int, when: datetime) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    global DB
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rss-jobs", type=int, default=1_000_000)
     parser.add_argument("--profile", action="store_true", help="also profile (b) (pyinstrument)")
     parser.add_argument("--keep", action="store_true", help="do not drop the database")
+    parser.add_argument("--db", default=DB, help="its database (schedapp_bench_*): made, dropped")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    DB = args.db
     if args.rss_child:
         rss_child([int(s) for s in args.rss_child.split(",")])
         return {}
@@ -338,6 +348,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["rounds"] = rounds
         results["mixed"] = ours(conn, mixed(n, when), n)
         print(f"  mixed: {results['mixed']['wall']:.2f}s", flush=True)
+        from schedapp import api
+
+        today = now.date()
+        api.save_calendar("bench-closed", {"dates": [
+            today.isoformat(), (today + timedelta(days=1)).isoformat()]})
+        results["mixed_calendar"] = ours(conn, mixed(n, when, calendar="bench-closed"), n)
+        print(f"  mixed, under a calendar: {results['mixed_calendar']['wall']:.2f}s", flush=True)
         results["old_jobs"] = OLD_SIZE
         results["old"] = old(conn, OLD_SIZE, when)
         print(f"  old path, {OLD_SIZE:,}: {results['old']['wall']:.2f}s", flush=True)
@@ -393,6 +410,9 @@ def table(results: dict[str, Any]) -> common.Table:
         row("(b'') schedule_many, one-offs (binary), audit trail off", n,
             rounds["ours_unaudited"])
     row("(c) schedule_many, one-off/cron/interval mix (binary)", n, [results["mixed"]])
+    if results.get("mixed_calendar"):
+        row("(c') (c), cron and interval jobs under a calendar, ledger recorded", n,
+            [results["mixed_calendar"]])
     row("(d) old path (main's algorithm)", results["old_jobs"], [results["old"]])
     return t
 

@@ -33,11 +33,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import audit, job_calendars, policies
+from . import audit, job_calendars, ledger, policies
 from .db import db_now, notify_due
 from .exceptions import ScheduleError
 from .fields import with_defaults
-from .models import JobSource
+from .models import Job, JobSource
 from .schedules import Interval, Once, Schedule, first_fire_time
 from .store import CopyingStore, InsertedJobs, JobRows, NameTaken, Store, get_store
 from .validation import (
@@ -54,9 +54,13 @@ COPY_FORMAT = "binary"  # or "text": both are measured by bench/ingest.py
 # Specs reported as bad before the call stops reading: one bad spec already rejects the lot,
 # and a million errors would not fit the memory bound either.
 MAX_BAD_SPECS = 1_000
+# Ledger records per INSERT: 7 parameters each, under PostgreSQL's 65,535 per statement (a
+# chunk of 10,000 jobs with a record or two each is two or three inserts)
+_RECORDS_PER_INSERT = 8_000
 _RETRIES = 3  # attempts at a chunk whose names other writers keep taking meanwhile
 
 Row = tuple[int, str, Any]  # (spec index, job name, COPY line or Job instance)
+Ranges = tuple[policies.MissedRange, ...]
 
 
 def schedule_many(specs: Iterable[Mapping[str, Any]], *, chunk_size: int = CHUNK_SIZE) -> int:
@@ -123,7 +127,10 @@ class _Ingest:
         # (index, name) of the specs refused in this chunk: told after it is written whether
         # their name is taken too, so a spec's report holds all of its problems
         self._refused: list[tuple[int, str]] = []
-        self._firsts: dict[Any, tuple[datetime, datetime | None]] = {}
+        self._firsts: dict[Any, tuple[datetime, datetime | None, Ranges]] = {}
+        # What the calendars of this chunk's specs excluded or merged before their first runs,
+        # by spec index: recorded in the ledger once the chunk is written (``record_calendar``)
+        self._ranges: dict[int, Ranges] = {}
         self._random = random.random
 
     def rows(self, specs: Iterator[Any], start: int, limit: int) -> Iterator[Row]:
@@ -155,20 +162,24 @@ class _Ingest:
             self.fail(index, {"source": [problem]}, values["name"])
             return None
         try:
-            first, due = self._first_run(checked)
+            first, due, ranges = self._first_run(checked)
         except ScheduleError as exc:  # an expiry already passed
             self.fail(index, {exc.field: [exc.message]}, values["name"])
             return None
         if self.earliest is None or due < self.earliest:
             self.earliest = due
+        if ranges:
+            self._ranges[index] = ranges
         return index, checked.values["name"], self.encoder.encode(checked, source, first, due)
 
-    def _first_run(self, checked: Checked) -> tuple[datetime, datetime]:
-        """(occurrence, due time): as ``api.schedule`` computes them, from the same ``now``."""
+    def _first_run(self, checked: Checked) -> tuple[datetime, datetime, Ranges]:
+        """(occurrence, due time, what its calendar excluded or merged before it): as
+        ``api.schedule`` computes them, from the same ``now``."""
         schedule = checked.schedule
         assert schedule is not None
         values = checked.values
         calendar = values.get("calendar")
+        ranges: Ranges = ()
         if isinstance(schedule, Once):
             first = schedule.at
         else:
@@ -188,22 +199,22 @@ class _Ingest:
                 if len(self._firsts) > 4096:
                     self._firsts.clear()
                 found = self._firsts[key] = self._first(schedule, values)
-            first, anchor = found
+            first, anchor, ranges = found
             if anchor is not None:
                 values["interval_anchor"] = anchor
         jitter = checked.options.values["jitter"]  # type: ignore[union-attr]
         if jitter > 0:
-            return first, first + policies.compute_jitter(jitter, self._random)
-        return first, first
+            return first, first + policies.compute_jitter(jitter, self._random), ranges
+        return first, first, ranges
 
     def _first(
         self, schedule: Schedule, values: dict[str, Any]
-    ) -> tuple[datetime, datetime | None]:
-        """The first run, under the job's calendar if it follows one (as ``api.schedule``;
-        what the calendar excluded before it is not recorded in the ledger here), and the
-        interval's phase to store when the first run is not its first occurrence."""
+    ) -> tuple[datetime, datetime | None, Ranges]:
+        """The first run, under the job's calendar if it follows one (as ``api.schedule``),
+        the interval's phase to store when the first run is not its first occurrence, and what
+        the calendar excluded or merged before the first run (for the ledger)."""
         if values.get("calendar") is None:
-            return first_fire_time(schedule, self.now), None
+            return first_fire_time(schedule, self.now), None, ()
         anchor = None
         if isinstance(schedule, Interval) and schedule.anchor is None:
             # the phase is the first occurrence (as api.schedule keeps it), not the first run
@@ -215,7 +226,24 @@ class _Ingest:
             values["calendar_roll"],
             values["timezone"],
         )
-        return policies.first_run(schedule, self.now, cal)[0], anchor
+        first, ranges = policies.first_run(schedule, self.now, cal)
+        return first, anchor, ranges
+
+    def record_calendar(self, rows: list[Row]) -> None:
+        """Record in the ledger what the calendars of a written chunk's jobs excluded or
+        merged before their first runs, as ``api.schedule`` does: in the call's transaction,
+        one query for the jobs' ids and one insert per 8,000 records (none for a chunk of
+        jobs without calendars). Specs refused in the chunk are forgotten with it."""
+        pending, self._ranges = self._ranges, {}
+        if not pending:
+            return
+        written = {row[1]: pending[row[0]] for row in rows if row[0] in pending}
+        if not written:
+            return
+        ids = dict(Job.objects.filter(name__in=list(written)).values_list("name", "id"))
+        decided = [(ids[name], r) for name, ranges in written.items() for r in ranges]
+        for start in range(0, len(decided), _RECORDS_PER_INSERT):
+            ledger.record(decided[start : start + _RECORDS_PER_INSERT], "schedule_many")
 
     def _source(self, source: Any) -> tuple[str, str | None]:
         """(the value to store, why it may not be stored): the API's rule, as text."""
@@ -350,6 +378,7 @@ class _Writer:
         self.chunks.append(_Chunk(first, skipped, len(rows), inserted))
         self.ingest.written += len(rows)
         audit.record_created([row[1] for row in rows])
+        self.ingest.record_calendar(rows)
 
     def _report(self, errors: Mapping[int, str]) -> None:
         for index, message in errors.items():

@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from schedapp import api, bulk
 from schedapp.db import db_now
-from schedapp.models import Job
+from schedapp.models import Job, Occurrence
 from schedapp.store import PortableStore
 
 pytestmark = pytest.mark.django_db
@@ -569,3 +569,59 @@ def test_a_bad_deadline_rejects_the_lot_naming_spec_and_field(writer):
         [once(0, start_deadline=10), once(1, max_runtime=-1), once(2, finish_by="noon")]
     )
     assert sorted(errors) == ["1.max_runtime", "2.finish_by"]
+
+
+def test_what_a_calendar_excluded_before_the_first_run_is_recorded_as_schedule_records_it(writer):
+    # Given a calendar closing the next three days, and jobs under it in chunks of two, some
+    # skipping the closed days' occurrences, some rolling them to the next open day
+    today = db_now().date()
+    closed = [(today + timedelta(days=n)).isoformat() for n in range(0, 4)]
+    api.save_calendar("closed", {"dates": closed})
+    specs = [
+        {
+            "task": TASK,
+            "cron": "0 9 * * *",
+            "name": f"bulk-{roll}-{i}",
+            "timezone": "UTC",
+            "calendar": "closed",
+            "calendar_roll": roll,
+        }
+        for i in range(3)
+        for roll in ("skip", "next_business_day")
+    ] + [{"task": TASK, "cron": "0 9 * * *", "name": "plain", "timezone": "UTC"}]
+    # When they are scheduled in bulk, and one of each alone
+    assert api.schedule_many(specs, chunk_size=2) == 7
+    for roll in ("skip", "next_business_day"):
+        single = {k: v for k, v in specs[0].items() if k not in ("task", "name")}
+        api.schedule(TASK, name=f"single-{roll}", **{**single, "calendar_roll": roll})
+
+    # Then each bulk job's ledger holds what api.schedule records for the same job: the
+    # occurrences the calendar excluded or merged before its first run, in the same call
+    def records(name: str) -> list[tuple]:
+        return list(
+            Occurrence.objects.filter(job__name=name)
+            .order_by("scheduled_for")
+            .values_list("scheduled_for", "last", "count", "fate", "detail")
+        )
+
+    for roll, fate in (("skip", "excluded"), ("next_business_day", "merged")):
+        expected = records(f"single-{roll}")
+        assert expected and {r[3] for r in expected} == {fate}
+        for i in range(3):
+            assert records(f"bulk-{roll}-{i}") == expected, (roll, i)
+    assert set(
+        Occurrence.objects.filter(job__name__startswith="bulk-").values_list(
+            "decided_by", flat=True
+        )
+    ) == {"schedule_many"}
+    assert not Occurrence.objects.filter(job__name="plain").exists()
+
+
+def test_jobs_without_calendars_cost_no_ledger_statement(writer):
+    # A chunk of jobs without calendars: no name lookup, no ledger insert (the cost of
+    # bulk scheduling is what it was before calendars were recorded)
+    specs = [{"task": TASK, "interval": 60, "name": f"plain-{i}"} for i in range(50)]
+    with CaptureQueriesContext(connection) as queries:
+        assert api.schedule_many(specs, chunk_size=20) == 50
+    said = " ".join(q["sql"] for q in queries.captured_queries)
+    assert "schedapp_occurrence" not in said
