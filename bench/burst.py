@@ -141,11 +141,15 @@ def _watch_and_measure(beats: list[common.Proc], n: int, due: float, cap: float,
 
 
 def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | None = None,
-             profile: bool = False) -> dict[str, Any]:
+             profile: bool = False, jobs: str = "once") -> dict[str, Any]:
     """N jobs due at once, ``beats`` LeaseScheduler beats, to the broker. With ``profile``,
-    py-spy samples the first beat (wall clock, idle included) over the burst."""
+    py-spy samples the first beat (wall clock, idle included) over the burst. ``jobs``:
+    ``once`` (one-offs), ``interval`` (daily intervals due at the instant) or ``calendar``
+    (those intervals, each under a calendar that allows the instant: ``burst_calendar``)."""
     reset()
+    calendar = burst_calendar() if jobs == "calendar" else None
     tag = f"ours-{n}-{beats}b" + ("-profiled" if profile else "")
+    tag += "" if jobs == "once" else f"-{jobs}"
     logs = common.run_dir(tag)
     env = common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, settings)
     procs = [common.start_beat(f"beat{i + 1}", common.OURS_SCHEDULER, env, logs)
@@ -156,12 +160,13 @@ def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | 
             p.wait_for("schedapp.beat: beat ", timeout=60)
         offset = common.db_clock_offset(DB)
         loadavg = os.getloadavg()[0]
-        due_dt = _load_ours(n)
+        due_dt = _load_ours(n, kind="once" if jobs == "once" else "interval", calendar=calendar)
         due = due_dt.timestamp()
         if profile:
             spy = common.start_profiler(procs[0].pid, logs / "beat1.pyspy.txt")
         seen, figures = _watch_and_measure(procs, n, due, cap, tag)
-        result = _summary("schedapp", n, beats, due, seen, figures, cap, offset)
+        kind = "schedapp" if jobs == "once" else f"schedapp ({jobs})"
+        result = _summary(kind, n, beats, due, seen, figures, cap, offset)
         result["per_beat"] = _per_beat()
         result["settings"] = settings or {}
         result["loadavg_before"] = loadavg
@@ -174,10 +179,35 @@ def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | 
     return result
 
 
-def _load_ours(n: int, first: int = 1) -> datetime:
+def burst_calendar() -> int:
+    """A calendar every ``--calendar`` job follows (issue 31's "claim cost with 100,000 jobs
+    each attached to a calendar"): Germany's public holidays and every day of the week but
+    today's excluded, less today and tomorrow (the burst's instant is allowed, so every job
+    is due and claimed exactly as without it). Saved through the API: its id."""
+    from datetime import date
+
+    from django.db import connection
+
+    from schedapp import api
+
+    with common.connect(DB) as conn:
+        today: date = common.db_now(conn).astimezone(UTC).date()
+    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    closed = [d for i, d in enumerate(days) if i != today.weekday()]
+    open_days = [today.isoformat(), (today + timedelta(days=1)).isoformat()]
+    calendar = api.save_calendar("bench-burst", {"difference": [
+        {"union": [{"holidays": {"country": "DE"}}, {"weekdays": closed}]},
+        {"dates": open_days}]})
+    pk = int(calendar.pk)
+    connection.close()
+    return pk
+
+
+def _load_ours(n: int, first: int = 1, kind: str = "once",
+               calendar: int | None = None) -> datetime:
     with common.connect(DB) as conn:
         due = common.db_now(conn) + timedelta(seconds=_margin(n))
-        common.insert_jobs(conn, first, first + n - 1, due)
+        common.insert_jobs(conn, first, first + n - 1, due, kind=kind, calendar=calendar)
         conn.execute("ANALYZE schedapp_job")  # as autovacuum would, soon after a bulk load
         if common.db_now(conn) >= due - timedelta(seconds=1.5):
             raise RuntimeError("loading the jobs took longer than the margin")

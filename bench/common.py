@@ -138,18 +138,43 @@ CROSS JOIN LATERAL (
 """
 
 
+# The same jobs as daily intervals whose occurrence is their due time, each under the calendar
+# %(calendar)s (NULL: none): the burst's ``--interval`` and ``--calendar`` jobs.
+_INSERT_INTERVAL_JOBS = """
+INSERT INTO schedapp_job (name, task, args, kwargs, run_at, cron, timezone, interval,
+    interval_anchor, calendar_id, calendar_mode, calendar_roll, state,
+    priority, queue, max_retries, retry_backoff, retry_backoff_max, jitter, lease_seconds,
+    misfire_policy, misfire_grace, misfire_max_catchup, next_run_at, scheduled_for,
+    retry_count, missed_runs, claimed_by, lease_expires_at, token, source, last_run_at,
+    last_status, last_error, created_at, updated_at)
+SELECT %(prefix)s || g, %(task)s, jsonb_build_array(g), '{}'::jsonb, NULL, '', 'UTC',
+    interval '1 day', d.due, %(calendar)s::bigint, 'exclude', 'skip',
+    'scheduled', 0, '', 0, interval '10 s', interval '1 h', 0, %(lease)s, 'run_once',
+    interval '60 s', 100, d.due, d.due, 0, 0, '', NULL, 0, 'imported', NULL, '', '',
+    now(), now()
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+CROSS JOIN LATERAL (
+    SELECT %(t0)s::timestamptz + (g - %(first)s) * %(step)s * interval '1 second' AS due
+) AS d
+"""
+
+
 def insert_jobs(conn: psycopg.Connection, first: int, last: int, t0: datetime,
                 step: float = 0.0, prefix: str = "bench-", lease: int = 3600,
-                task: str = "project.tasks.noop", notify: bool = True) -> None:
+                task: str = "project.tasks.noop", notify: bool = True,
+                kind: str = "once", calendar: int | None = None) -> None:
     """Bulk-load one-off jobs ``first..last`` (args ``[i]``), job ``i`` due at
     ``t0 + (i - first) * step`` seconds, in one ``INSERT ... SELECT generate_series``, the way
-    an import would; then wake the beats (``NOTIFY``, as ``schedule_many`` does).
+    an import would; then wake the beats (``NOTIFY``, as ``schedule_many`` does). ``kind``
+    ``interval``: daily intervals due then instead, under the calendar of id ``calendar``
+    when given.
 
     Leases are long (an hour) because no worker completes these runs in the to-the-broker
     benchmarks: a lease that expired mid-run would be reaped and published again."""
+    sql = _INSERT_JOBS if kind == "once" else _INSERT_INTERVAL_JOBS
     with conn.transaction():
-        conn.execute(_INSERT_JOBS, {"prefix": prefix, "task": task, "lease": lease,
-                                    "first": first, "last": last, "t0": t0, "step": step})
+        conn.execute(sql, {"prefix": prefix, "task": task, "lease": lease, "first": first,
+                           "last": last, "t0": t0, "step": step, "calendar": calendar})
         if notify:
             conn.execute("SELECT pg_notify('schedapp', %s)", [f"{t0.timestamp():.6f}"])
 

@@ -9,6 +9,9 @@
     .venv/bin/python -m bench.run --sections ours --sizes 100000 --beats 2   # one part again
     .venv/bin/python -m bench.run --sections overhead                # worker vs plain Celery
     .venv/bin/python -m bench.run --report       # the tables from bench/results/*.json
+    .venv/bin/python -m bench.run --sections ours --sizes 100000 --beats 2 --calendar
+                    # our burst's jobs daily intervals each under a calendar (issue 31);
+                    # --interval: the same intervals without it, to compare with
 
 Punctuality and scale have their own entry points (``bench.punctuality``, ``bench.scale``).
 Results go to ``bench/results/*.json``; the README's tables come from them.
@@ -97,16 +100,18 @@ def quick() -> dict[str, Any]:
 
 
 def full(sections: list[str], sizes: list[int], beats: list[int], repeat: int,
-         cap: float) -> None:
-    """Each section saves its own results file, so a section can be run again alone."""
+         cap: float, jobs: str = "once") -> None:
+    """Each section saves its own results file, so a section can be run again alone.
+    ``jobs``: our burst's jobs (``once``; ``interval`` or ``calendar``, saved apart)."""
     burst.setup()
     if "ours" in sections:
         runs: list[dict[str, Any]] = []
+        name = "burst-ours" if jobs == "once" else f"burst-ours-{jobs}"
         for n in sizes:
             for _ in range(repeat):
                 for b in beats:
-                    runs.append(burst.run_ours(n, b))
-                    common.save("burst-ours", {"machine": common.machine(), "runs": runs})
+                    runs.append(burst.run_ours(n, b, jobs=jobs))
+                    common.save(name, {"machine": common.machine(), "runs": runs})
     if "baselines" in sections:
         runs = []
         for n in sizes:
@@ -134,6 +139,7 @@ def _load(name: str) -> list[dict[str, Any]]:
 def report() -> None:
     """Print the tables from the saved results."""
     runs = _load("burst-ours-round1") + _load("burst-ours") + _load("burst-baselines")
+    runs += _load("burst-ours-interval") + _load("burst-ours-calendar")
     if runs:
         print(burst_table(runs).markdown())
     if e2e := _load("burst-e2e"):
@@ -161,14 +167,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each of our configs")
     parser.add_argument("--cap", type=float, default=120.0, help="a baseline's time limit")
     parser.add_argument("--report", action="store_true", help="only print the saved tables")
+    jobs = parser.add_mutually_exclusive_group()
+    jobs.add_argument("--calendar", dest="jobs", action="store_const", const="calendar",
+                      help="our burst's jobs are daily intervals, each under a calendar")
+    jobs.add_argument("--interval", dest="jobs", action="store_const", const="interval",
+                      help="our burst's jobs are the same daily intervals, no calendar")
+    parser.add_argument("--db", help="the burst's database (schedapp_bench_*), not its own")
+    parser.add_argument("--redis-db", type=int,
+                        help="the burst's Redis database (broker and RedBeat), not its own")
     args = parser.parse_args(argv)
+    if args.db:
+        burst.DB = args.db
+    if args.redis_db is not None:
+        common.REDIS_DBS = (*common.REDIS_DBS, args.redis_db)  # given by the operator
+        burst.REDIS_DB = burst.REDBEAT_DB = args.redis_db
     if args.quick:
         quick()
     elif args.report:
         report()
     else:
         full(args.sections.split(","), [int(s) for s in args.sizes.split(",")],
-             [int(b) for b in args.beats.split(",")], args.repeat, args.cap)
+             [int(b) for b in args.beats.split(",")], args.repeat, args.cap,
+             args.jobs or "once")
 
 
 if __name__ == "__main__":
