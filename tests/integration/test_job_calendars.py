@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from schedapp import api, calendars, lease
 from schedapp.db import db_now
+from schedapp.explain import explain
 from schedapp.lease import admit_run, claim_due_jobs, complete_run
 from schedapp.models import Job, JobChange, JobRun, JobState, Occurrence
 from schedapp.store import PortableStore
@@ -458,3 +459,30 @@ def test_a_fixed_delay_under_skip_runs_at_the_next_multiple_of_the_delay_allowed
     assert sum(o.count for o in records if o.scheduled_for < expected) == (
         (expected - end) // timedelta(days=days) - 1
     )
+
+
+def test_explain_says_where_a_moved_run_was_moved_from(store):
+    # Given a weekly Monday job whose next Monday is closed, rolled to the next business day
+    today = db_now().date()
+    monday = today + timedelta(days=(7 - today.weekday()) % 7 or 7)
+    api.save_calendar("closed-monday", {"dates": [monday.isoformat()]})
+    job = api.schedule(
+        TASK,
+        name="weekly",
+        cron="0 9 * * mon",
+        timezone="UTC",
+        calendar="closed-monday",
+        calendar_roll="next_business_day",
+    )
+    tuesday = datetime.combine(monday + timedelta(days=1), NINE, tzinfo=UTC)
+    assert job.scheduled_for == tuesday
+    # When its run there ends
+    run_due(job)
+    # Then the Monday says it was moved to Tuesday, and Tuesday's run says where from
+    at_monday = explain(job, datetime.combine(monday, NINE, tzinfo=UTC))
+    assert at_monday.entry is not None and at_monday.entry.fate == "merged"
+    assert "moved to" in at_monday.text and "'closed-monday'" in at_monday.text
+    at_tuesday = explain(job, tuesday)
+    assert at_tuesday.entry is not None and at_tuesday.entry.fate == "ran", at_tuesday.text
+    assert f"moved here from {monday.isoformat()} 09:00:00+00:00" in at_tuesday.text
+    assert "calendar 'closed-monday' (exclude, roll next_business_day)" in at_tuesday.text
