@@ -25,7 +25,7 @@ def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdi
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
-    On PostgreSQL this is the function ``schedapp_admit_run_v4`` (sql/functions.sql), elsewhere
+    On PostgreSQL this is the function ``schedapp_admit_run_v5`` (sql/functions.sql), elsewhere
     the portable store's ``_admit``: both decide as ``rules.door``, which
     ``tests/integration/test_lease_rules_sql.py`` holds them to.
     """

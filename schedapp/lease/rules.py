@@ -36,6 +36,8 @@ JOB_PAUSED = "job_paused"
 JOB_STATE = "job_state"
 DUPLICATE = "duplicate"
 UNKNOWN = "unknown"
+LATE = "late"  # past its start deadline at the door, under skip_late (schedapp_admit_run_v5)
+MANUAL = "manual"  # a run a person added (``models.RunKind``): no start deadline applies
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class LeaseJob:
     lease_expires_at: datetime | None = None
     lease_seconds: int = 0
     unstarted_dispatches: int = 0
+    skip_late: bool = False
+    start_deadline: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,32 @@ class LeaseRun:
     admission: str = ""
     stale: bool = False
     started: bool = False  # started_at is set
+    scheduled_for: datetime | None = None  # its occurrence
+    attempt: int = 1
+    kind: str | None = None
+
+
+def late_at_door(
+    skip_late: bool,
+    start_deadline: timedelta | None,
+    scheduled_for: datetime | None,
+    attempt: int,
+    kind: str | None,
+    now: datetime,
+) -> bool:
+    """A first attempt of an occurrence of the schedule reaching the door more than its
+    job's ``start_deadline`` after the occurrence, under ``skip_late``: refused as late, as
+    the claim skips such an occurrence (``policies.past_start_deadline``). A retry is not
+    subject to it (Kubernetes' startingDeadlineSeconds bounds a job's start, not its
+    retries), nor is a run a person added (run now)."""
+    return (
+        skip_late
+        and start_deadline is not None
+        and scheduled_for is not None
+        and attempt == 1
+        and kind != MANUAL
+        and now - scheduled_for > start_deadline
+    )
 
 
 def lease_alive(job: LeaseJob, now: datetime) -> bool:
@@ -106,18 +136,24 @@ class DoorDecision:
     fresh_lease: bool = False  # job lease := now + lease_seconds, unstarted_dispatches := 0
     skip_run: bool = False  # run -> skipped, its error ``skipped_error(verdict)``
     release_lease: bool = False  # a paused job gives its lease back: resume is immediate
+    record_late: bool = False  # the ledger records the run's occurrence with fate late
+    hand_back: bool = False  # job -> scheduled, no lease: the claim skips the occurrence late
     take_over: bool = False  # a replacement door: the run's admission and worker become its own
 
 
 # A run the door refused is closed ``skipped`` with this text, word for word as
-# schedapp_admit_run_v4 writes it: the admin shows the same on every database. (The worker's
+# schedapp_admit_run_v5 writes it: the admin shows the same on every database. (The worker's
 # own log says more: ``DoorVerdict.what_next``.)
 SKIPPED_REASONS = {
     STALE_TOKEN: "its claim is no longer the job's current one",
     JOB_PAUSED: "the job is paused",
     JOB_STATE: "the job is no longer running",
     LEASE_EXPIRED: "its lease expired before it arrived",
+    LATE: "it arrived past its start deadline (skip_late)",
 }
+
+# The ledger's detail of an occurrence the door refused as late.
+LATE_DETAIL = "delivered past its start deadline; skip_late: refused at the door"
 
 
 def skipped_error(verdict: str) -> str:
@@ -137,6 +173,18 @@ DOOR: tuple[Row, ...] = (
     ("the job is paused", lambda c: c.job.state == PAUSED, JOB_PAUSED),
     ("the job is no longer running", lambda c: c.job.state != RUNNING, JOB_STATE),
     ("the run already started or finished", lambda c: c.run.status != DISPATCHED, DUPLICATE),
+    (
+        "past its start deadline, under skip_late",
+        lambda c: late_at_door(
+            c.job.skip_late,
+            c.job.start_deadline,
+            c.run.scheduled_for,
+            c.run.attempt,
+            c.run.kind,
+            c.now,
+        ),
+        LATE,
+    ),
     ("the lease ran out first", lambda c: not lease_alive(c.job, c.now), LEASE_EXPIRED),
     ("otherwise", lambda c: True, ADMITTED),
 )
@@ -153,12 +201,16 @@ def door(
     """The door (``lease.admit_run``): start the run if its claim is current and its lease
     alive; a retry of this same call is admitted again. A refused run that was still only
     dispatched never starts: it is closed as skipped (a paused job also gives its lease back;
-    an expired one is left to the reaper, which dispatches the occurrence again)."""
+    an expired one is left to the reaper, which dispatches the occurrence again). A late one
+    (``late_at_door``) is recorded late in the ledger and its job handed back to the claim,
+    which skips the occurrence as late and moves the job on, as it does with any late one."""
     if job is None or run is None:
         return DoorDecision(UNKNOWN)
     verdict = first_row(DOOR, DoorCall(job, run, token, admission, now))
     if verdict == ADMITTED:
         return DoorDecision(ADMITTED, start_run=True, fresh_lease=lease_needs_rewrite(job, now))
+    if verdict == LATE:
+        return DoorDecision(LATE, skip_run=True, record_late=True, hand_back=True)
     if run.status == DISPATCHED:
         return DoorDecision(verdict, skip_run=True, release_lease=verdict == JOB_PAUSED)
     return DoorDecision(verdict)
@@ -319,6 +371,9 @@ class RunLease:
     admission: str = ""
     stale: bool = False
     started: bool = False
+    scheduled_for: datetime | None = None
+    attempt: int = 1
+    kind: str | None = None
 
 
 def run_lease_needs_rewrite(run: RunLease, lease_seconds: int, now: datetime) -> bool:
@@ -327,6 +382,14 @@ def run_lease_needs_rewrite(run: RunLease, lease_seconds: int, now: datetime) ->
         return False
     lease = timedelta(seconds=lease_seconds)
     return not lease * 5 / 6 <= run.lease_expires_at - now <= lease
+
+
+@dataclass(frozen=True)
+class StartDeadline:
+    """What the door of a run with its own lease reads of its job's start deadline."""
+
+    skip_late: bool = False
+    start_deadline: timedelta | None = None
 
 
 RUN_DOOR: tuple[tuple[str, Callable[[RunLease, str, str, datetime], bool], str], ...] = (
@@ -349,20 +412,42 @@ RUN_DOOR: tuple[tuple[str, Callable[[RunLease, str, str, datetime], bool], str],
 
 
 def run_door(
-    job_state: str | None, run: RunLease, admission: str, lease_seconds: int, now: datetime
+    job_state: str | None,
+    run: RunLease,
+    admission: str,
+    lease_seconds: int,
+    now: datetime,
+    deadline: StartDeadline = StartDeadline(),
 ) -> DoorDecision:
-    """The door of a run with its own lease (``schedapp_admit_run_v4``'s first branch): the
+    """The door of a run with its own lease (``schedapp_admit_run_v5``'s first branch): the
     run row decides; the job's state only refuses a paused or cancelled job's run (the job is
     'scheduled', or done, while its runs are in flight). ``fresh_lease`` here renews the
-    run's lease; a refused run still dispatched is closed as skipped."""
+    run's lease; a refused run still dispatched is closed as skipped. A late run
+    (``late_at_door``, before the lease's row as at the job-lease door) is recorded late in
+    the ledger; its job moved on at the claim, so nothing is handed back."""
     if job_state is None:
         return DoorDecision(UNKNOWN)
     verdict = next(v for _why, holds, v in RUN_DOOR if holds(run, job_state, admission, now))
+    # a row of its own between "already started" and "the lease ran out" (RUN_DOOR's rows
+    # read no job deadline): only a run still dispatched that got that far
+    if (
+        run.status == DISPATCHED
+        and verdict in (LEASE_EXPIRED, ADMITTED)
+        and late_at_door(
+            deadline.skip_late,
+            deadline.start_deadline,
+            run.scheduled_for,
+            run.attempt,
+            run.kind,
+            now,
+        )
+    ):
+        verdict = LATE
+    if verdict == LATE:
+        return DoorDecision(LATE, skip_run=True, record_late=True)
     if verdict == ADMITTED:
         return DoorDecision(
-            ADMITTED,
-            start_run=True,
-            fresh_lease=run_lease_needs_rewrite(run, lease_seconds, now),
+            ADMITTED, start_run=True, fresh_lease=run_lease_needs_rewrite(run, lease_seconds, now)
         )
     if run.status == DISPATCHED:
         return DoorDecision(verdict, skip_run=True)

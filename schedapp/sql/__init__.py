@@ -43,6 +43,7 @@ RETIRED_FUNCTIONS = frozenset(
         " time zone, p_next timestamp with time zone, p_once boolean, p_cron text, p_timezone"
         " text, p_interval interval, p_anchor timestamp with time zone)",
         "schedapp_admit_run_v3(p_job bigint, p_token bigint, p_worker text, p_admission text)",
+        "schedapp_admit_run_v4(p_job bigint, p_token bigint, p_worker text, p_admission text)",
         "schedapp_renew_leases_v4(p_jobs bigint[], p_tokens bigint[])",
         "schedapp_succeed_runs_v1(p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamp"
         " with time zone[], p_next timestamp with time zone[], p_once boolean[], p_cron text[],"

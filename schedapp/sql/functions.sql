@@ -25,11 +25,16 @@
 
 -- The door: may this delivered run start? Job id, token, worker, admission (the door call's own
 -- id). Returns the verdict: 'admitted', 'unknown', 'stale_token', 'job_paused', 'job_state',
--- 'duplicate' or 'lease_expired'. Admitting extends the lease in the same statement; a run that
--- will never start here is closed as skipped. v4: a run with a lease of its own (overlap policy
--- allow_all, schedapp_jobrun.own_lease) is decided on its run row, locked, not on the job's
--- lease and token (the job moved on at the claim); the job row is read, not locked.
-CREATE OR REPLACE FUNCTION schedapp_admit_run_v4(
+-- 'duplicate', 'late' or 'lease_expired'. Admitting extends the lease in the same statement; a
+-- run that will never start here is closed as skipped. v4: a run with a lease of its own
+-- (overlap policy allow_all, schedapp_jobrun.own_lease) is decided on its run row, locked, not
+-- on the job's lease and token (the job moved on at the claim); the job row is read, not
+-- locked. v5: a first attempt of an occurrence of the schedule (not a retry, not run now)
+-- arriving more than the job's start_deadline after its occurrence, under skip_late, is
+-- 'late': closed as skipped, its occurrence recorded in the ledger with fate late, and a job
+-- holding its lease handed back to the claim (scheduled, no lease, still due), which skips the
+-- occurrence as late and moves the job on as it does any late occurrence.
+CREATE OR REPLACE FUNCTION schedapp_admit_run_v5(
     p_job bigint, p_token bigint, p_worker text, p_admission text
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -39,11 +44,14 @@ DECLARE
 BEGIN
     IF EXISTS (SELECT FROM schedapp_jobrun
                WHERE job_id = p_job AND token = p_token AND own_lease) THEN
-        SELECT state, lease_seconds INTO j FROM schedapp_job WHERE id = p_job;
+        SELECT state, lease_seconds, skip_late, start_deadline INTO j
+        FROM schedapp_job WHERE id = p_job;
         IF NOT FOUND THEN
             RETURN 'unknown';
         END IF;
-        SELECT status, admission, lease_expires_at > now() AS lease_valid,
+        SELECT status, admission, scheduled_for, lease_expires_at > now() AS lease_valid,
+               (j.skip_late AND attempt = 1 AND kind IS DISTINCT FROM 'manual'
+                AND now() - scheduled_for > j.start_deadline) IS TRUE AS late,
                -- the 5/6 rule of the job's lease, on the run's own
                (lease_expires_at < now() + make_interval(secs => j.lease_seconds * 5.0 / 6)
                 OR lease_expires_at > now() + make_interval(secs => j.lease_seconds))
@@ -59,6 +67,8 @@ BEGIN
             verdict := 'job_state';
         ELSIF r.status <> 'dispatched' THEN
             verdict := 'duplicate';
+        ELSIF r.late THEN
+            verdict := 'late';
         ELSIF NOT coalesce(r.lease_valid, false) THEN
             verdict := 'lease_expired';
         ELSE
@@ -79,15 +89,25 @@ BEGIN
                     WHEN 'job_paused' THEN 'the job is paused'
                     WHEN 'job_state' THEN 'the job is no longer running'
                     WHEN 'lease_expired' THEN 'its lease expired before it arrived'
+                    WHEN 'late' THEN 'it arrived past its start deadline (skip_late)'
                     ELSE verdict END
             WHERE job_id = p_job AND token = p_token;
+        END IF;
+        IF verdict = 'late' THEN
+            INSERT INTO schedapp_occurrence
+                (job_id, scheduled_for, last, count, fate, detail, decided_by)
+            VALUES (p_job, r.scheduled_for, r.scheduled_for, 1, 'late',
+                    'delivered past its start deadline; skip_late: refused at the door',
+                    left(p_worker, 200))
+            ON CONFLICT DO NOTHING;
         END IF;
         RETURN verdict;
     END IF;
 
     -- The job row first, whatever its token: waiting here for a reaper, a cancel or a claim
     -- means deciding on what they committed.
-    SELECT token, state, lease_expires_at > now() AS lease_valid,
+    SELECT token, state, skip_late, start_deadline, next_run_at,
+           lease_expires_at > now() AS lease_valid,
            -- an ordinary lease with at least five sixths left is not rewritten: the run's first
            -- renewal (a third of a lease after the worker received it) still comes with half a
            -- lease to spare, and the job row, the costliest write of a run, is left alone; a
@@ -101,8 +121,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'unknown';
     END IF;
-    SELECT status, admission INTO r FROM schedapp_jobrun
-    WHERE job_id = p_job AND token = p_token;
+    SELECT status, admission, scheduled_for,
+           (j.skip_late AND attempt = 1 AND kind IS DISTINCT FROM 'manual'
+            AND now() - scheduled_for > j.start_deadline) IS TRUE AS late INTO r
+    FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token;
     IF NOT FOUND THEN
         RETURN 'unknown';
     END IF;
@@ -118,6 +140,8 @@ BEGIN
         verdict := 'job_state';
     ELSIF r.status <> 'dispatched' THEN
         verdict := 'duplicate';
+    ELSIF r.late THEN
+        verdict := 'late';
     ELSIF NOT j.lease_valid THEN
         verdict := 'lease_expired';
     ELSE
@@ -145,10 +169,25 @@ BEGIN
                 WHEN 'job_paused' THEN 'the job is paused'
                 WHEN 'job_state' THEN 'the job is no longer running'
                 WHEN 'lease_expired' THEN 'its lease expired before it arrived'
+                WHEN 'late' THEN 'it arrived past its start deadline (skip_late)'
                 ELSE verdict END
         WHERE job_id = p_job AND token = p_token;
         IF verdict = 'job_paused' THEN
             UPDATE schedapp_job SET claimed_by = '', lease_expires_at = NULL WHERE id = p_job;
+        ELSIF verdict = 'late' THEN
+            -- Late: recorded, and the job handed back to the claim, still due, which skips the
+            -- occurrence as late (its record here stands) and moves the job on.
+            INSERT INTO schedapp_occurrence
+                (job_id, scheduled_for, last, count, fate, detail, decided_by)
+            VALUES (p_job, r.scheduled_for, r.scheduled_for, 1, 'late',
+                    'delivered past its start deadline; skip_late: refused at the door',
+                    left(p_worker, 200))
+            ON CONFLICT DO NOTHING;
+            UPDATE schedapp_job
+            SET state = 'scheduled', claimed_by = '', lease_expires_at = NULL,
+                unstarted_dispatches = 0
+            WHERE id = p_job;
+            PERFORM pg_notify('schedapp', extract(epoch FROM j.next_run_at)::text);
         END IF;
     END IF;
     RETURN verdict;

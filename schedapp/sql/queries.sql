@@ -150,7 +150,7 @@ SELECT now()
 
 -- name: admit_run
 -- The door (functions.sql): job id, token, worker, admission.
-SELECT schedapp_admit_run_v4(%s, %s, %s, %s)
+SELECT schedapp_admit_run_v5(%s, %s, %s, %s)
 
 -- name: renew_leases
 -- One heartbeat for every lease a worker holds (functions.sql): job ids, tokens.
@@ -167,7 +167,7 @@ SELECT idx, applied FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s
 
 -- name: succeed_run_then_admit
 -- The same for the common case of one success: the arguments of succeed_run, then of admit_run.
-SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run_v4(%s, %s, %s, %s)
+SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run_v5(%s, %s, %s, %s)
 
 -- name: succeed_runs_then_admit
 -- A pool process's successes since its last round trip, then the door of its next run, in one
@@ -175,7 +175,7 @@ SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_adm
 -- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
 SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), ARRAY[]::int[])
         FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
-       schedapp_admit_run_v4(%s, %s, %s, %s)
+       schedapp_admit_run_v5(%s, %s, %s, %s)
 
 -- name: notify_at
 -- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.

@@ -36,6 +36,7 @@ class DoorVerdict(StrEnum):
     JOB_STATE = "job_state"  # the job is no longer running (e.g. dead, succeeded)
     DUPLICATE = "duplicate"  # the run already started under another admission, or finished
     UNKNOWN = "unknown"  # no such run
+    LATE = "late"  # past its start deadline under skip_late: recorded late, not executed
     ERROR = "error"  # the claim could not be checked (database unreachable): not executed
 
     @property
@@ -57,6 +58,7 @@ _DOOR_EXPLANATIONS = {
     DoorVerdict.JOB_STATE: "the job is no longer running",
     DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery)",
     DoorVerdict.UNKNOWN: "no such run",
+    DoorVerdict.LATE: "it arrived past its job's start deadline (skip_late)",
     DoorVerdict.ERROR: "the claim could not be checked; its lease will expire and it will be "
     "dispatched again",
 }
@@ -74,6 +76,8 @@ _DOOR_WHAT_NEXT = {
     DoorVerdict.DUPLICATE: "this run already started or finished (a duplicate delivery): "
     "nothing to run again",
     DoorVerdict.UNKNOWN: "no such run: nothing to run again",
+    DoorVerdict.LATE: "it arrived past its job's start deadline (skip_late): recorded late in "
+    f"the ledger, not run again; the job goes on to its next occurrence, {_NOT_COUNTED}",
     DoorVerdict.ERROR: "the claim could not be checked: the run is dispatched again once its "
     f"lease expires (lease_seconds after its dispatch or last renewal), {_NOT_COUNTED}",
 }

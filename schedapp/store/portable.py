@@ -26,7 +26,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.db.models.lookups import LessThan
 
 from ..fields import CELERY_FIELDS
-from ..models import Job, JobChange, JobRun, JobState, RunStatus
+from ..models import Fate, Job, JobChange, JobRun, JobState, Occurrence, RunStatus
 from ..policies import dispatch_wait, misfire_after, past_start_deadline
 from ..validation import Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
@@ -113,8 +113,7 @@ def _claim(
             state=JobState.RUNNING,
             token=F("token") + 1,
             claimed_by=beat,
-            lease_expires_at=now
-            + dispatch_wait(row["lease_seconds"], row["unstarted_dispatches"]),
+            lease_expires_at=now + dispatch_wait(row["lease_seconds"], row["unstarted_dispatches"]),
             updated_at=now,
         )
         row["token"] += 1
@@ -289,9 +288,7 @@ class PortableStore:
             raise NameTaken from exc
         ids = sorted(job.pk for job in created)
         contiguous = ids[-1] - ids[0] + 1 == len(ids)  # always on SQLite: one writer
-        return InsertedJobs(
-            last_id=ids[-1], first_id=ids[0], ids=() if contiguous else tuple(ids)
-        )
+        return InsertedJobs(last_id=ids[-1], first_id=ids[0], ids=() if contiguous else tuple(ids))
 
     def jobs_named(self, names: list[str]) -> dict[str, tuple[int, str]]:
         found: dict[str, tuple[int, str]] = {}
@@ -334,7 +331,7 @@ class JobInstances:
 def _admit(
     using: str, now: datetime, job_id: int, token: int, worker: str, admission: str
 ) -> DoorVerdict:
-    """``schedapp_admit_run_v4`` through the ORM (SQLite's IMMEDIATE transactions serialise
+    """``schedapp_admit_run_v5`` through the ORM (SQLite's IMMEDIATE transactions serialise
     it): the decision is ``lease.rules.door``'s; only the reads and writes are here."""
     from ..lease.rules import (  # not at import: lease imports this
         LeaseJob,
@@ -351,10 +348,18 @@ def _admit(
             Job.objects.using(using)
             .select_for_update()
             .filter(id=job_id)
-            .values("token", "state", "lease_expires_at", "lease_seconds", "unstarted_dispatches")
+            .values(
+                "token",
+                "state",
+                "lease_expires_at",
+                "lease_seconds",
+                "unstarted_dispatches",
+                "skip_late",
+                "start_deadline",
+            )
             .first()
         )
-        run = runs.values("status", "admission").first()
+        run = runs.values("status", "admission", "scheduled_for", "attempt", "kind").first()
         decision = door(
             LeaseJob(**job) if job is not None else None,
             LeaseRun(**run) if run is not None else None,
@@ -383,10 +388,38 @@ def _admit(
                 error=skipped_error(decision.verdict),
             )
         if decision.release_lease:
+            Job.objects.using(using).filter(id=job_id).update(claimed_by="", lease_expires_at=None)
+        if decision.hand_back:
             Job.objects.using(using).filter(id=job_id).update(
-                claimed_by="", lease_expires_at=None
+                state=JobState.SCHEDULED,
+                claimed_by="",
+                lease_expires_at=None,
+                unstarted_dispatches=0,
             )
+        if decision.record_late:
+            _record_late(using, job_id, run["scheduled_for"], worker)  # type: ignore[index]
         return verdict
+
+
+def _record_late(using: str, job_id: int, scheduled_for: datetime, worker: str) -> None:
+    """The ledger's record of an occurrence the door refused as late (the first decision on
+    an occurrence stands, as ``ledger.record`` keeps it)."""
+    from ..lease.rules import LATE_DETAIL
+
+    Occurrence.objects.using(using).bulk_create(
+        [
+            Occurrence(
+                job_id=job_id,
+                scheduled_for=scheduled_for,
+                last=scheduled_for,
+                count=1,
+                fate=Fate.LATE,
+                detail=LATE_DETAIL,
+                decided_by=worker[:200],
+            )
+        ],
+        ignore_conflicts=True,
+    )
 
 
 def _admit_own_lease(
@@ -394,12 +427,26 @@ def _admit_own_lease(
 ) -> DoorVerdict:
     """The door of a run with its own lease (allow_all): ``lease.rules.run_door`` decides on
     the run row; the job row is only read."""
-    from ..lease.rules import RunLease, run_door, skipped_error
+    from ..lease.rules import RunLease, StartDeadline, run_door, skipped_error
 
-    job = Job.objects.using(using).filter(id=job_id).values("state", "lease_seconds").first()
-    run = runs.select_for_update().values("status", "admission", "lease_expires_at").first()
+    job = (
+        Job.objects.using(using)
+        .filter(id=job_id)
+        .values("state", "lease_seconds", "skip_late", "start_deadline")
+        .first()
+    )
+    run = (
+        runs.select_for_update()
+        .values("status", "admission", "lease_expires_at", "scheduled_for", "attempt", "kind")
+        .first()
+    )
     decision = run_door(
-        job and job["state"], RunLease(**run), admission, job["lease_seconds"] if job else 0, now
+        job and job["state"],
+        RunLease(**run),
+        admission,
+        job["lease_seconds"] if job else 0,
+        now,
+        StartDeadline(job["skip_late"], job["start_deadline"]) if job else StartDeadline(),
     )
     if decision.start_run:
         changes: dict[str, Any] = {}
@@ -420,6 +467,8 @@ def _admit_own_lease(
             lease_expires_at=None,
             error=skipped_error(decision.verdict),
         )
+    if decision.record_late:
+        _record_late(using, job_id, run["scheduled_for"], worker)
     return DoorVerdict(decision.verdict)
 
 
@@ -430,24 +479,34 @@ def _renew(
     from ..lease.rules import RunLease, run_renewal
 
     with transaction.atomic(using=using):
-        own = {
-            (row["job_id"], row["token"]): row
-            for row in JobRun.objects.using(using)
-            .select_for_update()
-            .filter(pairs(held, "job_id"), own_lease=True)
-            .values("job_id", "token", "status", "lease_expires_at", "stale", "started_at")
-        } if held else {}
+        own = (
+            {
+                (row["job_id"], row["token"]): row
+                for row in JobRun.objects.using(using)
+                .select_for_update()
+                .filter(pairs(held, "job_id"), own_lease=True)
+                .values("job_id", "token", "status", "lease_expires_at", "stale", "started_at")
+            }
+            if held
+            else {}
+        )
         outcomes: dict[tuple[int, int], str] = {}
         for key, row in own.items():
             run = RunLease(
-                row["status"], row["lease_expires_at"], stale=row["stale"],
+                row["status"],
+                row["lease_expires_at"],
+                stale=row["stale"],
                 started=row["started_at"] is not None,
             )
             decision = run_renewal(run)
             if decision.extend_lease:
-                lease = Job.objects.using(using).filter(id=key[0]).values_list(
-                    "lease_seconds", flat=True
-                ).first() or 0
+                lease = (
+                    Job.objects.using(using)
+                    .filter(id=key[0])
+                    .values_list("lease_seconds", flat=True)
+                    .first()
+                    or 0
+                )
                 changes: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease)}
                 if decision.heartbeat:
                     changes.update(heartbeats=F("heartbeats") + 1, heartbeat_at=now)
@@ -482,9 +541,7 @@ def _renew_jobs(
         if renewed:
             JobRun.objects.using(using).filter(
                 pairs(renewed, "job_id"), status=RunStatus.RUNNING
-            ).update(
-                heartbeats=F("heartbeats") + 1, heartbeat_at=now
-            )
+            ).update(heartbeats=F("heartbeats") + 1, heartbeat_at=now)
         # read after the writes, as the function reads them: a run that just finished is
         # reported finished, not as a lost lease
         runs = {

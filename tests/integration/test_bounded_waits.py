@@ -26,7 +26,7 @@ from tests.claiming import claim_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOOR = b"SELECT schedapp_admit_run_v4("
+DOOR = b"SELECT schedapp_admit_run_v5("
 RENEWAL = b"schedapp_renew_leases_v5("
 CLAIM = b"due AS MATERIALIZED"
 

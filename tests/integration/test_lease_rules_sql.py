@@ -30,7 +30,7 @@ from schedapp import api
 from schedapp.db import db_now
 from schedapp.lease import complete_run, rules
 from schedapp.message import task_id_for
-from schedapp.models import Calendar, Job, JobRun
+from schedapp.models import Calendar, Job, JobRun, Occurrence
 from schedapp.policies import ALLOW_ALL, OVERLAP_POLICIES, end_decides
 from schedapp.store import PostgreSQLStore, portable
 
@@ -53,6 +53,17 @@ LEASES: tuple[tuple[str, timedelta | None], ...] = (
     ("over a lease", timedelta(seconds=LEASE, microseconds=1)),
 )
 JOB_STATES = ("running", "paused", "scheduled", "dead")
+
+START_DEADLINE = timedelta(seconds=30)
+# The job's (skip_late, start_deadline) and how long before now the run's occurrence was, by
+# label; "none" leaves the template's (no start deadline, the run's occurrence its own).
+DEADLINES: dict[str, tuple[bool, timedelta | None, timedelta | None]] = {
+    "none": (False, None, None),
+    "not skipping": (False, START_DEADLINE, 2 * START_DEADLINE),
+    "at the deadline": (True, START_DEADLINE, START_DEADLINE),
+    "past it": (True, START_DEADLINE, START_DEADLINE + timedelta(microseconds=1)),
+}
+RUN_KINDS = ("scheduled", "retry", "manual")
 RUN_STATUSES = ("dispatched", "running", "succeeded", "failed", "lost", "skipped", "cancelled")
 
 
@@ -74,6 +85,12 @@ class Case:
     calendar: bool = False  # the job follows a calendar (its next run is not a worker's)
     own: bool = False  # the run holds a lease of its own (allow_all): its row decides
     run_lease: str = "none"  # that lease, as a label of LEASES
+    deadline: str = "none"  # the job's start deadline and the run's occurrence: DEADLINES
+    kind: str = "scheduled"  # the run's kind; a retry is attempt 2
+
+    @property
+    def attempt(self) -> int:
+        return 2 if self.kind == "retry" else 1
 
     @property
     def token(self) -> int:
@@ -135,6 +152,37 @@ OWN_DOOR_CASES = [
         run_lease=[label for label, _ in LEASES],
     )
 ]
+# The door's start deadline (v5): the job's skip_late and start_deadline, the run's occurrence
+# at its boundary, its kind (a retry and a run now are not subject to it), across the rows of
+# the door that come before it and after it.
+LATE_DOOR_CASES = [
+    replace(c, started=c.run not in (None, "dispatched"))
+    for c in enumerate_cases(
+        state=("running", "paused", "scheduled"),
+        current=(True, False),
+        lease=("expired", "a whole lease"),
+        unstarted=(0,),
+        run=(None, "dispatched", "running"),
+        same_admission=(True, False),
+        deadline=list(DEADLINES),
+        kind=RUN_KINDS,
+    )
+]
+OWN_LATE_DOOR_CASES = [
+    replace(c, started=c.run != "dispatched")
+    for c in enumerate_cases(
+        state=("scheduled", "paused", "cancelled"),
+        current=(True,),
+        lease=("none",),
+        unstarted=(0,),
+        run=("dispatched", "running", "skipped"),
+        same_admission=(True, False),
+        own=(True,),
+        run_lease=("expired", "just alive", "a whole lease"),
+        deadline=list(DEADLINES),
+        kind=RUN_KINDS,
+    )
+]
 OWN_RENEW_CASES = enumerate_cases(
     state=OWN_JOB_STATES,
     current=(True, False),
@@ -160,6 +208,7 @@ END_CASES = enumerate_cases(
     dst_policy=("gap_end+first", "celery"),
     calendar=(False, True),
 )
+
 
 def lease_at(label: str, now: datetime) -> datetime | None:
     offset = dict(LEASES)[label]
@@ -197,6 +246,8 @@ def build(cases: list[Case], now: datetime) -> list[int]:
                 "fixed_delay": c.fixed_delay,
                 "dst_policy": c.dst_policy,
                 "calendar_id": calendar.pk if c.calendar else None,
+                "skip_late": DEADLINES[c.deadline][0],
+                "start_deadline": DEADLINES[c.deadline][1],
             }
         )
         for i, c in enumerate(cases)
@@ -205,9 +256,13 @@ def build(cases: list[Case], now: datetime) -> list[int]:
         JobRun(
             job_id=job.pk,
             token=c.token,
-            scheduled_for=fields["scheduled_for"]
+            scheduled_for=now - DEADLINES[c.deadline][2]  # type: ignore[operator]
+            if DEADLINES[c.deadline][2] is not None
+            else fields["scheduled_for"]
             if c.same_schedule
             else fields["scheduled_for"] - timedelta(seconds=60),
+            attempt=c.attempt,
+            kind=c.kind,
             due_at=fields["next_run_at"],
             claimed_by="beat-1",
             dispatched_at=now - timedelta(seconds=10),
@@ -238,11 +293,19 @@ RUN_COLUMNS = (
     "heartbeats",
     "heartbeat_at",
     "lease_expires_at",
+    "scheduled_for",
+    "attempt",
+    "kind",
 )
 
 
 def rows(ids: list[int]) -> dict[int, tuple[dict, dict | None]]:
     jobs = {j["id"]: j for j in Job.objects.filter(id__in=ids).values("id", *JOB_COLUMNS)}
+    late = set(
+        Occurrence.objects.filter(job_id__in=ids, fate="late").values_list("job_id", flat=True)
+    )
+    for job_id, job in jobs.items():
+        job["late_recorded"] = job_id in late
     runs = {
         r["job_id"]: r for r in JobRun.objects.filter(job_id__in=ids).values("job_id", *RUN_COLUMNS)
     }
@@ -325,6 +388,15 @@ def expect_door(
         if case.own:
             return expect_own_door(case, job, run, now)
         lease_job, lease_run = facts(case, now)
+        skip_late, start_deadline, _ago = DEADLINES[case.deadline]
+        lease_job = replace(lease_job, skip_late=skip_late, start_deadline=start_deadline)
+        if lease_run is not None and run is not None:
+            lease_run = replace(
+                lease_run,
+                scheduled_for=run["scheduled_for"],
+                attempt=run["attempt"],
+                kind=run["kind"],
+            )
         decision = rules.door(lease_job, lease_run, case.token, admission_of(case), now)
         job, run = dict(job), None if run is None else dict(run)
         if decision.start_run:
@@ -343,6 +415,12 @@ def expect_door(
             )
         if decision.release_lease:
             job.update(claimed_by="", lease_expires_at=None)
+        if decision.hand_back:
+            job.update(
+                state="scheduled", claimed_by="", lease_expires_at=None, unstarted_dispatches=0
+            )
+        if decision.record_late:
+            job["late_recorded"] = True
         return decision.verdict, job, run
 
     return expect
@@ -351,8 +429,25 @@ def expect_door(
 def expect_own_door(
     case: Case, job: dict, run: dict | None, now: datetime
 ) -> tuple[Any, dict, dict | None]:
-    decision = rules.run_door(case.state, own_run(case, now), admission_of(case), LEASE, now)
     assert run is not None
+    skip_late, start_deadline, _ago = DEADLINES[case.deadline]
+    facts_of_run = replace(
+        own_run(case, now),
+        scheduled_for=run["scheduled_for"],
+        attempt=run["attempt"],
+        kind=run["kind"],
+    )
+    decision = rules.run_door(
+        case.state,
+        facts_of_run,
+        admission_of(case),
+        LEASE,
+        now,
+        rules.StartDeadline(skip_late, start_deadline),
+    )
+    job = dict(job)
+    if decision.record_late:
+        job["late_recorded"] = True
     run = dict(run)
     if decision.start_run:
         run.update(status="running", worker=WORKER, admission=admission_of(case))
@@ -367,7 +462,7 @@ def expect_own_door(
             error=rules.skipped_error(decision.verdict),
             lease_expires_at=None,
         )
-    return decision.verdict, dict(job), run
+    return decision.verdict, job, run
 
 
 def door_sweep(store_admit: Callable[..., Any], cases: list[Case], now: datetime) -> list[str]:
@@ -415,6 +510,32 @@ def test_the_portable_door_decides_as_the_table(now):
 
     problems = sweep(DOOR_CASES, now, call, expect_door(now), {})
     assert not problems, report(problems, len(DOOR_CASES))
+
+
+def test_the_postgresql_door_refuses_a_late_run_as_the_table(now):
+    problems = door_sweep(PostgreSQLStore().admit, LATE_DOOR_CASES, now)
+    assert not problems, report(problems, len(LATE_DOOR_CASES))
+
+
+def test_the_portable_door_refuses_a_late_run_as_the_table(now):
+    def admit(*args: Any) -> Any:
+        return portable._admit("default", now, *args)
+
+    problems = door_sweep(admit, LATE_DOOR_CASES, now)
+    assert not problems, report(problems, len(LATE_DOOR_CASES))
+
+
+def test_the_postgresql_door_of_a_run_with_its_own_lease_refuses_a_late_run_as_the_table(now):
+    problems = door_sweep(PostgreSQLStore().admit, OWN_LATE_DOOR_CASES, now)
+    assert not problems, report(problems, len(OWN_LATE_DOOR_CASES))
+
+
+def test_the_portable_door_of_a_run_with_its_own_lease_refuses_a_late_run_as_the_table(now):
+    def admit(*args: Any) -> Any:
+        return portable._admit("default", now, *args)
+
+    problems = door_sweep(admit, OWN_LATE_DOOR_CASES, now)
+    assert not problems, report(problems, len(OWN_LATE_DOOR_CASES))
 
 
 # --- renewal ----------------------------------------------------------------------------------
@@ -495,17 +616,7 @@ def success_args(job_id: int, case: Case) -> list[Any]:
     seen = job.scheduled_for if case.same_schedule else job.scheduled_for - timedelta(seconds=60)
     # An occurrence in the past came due during the run (the template's is a minute ahead).
     nxt = db_now() - timedelta(seconds=1) if case.next_passed else seen + job.interval
-    return [
-        job_id,
-        case.token,
-        seen,
-        nxt,
-        False,
-        "",
-        "",
-        job.interval,
-        job.interval_anchor,
-    ]
+    return [job_id, case.token, seen, nxt, False, "", "", job.interval, job.interval_anchor]
 
 
 class Since:
