@@ -6,12 +6,14 @@ a SignalReceived row, ``signal:<name>:<kind>``)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from project.models import Execution, SignalReceived
 from schedapp import api
 from schedapp.db import db_now
-from schedapp.models import Breach, Job, JobRun, JobState, RunStatus
+from schedapp.models import Breach, Job, JobRun, JobState, Occurrence, RunStatus
 from schedapp.testing.processes import wait_until
 
 pytestmark = [pytest.mark.e2e]
@@ -56,6 +58,49 @@ def test_a_run_waiting_for_a_stopped_worker_is_late_then_recovers_when_it_comes_
     assert breaches_of(job) == [("late", True)]
     assert Breach.objects.get(job=job).cleared_detail == "started"
     wait_until(lambda: Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED, timeout=20)
+
+
+def test_a_run_dispatched_in_time_but_delivered_late_is_refused_under_skip_late(fleet):
+    # Given a beat, and the only worker stopped
+    fleet.beat()
+    fleet.worker(concurrency=1).stop()
+    # When an hourly job skipping late occurrences (4 s start deadline) comes due
+    # (an interval's occurrences fall an interval apart from its anchor: the next in a second)
+    anchor = db_now() - timedelta(seconds=3599)
+    job = api.schedule(
+        "project.tasks.record",
+        kwargs={"label": "late-door"},
+        interval=3600,
+        interval_anchor=anchor,
+        start_deadline=4,
+        skip_late=True,
+        lease_seconds=60,
+        name="late-door",
+    )
+    # Then it is claimed and dispatched in time, and found late while no worker consumes
+    wait_until(lambda: signals_of(job) == ["signal:late:late"], timeout=30, message="late")
+    (run,) = JobRun.objects.filter(job=job)
+    assert run.status == RunStatus.DISPATCHED
+    # When a worker comes back after the deadline, the door refuses the run as late: the
+    # task body never runs, the occurrence is recorded late, the job waits for its next one
+    fleet.worker(concurrency=1)
+    wait_until(
+        lambda: JobRun.objects.get(pk=run.pk).status == RunStatus.SKIPPED,
+        timeout=40,
+        message="refused at the door",
+    )
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).scheduled_for > run.scheduled_for,
+        timeout=30,
+        message="moved on to its next occurrence",
+    )
+    [record] = Occurrence.objects.filter(job=job)
+    assert (record.fate, record.scheduled_for) == ("late", run.scheduled_for)
+    assert "start deadline" in JobRun.objects.get(pk=run.pk).error
+    job.refresh_from_db()
+    assert (job.state, job.retry_count) == (JobState.SCHEDULED, 0)
+    assert JobRun.objects.filter(job=job).count() == 1
+    assert not Execution.objects.filter(job_id=job.pk).exists()
 
 
 def test_an_overrunning_run_is_revoked_when_its_job_asks(fleet):
