@@ -38,8 +38,9 @@ log = logging.getLogger("schedapp.deadlines")
 PASS_LIMIT = 500  # rows each statement of a pass reads at most; the next pass goes on
 _TICK = timedelta(microseconds=1)
 PENDING = (JobState.SCHEDULED, JobState.RUNNING)
-#: How an overrunning breach's detail says schedapp revoked the run (its recovery then never
-#: withdraws the alert: see ``_notify``).
+#: What an overrunning breach's detail adds when schedapp revoked the run, for the people who
+#: read it; the pass itself reads ``Breach.revoked`` (its recovery then never withdraws the
+#: alert: see ``_notify``).
 REVOKED = "; revoked (revoke_overrun)"
 
 
@@ -166,7 +167,9 @@ def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
         detail = f"running longer than its max runtime ({runtime})"
         if revoke:
             detail += REVOKED
-        event = _insert(using, job_id, name, tags, BreachKind.OVERRUNNING, occurrence, detail)
+        event = _insert(
+            using, job_id, name, tags, BreachKind.OVERRUNNING, occurrence, detail, revoked=revoke
+        )
         _collect(result, event)
         if event is not None and revoke:
             result.to_revoke.append(task_id_for(job_id, token))
@@ -293,7 +296,7 @@ def _clear(using: str, limit: int, result: DeadlineResult) -> None:
             )
             if cleared:
                 event = _event(breach, breach.job, said, recovered=True)
-                _notify(event, using, withdraw=REVOKED not in breach.detail)
+                _notify(event, using, withdraw=not breach.revoked)
                 result.recovered.append(event)
 
 
@@ -321,13 +324,20 @@ def _insert(
     kind: str,
     occurrence: datetime,
     detail: str,
+    *,
+    revoked: bool = False,
 ) -> BreachEvent | None:
     """The breach, or None when one of this kind is open for the job already (another beat
-    recorded it first): the constraint decides, in a savepoint."""
+    recorded it first): the constraint decides, in a savepoint. ``revoked``: an overrun
+    schedapp revokes (``Breach.revoked``)."""
     try:
         with transaction.atomic(using=using):
             breach = Breach.objects.using(using).create(
-                job_id=job_id, kind=kind, scheduled_for=occurrence, detail=detail[:2000]
+                job_id=job_id,
+                kind=kind,
+                scheduled_for=occurrence,
+                detail=detail[:2000],
+                revoked=revoked,
             )
             event = BreachEvent(breach.pk, job_id, name, _tags(tags), kind, occurrence, detail)
             _notify(event, using)

@@ -928,6 +928,15 @@ class Breach(models.Model):
     cleared_at = models.DateTimeField(null=True, blank=True)
     detail = models.TextField(blank=True, default="")
     cleared_detail = models.TextField(blank=True, default="")
+    # An overrun schedapp revoked (revoke_overrun): the run was killed on purpose, so the
+    # breach clears at once; its recovery never withdraws the alert (deadlines._notify).
+    revoked = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text="schedapp revoked the overrunning run (revoke_overrun): its recovery "
+        "never withdraws the alert.",
+    )
 
     class Meta:
         ordering = ["-opened_at", "-id"]
