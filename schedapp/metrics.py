@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -114,6 +115,27 @@ BREACHES = _metric(
 )
 RECOVERIES = _metric(
     "Counter", "schedapp_breach_recoveries", "Breaches that ended, by kind.", ("kind",)
+)
+BREACHES_BY_TAG = _metric(
+    "Counter",
+    "schedapp_breaches_by_tag",
+    f"Deadline breaches recorded, by kind and tag (the first {MAX_TAG_LABELS} tags this "
+    'process met, the rest as _other; a job counts under each of its tags, untagged under "").',
+    ("kind", "tag"),
+)
+NOTIFICATION_OUTCOMES = ("sent", "failed")  # the values of its outcome label
+NOTIFICATIONS = _metric(
+    "Counter",
+    "schedapp_notifications",
+    "Notification events by channel, kind and outcome: sent (carried by a message the channel "
+    "took) or failed (given up after the channel's max_attempts).",
+    ("channel", "kind", "outcome"),
+)
+NOTIFICATION_SEND_FAILURES = _metric(
+    "Counter",
+    "schedapp_notification_send_failures",
+    "Messages a channel did not take (an HTTP status, a timeout, an SMTP error), each attempt.",
+    ("channel",),
 )
 DEAD_LETTERS = _metric("Counter", "schedapp_dead_letters", "Jobs that exhausted their retries.")
 FAILED_OCCURRENCES = _metric(
@@ -444,8 +466,41 @@ def _open_breach_gauges() -> Iterator[Any]:
     yield tagged
 
 
+# The tags this process counts under their own label (per-tag counters): the first
+# MAX_TAG_LABELS it meets, the rest under "_other", so a process makes at most that many
+# series per kind whatever the fleet's tags. (The fleet gauges pick the most common tags at
+# scrape time instead; a counter cannot change its labels once counted.)
+_TAG_LABELS: set[str] = set()
+_TAG_LOCK = threading.Lock()
+OTHER_TAG = "_other"
+
+
+def tag_label(tag: str) -> str:
+    """The label a per-tag counter counts ``tag`` under: itself, or ``_other`` once this
+    process has MAX_TAG_LABELS tags of its own."""
+    if tag in _TAG_LABELS:
+        return tag
+    with _TAG_LOCK:
+        if tag in _TAG_LABELS or len(_TAG_LABELS) < MAX_TAG_LABELS:
+            _TAG_LABELS.add(tag)
+            return tag
+    return OTHER_TAG
+
+
 def _count_breach(sender: Any = None, breach: Any = None, **_: Any) -> None:
     BREACHES.labels(kind=breach.kind).inc()
+    for tag in breach.tags or ("",):
+        BREACHES_BY_TAG.labels(kind=breach.kind, tag=tag_label(tag)).inc()
+
+
+def notifications(channel: str, outcome: str, kinds: Iterable[str]) -> None:
+    """Events of ``kinds`` that reached their ``outcome`` (sent, failed) on ``channel``."""
+    for kind in kinds:
+        NOTIFICATIONS.labels(channel=channel, kind=kind, outcome=outcome).inc()
+
+
+def notification_send_failed(channel: str) -> None:
+    NOTIFICATION_SEND_FAILURES.labels(channel=channel).inc()
 
 
 def _count_recovery(sender: Any = None, breach: Any = None, **_: Any) -> None:

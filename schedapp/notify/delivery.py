@@ -31,6 +31,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
+from .. import metrics
 from ..db import reset_connection
 from ..models import Notification, NotificationChannel
 from ..policies import compute_backoff
@@ -157,13 +158,14 @@ def deliver_channel(channel: Channel) -> float | None:
         try:
             SENDERS[channel.type](channel, digest, now)
         except DeliveryError as exc:
-            return _failed(channel, state, ids, str(exc), now)
+            return _failed(channel, state, rows, str(exc), now)
         Notification.objects.filter(id__in=ids).update(
             sent_at=Now(), attempts=F("attempts") + 1, last_error=""
         )
         NotificationChannel.objects.filter(name=channel.name).update(
             last_message_at=now, failures=0, retry_at=None
         )
+    metrics.notifications(channel.name, "sent", [r.kind for r in rows])
     log.info(
         "notified channel %s: %s",
         channel.name,
@@ -174,10 +176,16 @@ def deliver_channel(channel: Channel) -> float | None:
 
 
 def _failed(
-    channel: Channel, state: NotificationChannel, ids: list[int], error: str, now: datetime
+    channel: Channel,
+    state: NotificationChannel,
+    rows: list[Notification],
+    error: str,
+    now: datetime,
 ) -> float:
     """Record a failed attempt on each event; those at the channel's max_attempts fail for
     good. The channel waits a capped exponential backoff before its next attempt."""
+    ids = [r.id for r in rows]
+    metrics.notification_send_failed(channel.name)
     failures = state.failures + 1
     delay = compute_backoff(failures - 1, channel.backoff, channel.backoff_max)
     retry_at = now + delay
@@ -192,6 +200,10 @@ def _failed(
         failures, retry_at = 0, None
     NotificationChannel.objects.filter(name=channel.name).update(
         failures=failures, retry_at=retry_at
+    )
+    # (the rows are locked: the events given up are those the update just reached)
+    metrics.notifications(
+        channel.name, "failed", [r.kind for r in rows if r.attempts + 1 >= channel.max_attempts]
     )
     if given_up:
         log.error(

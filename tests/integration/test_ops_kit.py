@@ -42,6 +42,7 @@ COUNTER_LABEL_VALUES = {
     "status": set(RunStatus.values),
     "kind": set(Node.Kind.values),
     "state": set(JobState.values),
+    "outcome": set(metrics.NOTIFICATION_OUTCOMES),
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -111,6 +112,9 @@ def scrape(client: Any) -> dict[str, dict[str, Any]]:
     metrics.run_finished("succeeded")
     metrics.door_skipped("stale_token")
     metrics.heartbeat("worker")
+    metrics.notifications("ops", "sent", ["late"])
+    metrics.notification_send_failed("ops")
+    metrics.BREACHES_BY_TAG.labels(kind="late", tag="").inc(0)
     response = client.get(reverse("schedapp-metrics"))
     assert response.status_code == 200, response.content[:500]
     exported: dict[str, dict[str, Any]] = {}
