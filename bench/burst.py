@@ -35,9 +35,9 @@ import redis
 
 from bench import common
 
-DB = "schedapp_bench_burst"
-REDIS_DB = 12  # the broker
-REDBEAT_DB = 13  # RedBeat's schedule
+DB = common.bench_db("burst")
+REDIS_DB = common.bench_redis(12)  # the broker
+REDBEAT_DB = common.bench_redis(13)  # RedBeat's schedule
 _TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node",
            "django_celery_results_taskresult", "django_celery_beat_periodictask",
            "django_celery_beat_clockedschedule", "django_celery_beat_intervalschedule",
@@ -141,15 +141,18 @@ def _watch_and_measure(beats: list[common.Proc], n: int, due: float, cap: float,
 
 
 def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | None = None,
-             profile: bool = False, jobs: str = "once") -> dict[str, Any]:
+             profile: bool = False, jobs: str = "once",
+             deadlines: bool = False) -> dict[str, Any]:
     """N jobs due at once, ``beats`` LeaseScheduler beats, to the broker. With ``profile``,
     py-spy samples the first beat (wall clock, idle included) over the burst. ``jobs``:
     ``once`` (one-offs), ``interval`` (daily intervals due at the instant) or ``calendar``
-    (those intervals, each under a calendar that allows the instant: ``burst_calendar``)."""
+    (those intervals, each under a calendar that allows the instant: ``burst_calendar``);
+    with ``deadlines``, every job carries every deadline field (``common.insert_jobs``)."""
     reset()
     calendar = burst_calendar() if jobs == "calendar" else None
     tag = f"ours-{n}-{beats}b" + ("-profiled" if profile else "")
     tag += "" if jobs == "once" else f"-{jobs}"
+    tag += "-deadlines" if deadlines else ""
     logs = common.run_dir(tag)
     env = common.bench_env(DB, REDIS_DB, common.OURS_SETTINGS, settings)
     procs = [common.start_beat(f"beat{i + 1}", common.OURS_SCHEDULER, env, logs)
@@ -160,7 +163,8 @@ def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | 
             p.wait_for("schedapp.beat: beat ", timeout=60)
         offset = common.db_clock_offset(DB)
         loadavg = os.getloadavg()[0]
-        due_dt = _load_ours(n, kind="once" if jobs == "once" else "interval", calendar=calendar)
+        due_dt = _load_ours(n, kind="once" if jobs == "once" else "interval", calendar=calendar,
+                            deadlines=deadlines)
         due = due_dt.timestamp()
         if profile:
             spy = common.start_profiler(procs[0].pid, logs / "beat1.pyspy.txt")
@@ -169,6 +173,7 @@ def run_ours(n: int, beats: int, cap: float = 300.0, settings: dict[str, Any] | 
         result = _summary(kind, n, beats, due, seen, figures, cap, offset)
         result["per_beat"] = _per_beat()
         result["settings"] = settings or {}
+        result["deadlines"] = deadlines
         result["loadavg_before"] = loadavg
     finally:
         common.stop_all(procs)
@@ -204,10 +209,11 @@ def burst_calendar() -> int:
 
 
 def _load_ours(n: int, first: int = 1, kind: str = "once",
-               calendar: int | None = None) -> datetime:
+               calendar: int | None = None, deadlines: bool = False) -> datetime:
     with common.connect(DB) as conn:
         due = common.db_now(conn) + timedelta(seconds=_margin(n))
-        common.insert_jobs(conn, first, first + n - 1, due, kind=kind, calendar=calendar)
+        common.insert_jobs(conn, first, first + n - 1, due, kind=kind, calendar=calendar,
+                           deadlines=deadlines)
         conn.execute("ANALYZE schedapp_job")  # as autovacuum would, soon after a bulk load
         if common.db_now(conn) >= due - timedelta(seconds=1.5):
             raise RuntimeError("loading the jobs took longer than the margin")

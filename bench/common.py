@@ -40,6 +40,21 @@ PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 DB_PREFIX = "schedapp_bench_"
 REDIS_DBS = (9, 12, 13, 14, 15)
+# A run that must keep out of the bench's own databases (a helper proving a flag at a tiny
+# size beside a measurement): BENCH_DB_TAG goes after the prefix of every database name
+# (schedapp_bench_<tag>burst), BENCH_REDIS_DB replaces every Redis database the bench uses.
+DB_TAG = os.environ.get("BENCH_DB_TAG", "")
+REDIS_OVERRIDE = int(os.environ["BENCH_REDIS_DB"]) if os.environ.get("BENCH_REDIS_DB") else None
+
+
+def bench_db(name: str) -> str:
+    """A bench database's name (``schedapp_bench_<BENCH_DB_TAG><name>``)."""
+    return f"{DB_PREFIX}{DB_TAG}{name}"
+
+
+def bench_redis(db: int) -> int:
+    """The Redis database a bench uses for ``db``: itself, or BENCH_REDIS_DB if set."""
+    return db if REDIS_OVERRIDE is None else REDIS_OVERRIDE
 QUEUE = "celery"  # Celery's default queue: a Redis list of that name
 
 OURS_SCHEDULER = "schedapp.beat:LeaseScheduler"
@@ -121,15 +136,17 @@ def db_clock_offset(name: str, samples: int = 5) -> float:
     return statistics.median(offsets)
 
 
+# (a str.format template: braces meant for SQL are doubled)
 _INSERT_JOBS = """
 INSERT INTO schedapp_job (name, task, args, kwargs, run_at, cron, timezone, interval, state,
     priority, queue, max_retries, retry_backoff, retry_backoff_max, jitter, lease_seconds,
     misfire_policy, misfire_grace, misfire_max_catchup, next_run_at, scheduled_for,
     retry_count, missed_runs, claimed_by, lease_expires_at, token, source, last_run_at,
-    last_status, last_error, created_at, updated_at)
-SELECT %(prefix)s || g, %(task)s, jsonb_build_array(g), '{}'::jsonb, d.due, '', 'UTC', NULL,
+    last_status, last_error{deadline_columns}, created_at, updated_at)
+SELECT %(prefix)s || g, %(task)s, jsonb_build_array(g), '{{}}'::jsonb, d.due, '', 'UTC', NULL,
     'scheduled', 0, '', 0, interval '10 s', interval '1 h', 0, %(lease)s, 'run_once',
-    interval '60 s', 100, d.due, d.due, 0, 0, '', NULL, 0, 'imported', NULL, '', '',
+    interval '60 s', 100, d.due, d.due, 0, 0, '', NULL, 0, 'imported', NULL, '',
+    ''{deadline_values},
     now(), now()
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
 CROSS JOIN LATERAL (
@@ -138,19 +155,32 @@ CROSS JOIN LATERAL (
 """
 
 
+# Every deadline field (``--deadlines``), none of which a bench run breaches: a start deadline
+# and max runtime of an hour (skipping late occurrences), a finish_by at the day's last
+# minute, an alert after 3 failures, a notification channel. What it measures is the cost of
+# jobs carrying deadlines in the claim and at the worker's door, not of breaches.
+_DEADLINE_COLUMNS = (
+    ", start_deadline, skip_late, max_runtime, finish_by, alert_after_failures, notify"
+)
+_DEADLINE_VALUES = (
+    ", interval '1 h', true, interval '1 h', time '23:59', 3, '[\"bench\"]'::jsonb"
+)
+
 # The same jobs as daily intervals whose occurrence is their due time, each under the calendar
-# %(calendar)s (NULL: none): the burst's ``--interval`` and ``--calendar`` jobs.
+# %(calendar)s (NULL: none): the burst's ``--interval`` and ``--calendar`` jobs. (A str.format
+# template, as _INSERT_JOBS.)
 _INSERT_INTERVAL_JOBS = """
 INSERT INTO schedapp_job (name, task, args, kwargs, run_at, cron, timezone, interval,
     interval_anchor, calendar_id, calendar_mode, calendar_roll, state,
     priority, queue, max_retries, retry_backoff, retry_backoff_max, jitter, lease_seconds,
     misfire_policy, misfire_grace, misfire_max_catchup, next_run_at, scheduled_for,
     retry_count, missed_runs, claimed_by, lease_expires_at, token, source, last_run_at,
-    last_status, last_error, created_at, updated_at)
-SELECT %(prefix)s || g, %(task)s, jsonb_build_array(g), '{}'::jsonb, NULL, '', 'UTC',
+    last_status, last_error{deadline_columns}, created_at, updated_at)
+SELECT %(prefix)s || g, %(task)s, jsonb_build_array(g), '{{}}'::jsonb, NULL, '', 'UTC',
     interval '1 day', d.due, %(calendar)s::bigint, 'exclude', 'skip',
     'scheduled', 0, '', 0, interval '10 s', interval '1 h', 0, %(lease)s, 'run_once',
-    interval '60 s', 100, d.due, d.due, 0, 0, '', NULL, 0, 'imported', NULL, '', '',
+    interval '60 s', 100, d.due, d.due, 0, 0, '', NULL, 0, 'imported', NULL, '',
+    ''{deadline_values},
     now(), now()
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
 CROSS JOIN LATERAL (
@@ -162,19 +192,26 @@ CROSS JOIN LATERAL (
 def insert_jobs(conn: psycopg.Connection, first: int, last: int, t0: datetime,
                 step: float = 0.0, prefix: str = "bench-", lease: int = 3600,
                 task: str = "project.tasks.noop", notify: bool = True,
-                kind: str = "once", calendar: int | None = None) -> None:
+                kind: str = "once", calendar: int | None = None,
+                deadlines: bool = False) -> None:
     """Bulk-load one-off jobs ``first..last`` (args ``[i]``), job ``i`` due at
     ``t0 + (i - first) * step`` seconds, in one ``INSERT ... SELECT generate_series``, the way
     an import would; then wake the beats (``NOTIFY``, as ``schedule_many`` does). ``kind``
     ``interval``: daily intervals due then instead, under the calendar of id ``calendar``
-    when given.
+    when given. With ``deadlines``, every job carries every deadline field
+    (``_DEADLINE_VALUES``).
 
     Leases are long (an hour) because no worker completes these runs in the to-the-broker
     benchmarks: a lease that expired mid-run would be reaped and published again."""
-    sql = _INSERT_JOBS if kind == "once" else _INSERT_INTERVAL_JOBS
+    template = _INSERT_JOBS if kind == "once" else _INSERT_INTERVAL_JOBS
+    statement = template.format(
+        deadline_columns=_DEADLINE_COLUMNS if deadlines else "",
+        deadline_values=_DEADLINE_VALUES if deadlines else "",
+    )
     with conn.transaction():
-        conn.execute(sql, {"prefix": prefix, "task": task, "lease": lease, "first": first,
-                           "last": last, "t0": t0, "step": step, "calendar": calendar})
+        conn.execute(statement, {"prefix": prefix, "task": task, "lease": lease,
+                                 "first": first, "last": last, "t0": t0, "step": step,
+                                 "calendar": calendar})
         if notify:
             conn.execute("SELECT pg_notify('schedapp', %s)", [f"{t0.timestamp():.6f}"])
 
@@ -188,7 +225,7 @@ def db_now(conn: psycopg.Connection) -> datetime:
 
 
 def redis_url(db: int) -> str:
-    if db not in REDIS_DBS:
+    if db not in REDIS_DBS and db != REDIS_OVERRIDE:
         raise ValueError(f"refusing to use Redis database {db}: the bench owns {REDIS_DBS}")
     return f"{REDIS}/{db}"
 

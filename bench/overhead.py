@@ -59,8 +59,8 @@ from bench import common
 from bench import timing as bench_timing
 from bench.ceilings import CEILINGS
 
-DB = "schedapp_bench_overhead"
-REDIS_DB = 9  # its own (tests use 7)
+DB = common.bench_db("overhead")
+REDIS_DB = common.bench_redis(9)  # its own (tests use 7)
 QUEUE = common.QUEUE
 NOOP = "project.tasks.noop"
 _TABLES = ("schedapp_jobrun", "schedapp_job", "schedapp_node", "project_execution")
@@ -116,11 +116,12 @@ def stage_plain(n: int, task: str = NOOP) -> None:
             app.send_task(task, args=[i], producer=producer)
 
 
-def stage_schedapp(n: int, logs: Path, task: str = NOOP) -> None:
-    """N one-off jobs due now, dispatched by one beat which is then stopped."""
+def stage_schedapp(n: int, logs: Path, task: str = NOOP, deadlines: bool = False) -> None:
+    """N one-off jobs due now, dispatched by one beat which is then stopped; with
+    ``deadlines``, each carries every deadline field (the door reads them)."""
     with common.connect(DB) as conn:
         now = common.db_now(conn)
-        common.insert_jobs(conn, 1, n, now, lease=3600, task=task)
+        common.insert_jobs(conn, 1, n, now, lease=3600, task=task, deadlines=deadlines)
     beat = common.start_beat("beat", common.OURS_SCHEDULER, _env(), logs,
                              count_statements=False)
     try:
@@ -271,9 +272,9 @@ def schedapp_ok(n: int) -> dict[str, int]:
 
 def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
                     ceiling: str | None = None, task: str = NOOP,
-                    timing: bool = False) -> dict[str, Any]:
+                    timing: bool = False, deadlines: bool = False) -> dict[str, Any]:
     reset()
-    stage_schedapp(n, logs, task)
+    stage_schedapp(n, logs, task, deadlines)
     if ceiling is not None:
         admit_beforehand()
     out = drain(n, logs, name, profile, ceiling, timing)
@@ -287,7 +288,8 @@ def _schedapp_round(n: int, logs: Path, name: str, profile: bool,
 
 
 def run(n: int = 3000, rounds: int = 3, profile: bool = False,
-        ceilings: bool = False, task: str = NOOP, timing: bool = False) -> dict[str, Any]:
+        ceilings: bool = False, task: str = NOOP, timing: bool = False,
+        deadlines: bool = False) -> dict[str, Any]:
     setup()
     logs = common.run_dir("overhead")
     plain: list[dict[str, Any]] = []
@@ -300,13 +302,13 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
         print(f"  plain Celery round {i + 1}: {plain[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(plain[-1])}", flush=True)
         ours.append(_schedapp_round(n, logs, f"schedapp{i}", profile and i == 0, task=task,
-                                    timing=timing))
+                                    timing=timing, deadlines=deadlines))
         print(f"  schedapp     round {i + 1}: {ours[-1]['per_s']:,.0f}/s, "
               f"{_budget_line(ours[-1])}, "
               f"{ours[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
         for ceiling, results in without.items():
             results.append(_schedapp_round(n, logs, f"{ceiling}{i}", False, ceiling, task,
-                                           timing))
+                                           timing, deadlines))
             print(f"  {ceiling:12s} round {i + 1}: {results[-1]['per_s']:,.0f}/s, "
                   f"{_budget_line(results[-1])}, "
                   f"{results[-1]['commits_per_execution']:.2f} commits/execution", flush=True)
@@ -317,6 +319,7 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
                   for o, p in zip(ours, plain, strict=True)]
     result = {
         "machine": common.machine(), "n": n, "rounds": rounds, "task": task,
+        "deadlines": deadlines,
         "plain_per_s": statistics.median(p["per_s"] for p in plain),
         "schedapp_per_s": statistics.median(o["per_s"] for o in ours),
         "ratio_median": statistics.median(ratios), "ratios": ratios,
@@ -338,7 +341,7 @@ def run(n: int = 3000, rounds: int = 3, profile: bool = False,
         print(f"ceiling {ceiling}: {result[ceiling]['per_s']:,.0f}/s, ratio "
               f"{result[ceiling]['ratio_median']:.2f} "
               f"(rounds {', '.join(f'{x:.2f}' for x in side)})", flush=True)
-    name = "overhead-ceilings" if ceilings else "overhead"
+    name = ("overhead-ceilings" if ceilings else "overhead") + ("-deadlines" if deadlines else "")
     common.save(name if task == NOOP else f"{name}-{task.rsplit('.', 1)[-1]}", result)
     return result
 
@@ -358,8 +361,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timing", action="store_true",
                         help="time each pool slot's cycle: in the task, the door, between "
                         "tasks (bench/timing.py)")
+    parser.add_argument("--deadlines", action="store_true",
+                        help="schedapp's jobs carry every deadline field (the door reads them)")
     args = parser.parse_args(argv)
-    run(args.n, args.rounds, args.profile, args.ceilings, args.task, args.timing)
+    run(args.n, args.rounds, args.profile, args.ceilings, args.task, args.timing,
+        args.deadlines)
 
 
 if __name__ == "__main__":

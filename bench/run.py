@@ -100,18 +100,21 @@ def quick() -> dict[str, Any]:
 
 
 def full(sections: list[str], sizes: list[int], beats: list[int], repeat: int,
-         cap: float, jobs: str = "once") -> None:
+         cap: float, jobs: str = "once", deadlines: bool = False) -> None:
     """Each section saves its own results file, so a section can be run again alone.
-    ``jobs``: our burst's jobs (``once``; ``interval`` or ``calendar``, saved apart)."""
+    ``jobs``: our burst's jobs (``once``; ``interval`` or ``calendar``, saved apart).
+    ``deadlines``: our jobs carry every deadline field (saved as ``burst-ours-deadlines`` and
+    ``overhead-deadlines``, beside the runs without)."""
     burst.setup()
+    suffix = "-deadlines" if deadlines else ""
     if "ours" in sections:
         runs: list[dict[str, Any]] = []
         name = "burst-ours" if jobs == "once" else f"burst-ours-{jobs}"
         for n in sizes:
             for _ in range(repeat):
                 for b in beats:
-                    runs.append(burst.run_ours(n, b, jobs=jobs))
-                    common.save(name, {"machine": common.machine(), "runs": runs})
+                    runs.append(burst.run_ours(n, b, jobs=jobs, deadlines=deadlines))
+                    common.save(name + suffix, {"machine": common.machine(), "runs": runs})
     if "baselines" in sections:
         runs = []
         for n in sizes:
@@ -127,7 +130,7 @@ def full(sections: list[str], sizes: list[int], beats: list[int], repeat: int,
     if "double" in sections:
         common.save("doublefire", {"machine": common.machine(), "runs": doublefire.main()})
     if "overhead" in sections:
-        overhead.run()  # saves bench/results/overhead.json
+        overhead.run(deadlines=deadlines)  # saves bench/results/overhead{suffix}.json
     report()
 
 
@@ -172,15 +175,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="our burst's jobs are daily intervals, each under a calendar")
     jobs.add_argument("--interval", dest="jobs", action="store_const", const="interval",
                       help="our burst's jobs are the same daily intervals, no calendar")
-    parser.add_argument("--db", help="the burst's database (schedapp_bench_*), not its own")
-    parser.add_argument("--redis-db", type=int,
-                        help="the burst's Redis database (broker and RedBeat), not its own")
+    parser.add_argument("--deadlines", action="store_true",
+                        help="our jobs carry every deadline field (ours and overhead sections)")
     args = parser.parse_args(argv)
-    if args.db:
-        burst.DB = args.db
-    if args.redis_db is not None:
-        common.REDIS_DBS = (*common.REDIS_DBS, args.redis_db)  # given by the operator
-        burst.REDIS_DB = burst.REDBEAT_DB = args.redis_db
     if args.quick:
         quick()
     elif args.report:
@@ -188,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         full(args.sections.split(","), [int(s) for s in args.sizes.split(",")],
              [int(b) for b in args.beats.split(",")], args.repeat, args.cap,
-             args.jobs or "once")
+             args.jobs or "once", args.deadlines)
 
 
 if __name__ == "__main__":
