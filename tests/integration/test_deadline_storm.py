@@ -126,4 +126,7 @@ def test_500_late_jobs_make_grouped_messages_listing_or_counting_every_breach_on
         assert len(sent) == sent_count
         assert all(b - a >= timedelta(seconds=GROUP_INTERVAL) for a, b in pairwise(sent))
         assert sent[0] - opened[0] >= timedelta(seconds=GROUP_WAIT)
-        assert 2 <= sent_count <= 2 + spread / GROUP_INTERVAL, (sent_count, spread)
+        # At most the bound. At least one: how many of the bound's groups a run fills is the
+        # machine's timing (a delivery loop starved of CPU until every breach had opened
+        # sends one message, which is still grouped), never asserted against the clock.
+        assert 1 <= sent_count <= 2 + spread / GROUP_INTERVAL, (sent_count, spread)
