@@ -46,7 +46,18 @@ from .fields import (
     changed_fields,
     with_defaults,
 )
-from .models import Calendar, CalendarReference, Declaration, Job, JobChange, JobSource, JobState
+from .lease import backfill as backfills
+from .models import (
+    Backfill,
+    BackfillState,
+    Calendar,
+    CalendarReference,
+    Declaration,
+    Job,
+    JobChange,
+    JobSource,
+    JobState,
+)
 from .schedules import first_fire_time
 from .store import get_store
 from .validation import (
@@ -64,7 +75,9 @@ log = logging.getLogger("schedapp.api")
 JobRef = Job | int
 
 __all__ = [
+    "backfill",
     "cancel",
+    "cancel_backfill",
     "duplicate",
     "get",
     "import_calendar",
@@ -432,6 +445,107 @@ def cancel(job: JobRef, *, terminate: bool = False, reason: str | None = None) -
             task_ids,
             extra={"action": "cancel", "job": current.pk},
         )
+    return current
+
+
+def backfill(
+    job: JobRef,
+    start: datetime,
+    end: datetime,
+    *,
+    overlap: str = backfills.DEFAULT_OVERLAP,
+    max_per_second: float = 10.0,
+    rerun: bool = False,
+    reason: str | None = None,
+) -> Backfill:
+    """Run each occurrence of the job's schedule in [start, end] as if its time had just
+    passed, shared by all beats and throttled to ``max_per_second`` runs (docs/semantics.md,
+    "Backfill"). An occurrence that already has a succeeded run is not run again unless
+    ``rerun``; one with a run in flight never is. Returns the backfill's row, which the beats
+    advance and ``cancel_backfill`` stops. Recorded in the job's audit trail."""
+    errors: dict[str, list[str]] = {}
+    for name, value in (("start", start), ("end", end)):
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            errors[name] = ["an aware datetime (with its time zone)."]
+    if overlap not in backfills.BACKFILL_OVERLAP:
+        errors["overlap"] = [f"one of {', '.join(backfills.BACKFILL_OVERLAP)}, not {overlap!r}."]
+    if isinstance(max_per_second, bool) or not isinstance(max_per_second, int | float):
+        errors["max_per_second"] = ["a number of runs per second."]
+    elif not 0 < max_per_second <= 10_000:
+        errors["max_per_second"] = ["more than 0 and at most 10,000 runs per second."]
+    if errors:
+        raise ValidationError(errors)
+    if end <= start:
+        raise ValidationError({"end": ["the end must be after the start."]})
+    with transaction.atomic():
+        current = _locked(job)
+        if not current.is_recurring:
+            raise ValidationError(
+                {"job": ["a one-off job has no occurrences to backfill (it has no schedule)."]}
+            )
+        if current.state == JobState.CANCELLED:
+            raise JobStateError(f"job {current.pk} is cancelled; it cannot be backfilled.")
+        _still_allowed(current)
+        now = db_now()
+        if end > now:
+            raise ValidationError(
+                {"end": [f"in the future ({now.isoformat()} now): a backfill runs past times."]}
+            )
+        try:
+            total, _last = backfills.count_occurrences(current, start, end)
+        except ValueError as exc:
+            raise ValidationError({"end": [str(exc)]}) from exc
+        if total == 0:
+            raise ValidationError({"start": ["the range holds no occurrence of the job."]})
+        actor = audit.current()
+        record = Backfill.objects.create(
+            job=current,
+            start=start,
+            end=end,
+            overlap=overlap,
+            max_per_second=float(max_per_second),
+            rerun=bool(rerun),
+            total=total,
+            refilled_at=now,
+            created_by=actor.who[:200],
+            reason=(actor.reason if reason is None else reason) or "",
+        )
+        audit.record(
+            current,
+            JobChange.Action.BACKFILL,
+            {"backfill": [None, _backfill_summary(record)]},
+            reason=reason,
+        )
+        backfills.wake()
+    return record
+
+
+def _backfill_summary(record: Backfill) -> str:
+    return (
+        f"#{record.pk}: {record.total} occurrence(s) {record.start.isoformat()} to "
+        f"{record.end.isoformat()}, overlap {record.overlap}, {record.max_per_second:g}/s"
+        + (", rerun" if record.rerun else "")
+    )
+
+
+def cancel_backfill(record: Backfill | int, *, reason: str | None = None) -> Backfill:
+    """Stop a backfill: nothing new is dispatched, the runs already dispatched go on to their
+    end, and the occurrences not decided yet are recorded cancelled. Cancelling one that has
+    ended changes nothing."""
+    pk = record.pk if isinstance(record, Backfill) else record
+    with transaction.atomic():
+        current = Backfill.objects.select_for_update().get(pk=pk)
+        if current.state != BackfillState.RUNNING:
+            return current
+        backfills.cancel_locked(current)
+        job = Job.objects.filter(pk=current.job_id).first()
+        if job is not None:
+            audit.record(
+                job,
+                JobChange.Action.BACKFILL_CANCEL,
+                {"backfill": [_backfill_summary(current), "cancelled"]},
+                reason=reason,
+            )
     return current
 
 

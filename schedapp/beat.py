@@ -31,7 +31,14 @@ from .db import (
 from .deadlines import check_deadlines
 from .declared import sync_declared_calendars, sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
-from .lease import Superseded, claim_due_jobs, quarantine_job, release_claims, seconds_until_due
+from .lease import (
+    Superseded,
+    backfill,
+    claim_due_jobs,
+    quarantine_job,
+    release_claims,
+    seconds_until_due,
+)
 from .models import Node
 from .nodes import record_node
 from .notify.delivery import DeliveryLoop
@@ -85,6 +92,8 @@ class LeaseScheduler(Scheduler):
         self._failures = 0
         self._superseded_at = float("-inf")  # when the last claim looked for runs to supersede
         self._deadlines_at = float("-inf")  # when the last deadline pass ran
+        self._backfills_at = float("-inf")  # when the last look for running backfills was
+        self._backfill_wait: float | None = None  # None: none was running at the last look
         self._broker_down = False  # a publish failed: probe the broker before claiming again
         self._wake_at_db: float | None = None  # epoch seconds, database clock
         self._last_node_update = 0.0
@@ -311,6 +320,7 @@ class LeaseScheduler(Scheduler):
                 self._maybe_update_node()
                 return self._backoff()
         self._revoke_superseded(result.superseded)
+        self._advance_backfills(batch)
         self._check_deadlines()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
@@ -318,6 +328,8 @@ class LeaseScheduler(Scheduler):
         now_and_delay = seconds_until_due()
         if now_and_delay is None:
             self._wake_at_db = None
+            if self._backfill_wait is not None:
+                return min(self._sleep_ceiling, self._backfill_wait)
             return self._sleep_ceiling
         db_now, delay = now_and_delay
         if delay <= 0:
@@ -326,8 +338,37 @@ class LeaseScheduler(Scheduler):
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
             delay = self.settings.MIN_SLEEP
         delay = min(delay, self._sleep_ceiling)
+        if self._backfill_wait is not None:
+            delay = min(delay, self._backfill_wait)
         self._wake_at_db = db_now.timestamp() + delay
         return delay
+
+    def _advance_backfills(self, batch: int) -> None:
+        """Move the running backfills on (``lease.backfill``) and publish their runs through
+        the same dispatcher as the claim's. With none running, looked for at most every
+        quarter second, so a burst's back-to-back ticks do not each pay the statement. A run
+        not published stays dispatched under its own lease: the reaper sends it again when
+        the lease lapses."""
+        if self._backfill_wait is None and time.monotonic() - self._backfills_at < 0.25:
+            return
+        self._backfills_at = time.monotonic()
+        runs, self._backfill_wait = backfill.advance(self.beat_id, batch, self._backfills_at)
+        if not runs:
+            return
+        published = PublishResult()
+        self._dispatcher.publish(runs, published)
+        for run, reason in published.refused:
+            log.warning(
+                "backfilled run of job %s not published: %s",
+                run.job_id,
+                reason,
+                extra={"action": "backfill_refused", "job": run.job_id},
+            )
+        self._log_dispatches(published.published)
+        self.stats["dispatched"] += len(published.published)
+        metrics.dispatched(len(published.published), [0.0 for _ in published.published])
+        if published.failed:
+            metrics.publish_failed(len(published.failed))
 
     def _revoke_superseded(self, runs: list[Superseded]) -> None:
         """Cancel the runs a later occurrence supersedes (overlap policies cancel_other and

@@ -740,6 +740,7 @@ class RunKind(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"  # an occurrence of the schedule, first attempt
     RETRY = "retry", "Retry"  # a later attempt of an occurrence that failed
     MANUAL = "manual", "Manual"  # an occurrence a person added (run now)
+    BACKFILL = "backfill", "Backfill"  # an occurrence of a backfill's range, every attempt
 
 
 class RunStatus(models.TextChoices):
@@ -903,6 +904,97 @@ class Occurrence(models.Model):
         return f"{self.job_id}@{self.scheduled_for:%Y-%m-%d %H:%M:%S} x{self.count} {self.fate}"
 
 
+class BackfillState(models.TextChoices):
+    RUNNING = "running", "Running"
+    CANCELLED = "cancelled", "Cancelled"
+    DONE = "done", "Done"
+
+
+class BackfillFate(models.TextChoices):
+    """What a backfill decided for an occurrence of its range (``schedapp.lease.backfill``)."""
+
+    DISPATCHED = "dispatched", "Ran (a run of kind backfill)"
+    ALREADY_DONE = "already_done", "Not run: it already has a succeeded run"
+    IN_FLIGHT = "in_flight", "Not run: a run of it was in flight"
+    OVERLAPPED = "overlapped", "Not run: a run of the job was in flight (overlap skip)"
+    CANCELLED = "cancelled", "Not run: cancelled with the backfill"
+
+
+class Backfill(models.Model):
+    """Occurrences of a job's schedule in [start, end] run as if their time had just passed.
+    The beats advance it in their ticks, one at a time (the row locked, SKIP LOCKED), each
+    batch's runs created in the transaction that moves ``cursor`` past them: a beat that
+    dies mid-batch loses nothing. Throttled by a token bucket in database time
+    (``allowance`` refilled at ``max_per_second`` since ``refilled_at``, at most one
+    second's worth)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="backfills")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    overlap = models.CharField(max_length=16, default="allow_all")
+    max_per_second = models.FloatField(default=10.0)
+    rerun = models.BooleanField(default=False)
+    state = models.CharField(
+        max_length=16, choices=BackfillState.choices, default=BackfillState.RUNNING
+    )
+    # The last occurrence decided (None: none yet): the next starts strictly after it.
+    cursor = models.DateTimeField(null=True, blank=True)
+    total = models.PositiveIntegerField(default=0, help_text="Occurrences in the range.")
+    decided = models.PositiveIntegerField(default=0)
+    dispatched = models.PositiveIntegerField(default=0)
+    already_done = models.PositiveIntegerField(default=0)
+    in_flight = models.PositiveIntegerField(default=0)
+    overlapped = models.PositiveIntegerField(default=0)
+    cancelled_count = models.PositiveIntegerField(default=0)
+    allowance = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField(db_default=Now())
+    created_by = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(
+                fields=["id"], name="schedapp_backfill_running", condition=Q(state="running")
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="schedapp_backfill_range", condition=Q(end__gt=models.F("start"))
+            ),
+            models.CheckConstraint(
+                name="schedapp_backfill_rate", condition=Q(max_per_second__gt=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"backfill {self.pk} of job {self.job_id} ({self.decided}/{self.total})"
+
+    @property
+    def progress(self) -> float:
+        """Occurrences decided, as a fraction of the range (1.0 for an empty one)."""
+        return self.decided / self.total if self.total else 1.0
+
+
+class BackfillRange(models.Model):
+    """The fates of a backfill's occurrences, in order, consecutive ones alike as one range
+    with its count (a backfill of 10,000 that ran them all is one row)."""
+
+    backfill = models.ForeignKey(Backfill, on_delete=models.CASCADE, related_name="ranges")
+    first = models.DateTimeField()
+    last = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    fate = models.CharField(max_length=16, choices=BackfillFate.choices)
+
+    class Meta:
+        ordering = ["backfill", "first"]
+
+    def __str__(self) -> str:
+        return f"{self.first:%Y-%m-%d %H:%M:%S} x{self.count} {self.fate}"
+
+
 class BreachKind(models.TextChoices):
     """What a job's deadline breach is (``schedapp.deadlines``)."""
 
@@ -992,6 +1084,8 @@ class JobChange(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         RESTORED = "restored", "Restored to an earlier version"
         DELETED = "deleted", "Deleted"
+        BACKFILL = "backfill", "Backfill started"
+        BACKFILL_CANCEL = "backfill_cancel", "Backfill cancelled"
 
     job_id = models.BigIntegerField()
     job_name = models.CharField(max_length=200)

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from .. import job_calendars, ledger, policies
 from ..db import beat_transaction, notify_due
 from ..message import ScheduleRef, idempotency_key, task_id_for
-from ..models import Job, JobRun, JobState, RunStatus, schedule_of
+from ..models import Job, JobRun, JobState, RunKind, RunStatus, schedule_of
 from ..schedules import DEFAULT_DST_POLICY
 from ..store import get_store, insert_runs, pairs
 from .after_run import job_facts
@@ -404,26 +404,35 @@ def _claim_due_retries(beat: str, limit: int, quarantined: list[Quarantined]) ->
     requeue lets its retries go on). Job rows are locked before run rows, SKIP LOCKED both:
     another beat, a completion or the reaper holding one leaves it to a later tick. Costs one
     probe of an empty partial index when nothing waits."""
-    candidates = list(
+    rows_found = list(
         JobRun.objects.filter(retry_at__lte=Now())
         .order_by("retry_at")
-        .values_list("id", "job_id")[:limit]
+        .values_list("id", "job_id", "kind")[:limit]
     )
-    if not candidates:
+    if not rows_found:
         return []
-    jobs = set(
+    # A backfilled run's retry goes on whatever its job's own run is doing (running, dead):
+    # only a paused or cancelled job holds it.
+    backfilled = {job_id for _, job_id, kind in rows_found if kind == RunKind.BACKFILL}
+    candidates = [(run_id, job_id) for run_id, job_id, _ in rows_found]
+    free = (JobState.SCHEDULED, JobState.SUCCEEDED)
+    jobs = dict(
         Job.objects.select_for_update(skip_locked=True)
+        .filter(id__in={job_id for _, job_id in candidates})
         .filter(
-            id__in={job_id for _, job_id in candidates},
-            state__in=[JobState.SCHEDULED, JobState.SUCCEEDED],
+            Q(state__in=free) | Q(id__in=backfilled, state__in=[JobState.RUNNING, JobState.DEAD])
         )
         .order_by("id")
-        .values_list("id", flat=True)
+        .values_list("id", "state")
     )
     runs = list(
         JobRun.objects.select_for_update(skip_locked=True)
         .filter(
-            id__in=[run_id for run_id, job_id in candidates if job_id in jobs],
+            id__in=[
+                run_id
+                for run_id, job_id, kind in rows_found
+                if job_id in jobs and (kind == RunKind.BACKFILL or jobs[job_id] in free)
+            ],
             retry_at__lte=Now(),
             status=RunStatus.DISPATCHED,
         )

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Min
 from django.db.models.functions import Now
 
 from .. import deadlines, policies
@@ -379,7 +379,7 @@ def _complete_own_lease(
     A stale outcome (the reaper marked the run lost) is kept on the run only; a retried one
     changes nothing."""
     runs = JobRun.objects.filter(job_id=job_id, token=token)
-    run = runs.select_for_update().values("status", "attempt", "scheduled_for").first()
+    run = runs.select_for_update().values("status", "attempt", "scheduled_for", "kind").first()
     verdict = run_completion(job is not None, run and run["status"], accepted)
     if verdict is Completion.ALREADY_RECORDED:
         return CompletionResult(verdict)
@@ -398,7 +398,7 @@ def _complete_own_lease(
         return _stale(job, job_id, token)
     assert job is not None and run is not None
     return record_own_lease_outcome(
-        job, outcome, error, run["attempt"], run["scheduled_for"], retry_delay, rng
+        job, outcome, error, run["attempt"], run["scheduled_for"], retry_delay, rng, run["kind"]
     )
 
 
@@ -410,6 +410,7 @@ def record_own_lease_outcome(
     scheduled_for: datetime,
     retry_delay: timedelta | None = None,
     rng: policies.Rng = random.random,
+    kind: str | None = None,
 ) -> CompletionResult:
     """What the end of an allow_all run (its completion, or the reaper's verdict: ``lost``)
     writes, the job row locked by the caller: the job's last status and error; a failure
@@ -417,14 +418,16 @@ def record_own_lease_outcome(
     (``wait_for_retry``), the backoff as for any job (or the task's own ``self.retry``
     countdown, granted as ``policies.plan_after_failure`` grants it); a failure with none left
     counts a failed occurrence and follows ``when_retries_exhausted`` (dead, or simply on:
-    the job has already moved on)."""
+    the job has already moved on). A backfilled run (``kind`` backfill) retries as a
+    backfilled run and never makes its job dead: the job's own schedule is not its."""
     changes: dict[str, Any] = {"last_run_at": Now(), "last_status": outcome, "updated_at": Now()}
     if outcome != SUCCEEDED:
         changes["last_error"] = error
     failed = outcome in (FAILED, RunStatus.LOST.value)
     task_retry = retry_delay is not None and job.when_retries_exhausted == policies.NEXT_OCCURRENCE
     retry = failed and (attempt - 1 < job.max_retries or task_retry)
-    dead = failed and not retry and job.when_retries_exhausted == policies.DEAD
+    backfilled = kind == RunKind.BACKFILL
+    dead = failed and not retry and job.when_retries_exhausted == policies.DEAD and not backfilled
     if failed and not retry:
         changes["failed_occurrences"] = F("failed_occurrences") + 1
     if dead and job.state not in (JobState.CANCELLED, JobState.DEAD):
@@ -437,7 +440,13 @@ def record_own_lease_outcome(
             else policies.compute_backoff(attempt - 1, job.retry_backoff, job.retry_backoff_max)
         )
         wait += policies.compute_jitter(job.jitter, rng)
-        wait_for_retry(job.id, scheduled_for, attempt + 1, RunKind.RETRY, wait)
+        wait_for_retry(
+            job.id,
+            scheduled_for,
+            attempt + 1,
+            RunKind.BACKFILL if backfilled else RunKind.RETRY,
+            wait,
+        )
     if dead:
         log.error(
             "%s is dead after %d attempt(s) of %s (overlap allow_all): %s",
@@ -458,9 +467,14 @@ def wait_for_retry(
     """A run of an allow_all occurrence waiting ``delay`` from the database's now (its
     ``retry_at``) for a beat to claim it, under a token of its own drawn from its job (whose
     row the caller holds locked): the runs of a job keep one token each. Its lease is taken
-    when it is claimed, and a pending retry holds no slot of ``max_concurrent`` until then."""
-    Job.objects.filter(id=job_id).update(token=F("token") + 1)
-    token = Job.objects.filter(id=job_id).values_list("token", flat=True).get()
+    when it is claimed, and a pending retry holds no slot of ``max_concurrent`` until then.
+    A backfilled run's takes a negative token (``backfill.next_token``): the job's own token,
+    which may be fencing its own run in flight, is left alone."""
+    if kind == RunKind.BACKFILL:
+        token = next_token(job_id)
+    else:
+        Job.objects.filter(id=job_id).update(token=F("token") + 1)
+        token = Job.objects.filter(id=job_id).values_list("token", flat=True).get()
     due = Now() + delay
     JobRun.objects.create(
         job_id=job_id,
@@ -476,6 +490,13 @@ def wait_for_retry(
         retry_at=due,
     )
     notify_due(None, delay.total_seconds())
+
+
+def next_token(job_id: int) -> int:
+    """The next negative token of a job's backfilled runs (the job row locked by the caller):
+    below every token the job has, so never one of its own (they count up from 0)."""
+    low = JobRun.objects.filter(job_id=job_id, token__lt=0).aggregate(low=Min("token"))["low"]
+    return (low or 0) - 1
 
 
 def record_expired(job_id: int, token: int) -> CompletionResult | None:

@@ -193,7 +193,7 @@ def _reap_run(run: tuple, result: ReapResult) -> None:
         result.started += 1
         job = Job.objects.get(id=job_id)
         outcome = record_own_lease_outcome(
-            job, RunStatus.LOST.value, why, attempt, scheduled_for
+            job, RunStatus.LOST.value, why, attempt, scheduled_for, kind=kind
         )
         result.dead += outcome.dead
         result.carried_on += outcome.carried_on
