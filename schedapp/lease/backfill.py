@@ -48,6 +48,7 @@ from .complete import next_token
 
 MAX_OCCURRENCES = 100_000  # the most occurrences one backfill may cover
 BATCH = 500  # the most occurrences one backfill decides in one transaction
+LOOKAHEAD = 100  # occurrences walked beyond what the tokens allow (those that need none)
 BACKFILL_OVERLAP = (policies.ALLOW_ALL, policies.BUFFER_ALL, policies.OVERLAP_SKIP)
 DEFAULT_OVERLAP = policies.ALLOW_ALL
 _TICK = timedelta(microseconds=1)
@@ -132,10 +133,13 @@ def _advance_one(bf: Backfill, beat: str, limit: int, started: float | None) -> 
     elapsed = max(0.0, (now - bf.refilled_at).total_seconds())
     allowance = min(bucket(rate), bf.allowance + rate * elapsed)
     tokens = min(math.floor(allowance), limit)
+    # Walked: what the tokens can take, plus room for occurrences that need none (already
+    # done, in flight), so a throttled tick does not compute a whole batch it cannot use.
+    walk = min(BATCH, max(tokens, 0) + LOOKAHEAD)
     occs = []
     for occ in occurrences(job, bf.cursor, bf.start, bf.end):
         occs.append(occ)
-        if len(occs) >= BATCH:
+        if len(occs) >= walk:
             break
     if not occs:
         _finish(bf, now)
@@ -191,7 +195,7 @@ def _advance_one(bf: Backfill, beat: str, limit: int, started: float | None) -> 
     bf.already_done += counts[BackfillFate.ALREADY_DONE]
     bf.in_flight += counts[BackfillFate.IN_FLIGHT]
     bf.overlapped += counts[BackfillFate.OVERLAPPED]
-    if len(decided) == len(occs) and len(occs) < BATCH:
+    if len(decided) == len(occs) and len(occs) < walk:
         bf.state, bf.finished_at = BackfillState.DONE, now
     bf.save()
     return runs
