@@ -11,6 +11,8 @@ the four ModelAdmins. One module per concern:
 * ``forms``: the job form, validated with the API's own rules;
 * ``calendars``: ``CalendarAdmin`` (a calendar's definition, and its next year's excluded days);
 * ``notifications``: ``NotificationAdmin``, the outbox read-only (sent, pending, failed);
+* ``backfills``: ``BackfillAdmin``, the backfills page (progress, Cancel) and a job's
+  "Backfill..." form;
 * ``attention``: the "needs attention" page (open breaches, failed deliveries), listed on the
   index through the ``Attention`` proxy.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Attention, Calendar, Job, JobRun, Node, Notification
+from ..models import Attention, Backfill, Calendar, Job, JobRun, Node, Notification
 from .attention import AttentionAdmin
+from .backfills import BackfillAdmin
 from .calendars import CalendarAdmin
 from .jobs import JobAdmin
 from .notifications import NotificationAdmin
@@ -28,6 +31,7 @@ from .runs import JobRunAdmin, NodeAdmin
 
 __all__ = [
     "AttentionAdmin",
+    "BackfillAdmin",
     "CalendarAdmin",
     "JobAdmin",
     "JobRunAdmin",
@@ -37,6 +41,7 @@ __all__ = [
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(JobRun, JobRunAdmin)
+admin.site.register(Backfill, BackfillAdmin)
 admin.site.register(Node, NodeAdmin)
 admin.site.register(Calendar, CalendarAdmin)
 admin.site.register(Notification, NotificationAdmin)

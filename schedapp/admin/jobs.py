@@ -216,7 +216,16 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     paginator = LargeTablePaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # facets count every filter option: not at this scale
-    actions = [make_action(op) for op in OPERATIONS]
+    actions = [*(make_action(op) for op in OPERATIONS), "backfill_one"]
+
+    @admin.action(description="Backfill… (one job)")
+    def backfill_one(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """The "Backfill..." form of the one job selected (a backfill is of one job)."""
+        ids = list(queryset.values_list("pk", flat=True)[:2])
+        if len(ids) != 1:
+            self.message_user(request, "Select one job to backfill.", messages.WARNING)
+            return None
+        return HttpResponseRedirect(reverse("admin:schedapp_backfill_start", args=[ids[0]]))
 
     class Media:
         js = ("schedapp/job_form.js",)
