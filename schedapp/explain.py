@@ -20,7 +20,17 @@ from django.db.models import Count, Sum
 from .conf import get_settings
 from .db import db_now
 from .display import WAITING, run_status
-from .models import Breach, Fate, Job, JobRun, JobState, Occurrence, RunStatus
+from .models import (
+    BackfillFate,
+    BackfillRange,
+    Breach,
+    Fate,
+    Job,
+    JobRun,
+    JobState,
+    Occurrence,
+    RunStatus,
+)
 from .schedules import Schedule, fire_times, next_fire_time, recent_fire_times
 
 RAN = "ran"  # an entry's fate when the occurrence was dispatched (its attempts say how it went)
@@ -243,10 +253,50 @@ def timeline(
         if until is not None:
             records = records.filter(scheduled_for__lte=until)
         entries += [_entry(o, job.timezone) for o in records[:limit]]
+        entries += _backfill_entries(job, other, since, until, limit)
     if not fates or BREACH in fates:
         entries = _with_breaches(job, entries, since, until, limit, only=bool(fates))
     entries.sort(key=lambda e: e.first, reverse=True)
     return entries[:limit]
+
+
+def _backfill_entries(
+    job: Job, fates: Sequence[str], since: datetime | None, until: datetime | None, limit: int
+) -> list[Entry]:
+    """The occurrences a backfill of the job decided not to run, as ranges with their count
+    (those it ran are its runs, kind backfill)."""
+    ranges = BackfillRange.objects.filter(backfill__job=job).exclude(fate=BackfillFate.DISPATCHED)
+    if fates:
+        ranges = ranges.filter(fate__in=fates)
+    if since is not None:
+        ranges = ranges.filter(last__gte=since)
+    if until is not None:
+        ranges = ranges.filter(first__lte=until)
+    return [
+        Entry(
+            r.first,
+            r.last,
+            r.count,
+            r.fate,
+            f"backfill #{r.backfill_id}: {BackfillFate(r.fate).label}",
+            f"backfill #{r.backfill_id}",
+            kind="backfill",
+        )
+        for r in ranges.order_by("-first")[:limit]
+    ]
+
+
+def backfill_note(job: Job, at: datetime) -> str:
+    """What the job's backfills decided for ``at`` when they did not run it ('' if none)."""
+    found = (
+        BackfillRange.objects.filter(backfill__job=job, first__lte=at, last__gte=at)
+        .exclude(fate=BackfillFate.DISPATCHED)
+        .order_by("backfill_id")
+    )
+    return " ".join(
+        f"Backfill #{r.backfill_id} did not run it: {BackfillFate(r.fate).label.split(': ')[-1]}."
+        for r in found[:5]
+    )
 
 
 def _with_breaches(
@@ -302,15 +352,18 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
         .order_by("-scheduled_for")
         .first()
     )
+    note = backfill_note(job, at) if nominal else ""
     if record is not None and nominal:
         entry = _entry(record, job.timezone)
-        return Answer(job.pk, at, True, _not_run_text(job, at, entry), entry, before, after)
+        text = _not_run_text(job, at, entry) + (f" {note}" if note else "")
+        return Answer(job.pk, at, True, text, entry, before, after)
     if not nominal:
         near = ", ".join(_local(job, t) for t in (before, after) if t is not None)
         text = f"{_local(job, at)} is not an occurrence of job {job.name!r}'s schedule"
         text += f"; the nearest: {near}." if near else "."
         return Answer(job.pk, at, False, text, None, before, after)
-    return Answer(job.pk, at, True, _pending_or_unknown(job, at), None, before, after)
+    text = _pending_or_unknown(job, at) + (f" {note}" if note else "")
+    return Answer(job.pk, at, True, text, None, before, after)
 
 
 def _is_occurrence(schedule: Schedule, at: datetime) -> bool:
@@ -324,11 +377,13 @@ def _previous(schedule: Schedule, at: datetime) -> datetime | None:
 
 
 def _occurrence_kind(job: Job, at: datetime, attempts: Sequence[Attempt]) -> str:
-    """Manual or scheduled, as the claim recorded it on the runs; derived from the schedule
-    for runs claimed before runs recorded it."""
+    """Manual, scheduled or backfill (every run of it a backfill's), as recorded on the runs;
+    derived from the schedule for runs claimed before runs recorded it."""
     recorded = {a.kind for a in attempts if a.kind and a.kind != "retry"}
     if recorded:
-        return "manual" if "manual" in recorded else "scheduled"
+        if "manual" in recorded:
+            return "manual"
+        return "backfill" if recorded == {"backfill"} else "scheduled"
     return _kind(job, at)
 
 
@@ -408,7 +463,10 @@ def _ran_text(job: Job, entry: Entry) -> str:
         if a.error:
             line += f" ({a.error.splitlines()[0][:200]})"
         parts.append(line)
-    manual = " (a manual run: no occurrence of the schedule)" if entry.kind == "manual" else ""
+    manual = {
+        "manual": " (a manual run: no occurrence of the schedule)",
+        "backfill": " (in a backfill)",
+    }.get(entry.kind, "")
     return f"{_local(job, entry.first)} ran{manual}: " + "; ".join(parts) + "."
 
 

@@ -218,7 +218,7 @@ class JobAdmin(JobViewsMixin, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER  # facets count every filter option: not at this scale
     actions = [*(make_action(op) for op in OPERATIONS), "backfill_one"]
 
-    @admin.action(description="Backfill… (one job)")
+    @admin.action(description="Backfill… (one job)", permissions=["change"])
     def backfill_one(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """The "Backfill..." form of the one job selected (a backfill is of one job)."""
         ids = list(queryset.values_list("pk", flat=True)[:2])

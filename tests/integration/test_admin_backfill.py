@@ -115,3 +115,14 @@ def test_a_user_without_change_permission_cannot_backfill() -> None:
     )
     assert response.status_code == 403
     assert not Backfill.objects.exists()
+
+
+def test_a_view_only_user_sees_no_backfill_action_or_link() -> None:
+    job = minutely()
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client = Client()
+    client.force_login(user)
+    page = client.get(reverse("admin:schedapp_job_change", args=[job.pk])).content.decode()
+    assert reverse("admin:schedapp_backfill_start", args=[job.pk]) not in page
+    assert client.get(reverse("admin:schedapp_job_changelist")).context["action_form"] is None

@@ -322,3 +322,31 @@ def test_a_failed_backfilled_run_retries_as_a_backfill_and_never_kills_the_job()
     job.refresh_from_db()
     assert job.state != "dead"  # a backfilled occurrence out of retries does not kill the job
     assert JobRun.objects.get(pk=retry.pk).status == RunStatus.FAILED
+
+
+# --- the ledger ----------------------------------------------------------------------------
+
+
+def test_the_timeline_and_explain_tell_each_occurrences_fate() -> None:
+    from schedapp import explain
+
+    job = minutely()
+    start, end = a_range(10)
+    first = api.backfill(job, start, start + 3 * MINUTE, max_per_second=50)
+    succeed(run_all(first))
+    bf = api.backfill(job, start, end, max_per_second=2)
+    refill(bf, 2)
+    advance()
+    api.cancel_backfill(bf)
+    answer = explain.explain(job, start + MINUTE)
+    assert answer.entry.kind == "backfill" and "in a backfill" in answer.text
+    answer = explain.explain(job, end)
+    assert f"Backfill #{bf.pk} did not run it" in answer.text and "cancelled" in answer.text
+    said = {
+        (e.fate, e.count)
+        for e in explain.timeline(job, since=start, until=end)
+        if e.kind == "backfill" and e.fate != explain.RAN
+    }
+    assert said == {(BackfillFate.ALREADY_DONE, 4), (BackfillFate.CANCELLED, 4)}
+    ran = [e for e in explain.timeline(job, since=start, until=end) if e.fate == explain.RAN]
+    assert len(ran) == 6 and {e.kind for e in ran} == {"backfill"}
