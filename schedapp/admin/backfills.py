@@ -20,6 +20,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from .. import api
+from ..display import local_time
 from ..lease.backfill import BACKFILL_OVERLAP, DEFAULT_OVERLAP
 from ..models import Backfill, BackfillState, Job
 from .filters import RunJobFilter
@@ -67,16 +68,11 @@ class BackfillAdmin(ReadOnlyAdmin):
         "id",
         "job_link",
         "range_col",
-        "overlap",
         "throttle",
-        "state",
+        "state_col",
         "progress_col",
-        "dispatched",
-        "already_done",
-        "eta",
-        "cancel_button",
     )
-    list_filter = ("state", "overlap", RunJobFilter)
+    list_filter = ("state", RunJobFilter)
     list_select_related = ("job",)
     search_fields = ("=job__id", "job__name")
     list_per_page = 50
@@ -116,23 +112,43 @@ class BackfillAdmin(ReadOnlyAdmin):
 
     @admin.display(description="range")
     def range_col(self, obj: Backfill) -> str:
-        return f"{obj.start:%Y-%m-%d %H:%M} to {obj.end:%Y-%m-%d %H:%M}" + (
-            " (rerun)" if obj.rerun else ""
+        return format_html(
+            '<span class="nowrap">{}</span><br><span class="nowrap">to {}</span>{}',
+            local_time(obj.start, obj.job.timezone),
+            local_time(obj.end, obj.job.timezone),
+            " (rerun)" if obj.rerun else "",
         )
 
-    @admin.display(description="throttle")
+    @admin.display(description="overlap, throttle")
     def throttle(self, obj: Backfill) -> str:
-        return f"{obj.max_per_second:g}/s"
+        return f"{obj.overlap}, {obj.max_per_second:g}/s"
 
-    @admin.display(description="progress")
+    @admin.display(description="state")
+    def state_col(self, obj: Backfill) -> str:
+        return format_html("{}<br>{}", obj.get_state_display(), self.cancel_button(obj))
+
+    @admin.display(description="progress, ETA")
     def progress_col(self, obj: Backfill) -> str:
         pct = round(100 * obj.progress)
+        others = [
+            f"{n} {label}"
+            for n, label in (
+                (obj.already_done, "already done"),
+                (obj.in_flight, "in flight"),
+                (obj.overlapped, "overlapped"),
+                (obj.cancelled_count, "cancelled"),
+            )
+            if n
+        ]
         return format_html(
-            '<progress max="100" value="{}"></progress> {} / {} ({}%)',
+            '<progress max="100" value="{}"></progress> {} / {} ({}%), {}<br>{} dispatched{}',
             pct,
             obj.decided,
             obj.total,
             pct,
+            self.eta(obj),
+            obj.dispatched,
+            "".join(f", {o}" for o in others),
         )
 
     @admin.display(description="ETA")
@@ -147,18 +163,15 @@ class BackfillAdmin(ReadOnlyAdmin):
         if obj.state != BackfillState.RUNNING:
             return ""
         url = reverse("admin:schedapp_backfill_cancel", args=[obj.pk])
+        # A button of the changelist's own form (a form cannot hold another), posted to
+        # the cancel view with the form's CSRF token.
         return format_html(
-            '<form method="post" action="{}" class="schedapp-cancel-backfill">'
-            '<input type="hidden" name="csrfmiddlewaretoken" value="{}">'
-            '<button type="submit">Cancel</button></form>',
+            '<button type="submit" class="schedapp-cancel-backfill" formaction="{}" '
+            'formmethod="post">Cancel</button>',
             url,
-            self._csrf,
         )
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        from django.middleware.csrf import get_token
-
-        self._csrf = get_token(request)
         running = Backfill.objects.filter(state=BackfillState.RUNNING).exists()
         context = {**(extra_context or {}), "refresh": REFRESH_SECONDS if running else None}
         return super().changelist_view(request, context)

@@ -679,3 +679,66 @@ def test_needs_attention_at_1400_pixels_from_the_admin_index(
     expect(page.locator("form.schedapp-requeue")).to_have_count(0)
     dead.refresh_from_db()
     assert dead.state == JobState.SCHEDULED
+
+
+def test_a_backfill_from_the_job_page_and_its_progress_at_1400_pixels(
+    live_server, browser, django_user_model
+):
+    """A job's "Backfill..." form, filled and sent, then the backfills page showing the
+    backfill part-way (a step taken as a beat takes it), refreshing itself, and cancelled."""
+    import shutil
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from playwright.sync_api import expect
+
+    from schedapp import api
+    from schedapp.db import db_now
+    from schedapp.lease import backfill as engine
+    from schedapp.models import Backfill, BackfillState
+
+    django_user_model.objects.create_superuser("operator", "op@example.com", "s3cret-pw")
+    job = api.schedule(
+        "project.tasks.record",
+        name="warehouse-hourly-load",
+        cron="0 * * * *",
+        tags=["warehouse"],
+        max_concurrent=50,
+    )
+    end = db_now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    start = end - timedelta(hours=47)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(30_000)
+    SHOTS_DAILY.mkdir(parents=True, exist_ok=True)
+    _login(page, live_server, f"/admin/schedapp/job/{job.pk}/change/")
+    page.click("#schedapp-backfill-tool")
+    page.fill("#id_start", timezone.localtime(start).strftime("%Y-%m-%d %H:%M:%S"))
+    page.fill("#id_end", timezone.localtime(end).strftime("%Y-%m-%d %H:%M:%S"))
+    page.fill("#id_max_per_second", "20")
+    page.fill("#id_reason", "warehouse outage 2 days")
+    page.click("#schedapp-backfill-form input[type=submit]")
+    page.wait_for_url(re.compile(r"/admin/schedapp/backfill/\?job="))
+    record = Backfill.objects.get()
+    assert record.total == 48
+    # a beat's step: 20 of the 48 occurrences dispatched
+    Backfill.objects.filter(pk=record.pk).update(
+        allowance=20, refilled_at=db_now() - timedelta(hours=1)
+    )
+    engine.advance("beat-1", 100)
+    page.reload()
+    expect(page.locator("#result_list")).to_contain_text("20 / 48 (42%)")
+    assert page.locator("meta[http-equiv=refresh]").count() == 1
+    _no_sideways_scroll(page)
+    for shown in ("button.schedapp-cancel-backfill", "#result_list progress"):
+        box = page.locator(shown).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 1400, (shown, box)
+    cell = page.locator("#result_list td.field-progress_col").bounding_box()
+    table = page.locator("#changelist .results").bounding_box()
+    assert cell["x"] + cell["width"] <= table["x"] + table["width"] + 1, (cell, table)
+    page.screenshot(path=str(SHOTS_DAILY / "backfill-1400.png"), full_page=True)
+    shutil.copy(SHOTS_DAILY / "backfill-1400.png", ROOT / "docs" / "images" / "admin-backfill.png")
+    # (submitted at once: the page reloads itself every few seconds while it runs)
+    page.evaluate("document.querySelector('button.schedapp-cancel-backfill').click()")
+    expect(page.locator("ul.messagelist")).to_contain_text("cancelled")
+    assert Backfill.objects.get().state == BackfillState.CANCELLED
+    assert page.locator("meta[http-equiv=refresh]").count() == 0
