@@ -849,3 +849,39 @@ def test_the_claim_reads_a_jobs_calendar_with_it(store):
         "exclude",
         "skip",
     )
+
+
+# --- a backfilled run: a lease of its own, a negative token ---------------------------------
+
+
+def test_a_backfilled_run_beside_the_jobs_own_run_is_admitted_and_renewed_on_its_row(store):
+    # Given a job whose own run is in flight (token 1), and a backfilled run of an earlier
+    # occurrence beside it, as lease.backfill writes it (a negative token, its own lease)
+    row = admitted(store, "backfilled")
+    now = store.now()
+    JobRun.objects.using(store.using).create(
+        job_id=row["id"],
+        token=-1,
+        kind="backfill",
+        scheduled_for=now - timedelta(hours=1),
+        due_at=now,
+        dispatched_at=now,
+        task_id=f"schedapp:{row['id']}:-1",
+        own_lease=True,
+        lease_expires_at=now + timedelta(seconds=LEASE),
+    )
+    before = job_of(store, row["id"])
+
+    # When the door admits it and its worker renews both leases
+    assert store.admit(row["id"], -1, "w2", "adm-b") is DoorVerdict.ADMITTED
+    out = store.renew([(row["id"], row["token"]), (row["id"], -1)])
+
+    # Then each is decided on its own: the backfilled run on its row, the job's run on the
+    # job, whose token and state the backfilled run left alone
+    # (outcomes by pair: PostgreSQL lists a run's own leases first; renew_leases reads pairs)
+    assert sorted(out) == [(row["id"], -1, "renewed"), (row["id"], row["token"], "renewed")]
+    run = run_of(store, row["id"], -1)
+    assert (run.status, run.worker, run.admission) == (RunStatus.RUNNING, "w2", "adm-b")
+    job = job_of(store, row["id"])
+    assert (job.token, job.state) == (before.token, before.state) == (row["token"], "running")
+    assert run_of(store, row["id"], row["token"]).status == RunStatus.RUNNING
