@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("schedapp", "0039_attention")]
+    dependencies = [("schedapp", "0041_breach_revoked")]
 
     operations = [
         migrations.AlterField(
