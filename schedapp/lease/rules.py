@@ -37,7 +37,10 @@ JOB_STATE = "job_state"
 DUPLICATE = "duplicate"
 UNKNOWN = "unknown"
 LATE = "late"  # past its start deadline at the door, under skip_late (schedapp_admit_run_v5)
-MANUAL = "manual"  # a run a person added (``models.RunKind``): no start deadline applies
+# The one kind of run a start deadline applies to (``models.RunKind``; None: a run claimed
+# before kinds were recorded, a scheduled one or a run now). Not to a retry, a run now, or a
+# backfill (which runs its occurrence as if its time had just passed).
+SCHEDULED = "scheduled"
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,13 @@ def late_at_door(
     job's ``start_deadline`` after the occurrence, under ``skip_late``: refused as late, as
     the claim skips such an occurrence (``policies.past_start_deadline``). A retry is not
     subject to it (Kubernetes' startingDeadlineSeconds bounds a job's start, not its
-    retries), nor is a run a person added (run now)."""
+    retries), nor is a run a person added (run now), nor a backfill's run."""
     return (
         skip_late
         and start_deadline is not None
         and scheduled_for is not None
         and attempt == 1
-        and kind != MANUAL
+        and (kind or SCHEDULED) == SCHEDULED
         and now - scheduled_for > start_deadline
     )
 

@@ -50,7 +50,7 @@ BEGIN
             RETURN 'unknown';
         END IF;
         SELECT status, admission, scheduled_for, lease_expires_at > now() AS lease_valid,
-               (j.skip_late AND attempt = 1 AND kind IS DISTINCT FROM 'manual'
+               (j.skip_late AND attempt = 1 AND coalesce(kind, 'scheduled') = 'scheduled'
                 AND now() - scheduled_for > j.start_deadline) IS TRUE AS late,
                -- the 5/6 rule of the job's lease, on the run's own
                (lease_expires_at < now() + make_interval(secs => j.lease_seconds * 5.0 / 6)
@@ -122,7 +122,7 @@ BEGIN
         RETURN 'unknown';
     END IF;
     SELECT status, admission, scheduled_for,
-           (j.skip_late AND attempt = 1 AND kind IS DISTINCT FROM 'manual'
+           (j.skip_late AND attempt = 1 AND coalesce(kind, 'scheduled') = 'scheduled'
             AND now() - scheduled_for > j.start_deadline) IS TRUE AS late INTO r
     FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token;
     IF NOT FOUND THEN

@@ -63,7 +63,7 @@ DEADLINES: dict[str, tuple[bool, timedelta | None, timedelta | None]] = {
     "at the deadline": (True, START_DEADLINE, START_DEADLINE),
     "past it": (True, START_DEADLINE, START_DEADLINE + timedelta(microseconds=1)),
 }
-RUN_KINDS = ("scheduled", "retry", "manual")
+RUN_KINDS = ("scheduled", "retry", "manual", "backfill")
 RUN_STATUSES = ("dispatched", "running", "succeeded", "failed", "lost", "skipped", "cancelled")
 
 
@@ -153,8 +153,8 @@ OWN_DOOR_CASES = [
     )
 ]
 # The door's start deadline (v5): the job's skip_late and start_deadline, the run's occurrence
-# at its boundary, its kind (a retry and a run now are not subject to it), across the rows of
-# the door that come before it and after it.
+# at its boundary, its kind (a retry, a run now and a backfill are not subject to it), across
+# the rows of the door that come before it and after it.
 LATE_DOOR_CASES = [
     replace(c, started=c.run not in (None, "dispatched"))
     for c in enumerate_cases(
