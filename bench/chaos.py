@@ -72,6 +72,9 @@ LONG = (1.5 * LEASE, 2.0 * LEASE)
 # From a lease's expiry to the job's next claim: a beat's longest sleep (5 s) and the retry
 # backoff (capped at 2 s below), plus a beat restarting after a kill.
 SLACK = 12.0
+# A recurring job whose pending occurrence is older than this when beats stop is stuck (a job
+# whose runs outlast its interval falls behind, by its misfire grace or buffer at most).
+BEHIND = 180
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -134,6 +137,10 @@ class Harness:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
+        if os.environ.get("CHAOS_DEFECT"):
+            from bench.defects import install_in_database
+
+            install_in_database(os.environ["CHAOS_DEFECT"])
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         if self.use_proxy:
             self.proxy = self._stack.enter_context(
@@ -253,10 +260,74 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
                 **RETRY,
             }
         )
+    specs += overlap_specs(rng)
     api.schedule_many(specs)
     for spec in specs:
         counts[spec["name"].split("-")[0]] += 1
     return dict(counts)
+
+
+# Jobs whose runs outlast their interval, one per overlap policy (and allow_all twice): the
+# ledger's decisions (overlapped, misfired, buffer_full, a slot waited for, a run superseded)
+# made while workers and beats are hit. Interval, run length and the policy's bound are
+# drawn from the seed; every run outlasts its interval.
+OVERLAPS = (
+    ("skip", {"overlap": "skip"}),
+    ("bufone", {"overlap": "buffer_one", "misfire_grace": 6}),
+    ("bufall", {"overlap": "buffer_all", "max_buffer": 2}),
+    ("cancel", {"overlap": "cancel_other"}),
+    ("allow2", {"overlap": "allow_all", "max_concurrent": 2}),
+    ("allow3", {"overlap": "allow_all", "max_concurrent": 3}),
+)
+# The job the run pauses and resumes (chaos_ledger_actions): its occurrences in between are
+# recorded ``paused``.
+PAUSED = "paused-0"
+
+
+def overlap_specs(rng: random.Random) -> list[dict[str, Any]]:
+    """The overlap jobs and the job to pause, drawn from ``rng``."""
+    specs = []
+    for name, options in OVERLAPS:
+        interval = rng.choice((2, 3))
+        sleep = interval + rng.uniform(0.5, 2.5)
+        specs.append(
+            {
+                "task": "project.tasks.record",
+                "interval": interval,
+                "name": f"{name}-0",
+                "kwargs": {"label": f"{name}-0", "sleep": round(sleep, 1)},
+                **RETRY,
+                "max_retries": 10,
+                **options,
+            }
+        )
+    specs.append(
+        {
+            "task": "project.tasks.record",
+            "interval": 2,
+            "name": PAUSED,
+            "kwargs": {"label": PAUSED},
+            **RETRY,
+        }
+    )
+    return specs
+
+
+def ledger_actions(duration: float, rng: random.Random) -> list[tuple[float, float, str]]:
+    """When (seconds into the run) the paused job is paused, and how long after the pause
+    it is resumed: once, a third to a half into the window, for 10 to 25 s."""
+    return [(duration * rng.uniform(0.3, 0.5), 0.0, "pause"), (0.0, rng.uniform(10, 25), "resume")]
+
+
+def act(action: str) -> None:
+    """Pause or resume the paused job, as a person would in the admin."""
+    from schedapp import api
+    from schedapp.db import reset_connection
+    from schedapp.models import Job
+
+    reset_connection()
+    job = Job.objects.get(name=PAUSED)
+    (api.pause if action == "pause" else api.resume)(job, reason="chaos")
 
 
 def schedule_prefetch_mix(rng: random.Random) -> dict[str, int]:
@@ -440,19 +511,28 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
             node=e.worker.split("@")[0],
             started=e.started_at.timestamp(),  # the worker's clock: this host's
             lease=float(jobs[e.job_id].lease_seconds),
+            finished=e.finished_at.timestamp() if e.finished_at else None,
         )
         for e in Execution.objects.filter(job_id__isnull=False, token__isnull=False)
         if e.job_id not in failing
     ]
     claims: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for job_id, token, at in JobRun.objects.values_list("job_id", "token", "dispatched_at"):
+    # allow_all: each run holds its own lease; what follows a lost one is its occurrence's
+    # next claim, not the job's (the job is claimed for later occurrences meanwhile).
+    run_claims: dict[tuple[int, str], list[tuple[int, float]]] = defaultdict(list)
+    for job_id, token, at, occurrence in JobRun.objects.values_list(
+        "job_id", "token", "dispatched_at", "scheduled_for"
+    ):
         claims[job_id].append((token, at.timestamp() - offset))
+        if jobs[job_id].overlap == "allow_all":
+            run_claims[(job_id, occurrence.isoformat())].append((token, at.timestamp() - offset))
     expected: list[tuple[int, str]] = []
     never_ran = []
     firsts: dict[int, datetime] = {}
     for e in Execution.objects.filter(job_id__isnull=False).order_by("scheduled_for"):
         firsts.setdefault(e.job_id, e.scheduled_for)
     until = beats_stopped_at - timedelta(seconds=10)
+    behind = []
     for job in jobs.values():
         if job.pk in failing:
             continue
@@ -463,21 +543,40 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
         if first is None:
             never_ran.append(job.name)
             continue
+        # Up to the occurrence the job waits for (or runs): those before it are decided.
+        # A job whose runs outlast its interval may be that far behind when beats stop.
+        horizon = until
+        if job.scheduled_for is not None:
+            horizon = min(until, job.scheduled_for - timedelta(microseconds=1))
+            if job.scheduled_for < beats_stopped_at - timedelta(seconds=BEHIND):
+                behind.append(f"{job.name} waits for {job.scheduled_for.isoformat()}")
         expected.append((job.pk, first.isoformat()))
         expected.extend(
-            (job.pk, t.isoformat()) for t in fire_times(job_schedule(job), first, until=until)
+            (job.pk, t.isoformat()) for t in fire_times(job_schedule(job), first, until=horizon)
         )
-    # The occurrence ledger: what was dispatched (a run row), what was recorded as not run.
+    # The occurrence ledger: what was dispatched (run rows and their statuses), what was
+    # recorded as not run (ranges, with their fate).
     from schedapp.models import Occurrence
 
-    dispatched = set(JobRun.objects.values_list("job_id", "scheduled_for"))
-    not_run = list(Occurrence.objects.values_list("job_id", "scheduled_for", "last"))
+    runs: dict[tuple[int, str], list[str]] = defaultdict(list)
+    lost_tokens: dict[int, list[int]] = defaultdict(list)
+    for job_id, at, status, token, stale in JobRun.objects.values_list(
+        "job_id", "scheduled_for", "status", "token", "stale"
+    ):
+        runs[(job_id, at.isoformat())].append(status)
+        if status == "lost" or stale:
+            lost_tokens[job_id].append(token)
+    not_run = list(Occurrence.objects.values_list("job_id", "scheduled_for", "last", "fate"))
     return {
         "executions": executions,
         "claims": dict(claims),
+        "run_claims": dict(run_claims),
         "expected": expected,
-        "dispatched": dispatched,
+        "runs": dict(runs),
+        "lost_tokens": dict(lost_tokens),
         "not_run": not_run,
+        "behind": behind,
+        "allow_all": {pk: j.max_concurrent for pk, j in jobs.items() if j.overlap == "allow_all"},
         "never_ran": never_ran,
         "names": {pk: j.name for pk, j in jobs.items()},
         "clock_offset": offset,
@@ -539,11 +638,33 @@ def check_history(
 ) -> tuple[dict[str, Any], list[str]]:
     """The oracle's figures and every problem found, as sentences."""
     history = collect(beats_stopped_at)
+    as_time = datetime.fromisoformat
+    expected = [(job, as_time(at)) for job, at in history["expected"]]
+    runs = {(job, as_time(at)): statuses for (job, at), statuses in history["runs"].items()}
+    not_run = history["not_run"]
+    executions = [replace(e, occurrence=as_time(e.occurrence)) for e in history["executions"]]
+    # Lost: an occurrence that had to execute (no not-run record, not superseded) and never
+    # did. Occurrences compare as datetimes from here on (the ledger's ranges need order).
     verdict = oracle.judge(
-        history["executions"], faults, history["claims"], history["expected"], slack=SLACK
+        executions,
+        faults,
+        history["claims"],
+        oracle.must_execute(expected, runs, not_run),
+        slack=SLACK,
+        run_claims={(job, as_time(at)): c for (job, at), c in history["run_claims"].items()},
     )
     names = history["names"]
     problems = [f"recurring job {name} never ran" for name in history["never_ran"]]
+    problems += [f"job fell more than {BEHIND}s behind: {b}" for b in history["behind"]]
+    for job, limit in history["allow_all"].items():
+        over = oracle.overcommitted(
+            [e for e in executions if e.job == job],
+            limit,
+            faults,
+            history["lost_tokens"].get(job, ()),
+        )
+        if over:
+            problems.append(f"{len(over)} time(s) over max_concurrent, e.g. {over[:3]}")
     problems += [
         "unexplained duplicate: " + oracle.describe(d, t0) + f" [{names.get(d.newer.job)}]"
         for d in verdict.unexplained
@@ -552,17 +673,15 @@ def check_history(
         lost = [(names[j], t) for j, t in verdict.lost]
         problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
     problems += bookkeeping_problems()
-    as_time = datetime.fromisoformat
     fates = oracle.fate_problems(
-        [(job, as_time(at)) for job, at in history["expected"]],
-        history["dispatched"],
-        history["not_run"],
-        [replace(e, occurrence=as_time(e.occurrence)) for e in history["executions"]],
+        expected, set(runs), [(job, first, last) for job, first, last, _ in not_run], executions
     )
     if fates:
         problems.append(f"{len(fates)} ledger problem(s), e.g. {fates[:5]}")
     figures = oracle.summary(verdict, faults)
-    figures["occurrences"] = len(history["expected"])
+    figures["occurrences"] = len(expected)
+    figures["fates"] = oracle.fate_counts(expected, runs, not_run, executions)
+    figures["fates_complete"] = not fates
     figures["clock_offset_ms"] = round(history["clock_offset"] * 1000, 3)
     figures["duplicate_lines"] = [oracle.describe(d, t0) for d in verdict.duplicates]
     figures["ledger_problems"] = len(fates)
@@ -591,7 +710,8 @@ def run_chaos(
         h = Harness(workdir, beats=1, workers=1, concurrency=2, prefetch=(1,), proxy=True)
         kinds = ("broker_outage",)
     else:
-        h = Harness(workdir, prefetch=(4, 1), proxy=True)
+        # Six slots a worker: the overlap jobs keep about seven busy between them.
+        h = Harness(workdir, concurrency=6, prefetch=(4, 1), proxy=True)
     try:
         h.start_servers()
         h.start_processes()
@@ -609,7 +729,14 @@ def run_chaos(
         restarts = []
         print(f"chaos: seed {seed}, {duration:.0f}s of faults, jobs {counts}", flush=True)
         next_fault = started + 5 + rng.uniform(2, 6)
+        actions = ledger_actions(duration, rng) if profile == "mix" else []
         while time.monotonic() - started < duration:
+            if actions and time.monotonic() - started >= actions[0][0]:
+                _, _, action = actions.pop(0)
+                act(action)
+                if actions:  # the pause lasts its span after it began, however late it began
+                    actions[0] = (time.monotonic() - started + actions[0][1], 0.0, actions[0][2])
+                restarts.append(f"{time.time() - t0:7.1f}s {action} {PAUSED}")
             if kinds and time.monotonic() >= next_fault:
                 inject(h, rng.choice(kinds), rng)
                 next_fault = time.monotonic() + rng.uniform(2, 6)
@@ -618,6 +745,9 @@ def run_chaos(
             for name in h.supervise():
                 restarts.append(f"{time.time() - t0:7.1f}s restarted {name}")
             time.sleep(0.5)
+        for _, _, action in actions:  # a resume the faults' window ended before
+            act(action)
+            restarts.append(f"{time.time() - t0:7.1f}s {action} {PAUSED} (after the faults)")
         assert h.proxy is not None
         h.proxy.clear()  # a lost reply or a stall still armed would fire after the faults
         reset_connection()
@@ -639,16 +769,18 @@ def run_chaos(
         beats_stopped_at = db_now()
         for beat in h.beats:
             beat.stop()
-        wait_until(
-            lambda: (
-                not JobRun.objects.filter(
+        # Every run dispatched before the beats stopped ends (an allow_all job has runs in
+        # flight while the job itself is scheduled); one that does not is the oracle's to judge.
+        try:
+            wait_until(
+                lambda: not JobRun.objects.filter(
                     status__in=["dispatched", "running"], job__run_at__isnull=True
-                ).exists()
-                or not Job.objects.filter(state=JobState.RUNNING).exists()
-            ),
-            timeout=60,
-            what="in-flight runs to finish",
-        )
+                ).exists(),
+                timeout=60,
+                what="in-flight runs to finish",
+            )
+        except TimeoutError as exc:
+            print(f"in-flight runs still active: {exc}")
         for worker in h.workers:
             worker.stop()
         faults = sorted(h.faults + proxy_faults(h.proxy), key=lambda f: f.start)
@@ -664,6 +796,7 @@ def run_chaos(
         for line in figures["duplicate_lines"]:
             print("  " + line)
         figures.update(seed=seed, minutes=round(duration / 60, 2), jobs=counts, profile=profile)
+        print("occurrences checked per fate: " + json.dumps(figures["fates"]))
         print_table([figures])
         return figures, problems
     finally:
@@ -682,6 +815,7 @@ def print_table(runs: list[dict[str, Any]]) -> str:
         "unexplained",
         "lost",
         "ledger problems",
+        "fates complete",
         "passed",
         "faults per kind",
     ]
@@ -697,6 +831,7 @@ def print_table(runs: list[dict[str, Any]]) -> str:
             r["unexplained"],
             r["lost"],
             r.get("ledger_problems", "-"),
+            {True: "yes", False: "NO"}.get(r.get("fates_complete"), "-"),
             "yes" if r["passed"] else "NO",
             per_kind or "-",
         ]

@@ -70,6 +70,7 @@ class Execution:
     node: str  # the worker node that ran it ("worker3")
     started: float
     lease: float  # the job's lease, seconds
+    finished: float | None = None  # None: it never recorded its end (killed midway)
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,15 @@ def find_duplicates(
     faults: Sequence[Fault],
     claims: Mapping[int, Sequence[tuple[int, float]]],
     slack: float,
+    run_claims: Mapping[tuple[int, Any], Sequence[tuple[int, float]]] | None = None,
 ) -> list[Duplicate]:
     """Every execution of an occurrence beyond its first, each blamed on a fault or not.
 
     The executions of one occurrence are ordered by claim: each one's predecessor is the
-    claim whose lease had to be lost for it to run."""
+    claim whose lease had to be lost for it to run. ``run_claims`` holds, for the jobs whose
+    runs each hold a lease of their own (allow_all), the claims per occurrence: the job is
+    claimed again for its next occurrences while a run is in flight, so the claim that
+    follows a lost lease is the next one of the same occurrence."""
     by_occurrence: dict[tuple[int, Any], list[Execution]] = defaultdict(list)
     for e in executions:
         by_occurrence[(e.job, e.occurrence)].append(e)
@@ -172,7 +177,8 @@ def find_duplicates(
                     Duplicate(older, newer, newer.started, None, "one claim executed twice")
                 )
                 continue
-            anchor = first_claim_after(claims.get(job, ()), older.token)
+            own = (run_claims or {}).get((job, older.occurrence))
+            anchor = first_claim_after(own if own is not None else claims.get(job, ()), older.token)
             if anchor is None or anchor > newer.started:
                 anchor = newer.started
             fault, reason = blame(older, anchor, faults, slack)
@@ -220,17 +226,111 @@ def fate_problems(
     return problems
 
 
+def fate_counts(
+    expected: Iterable[tuple[int, Any]],
+    runs: Mapping[tuple[int, Any], Sequence[str]],
+    not_run: Iterable[tuple[int, Any, Any, str]],
+    executions: Iterable[Execution],
+) -> dict[str, int]:
+    """How many expected occurrences the check found under each fate: ``executed``, each
+    not-run fate of the ledger (``overlapped``, ``paused``, ...), ``superseded`` (its runs
+    all cancelled before they started: cancel_other), ``no fate``."""
+    ran = {(e.job, e.occurrence) for e in executions}
+    ranges: dict[int, list[tuple[Any, Any, str]]] = defaultdict(list)
+    for job, first, last, fate in not_run:
+        ranges[job].append((first, last, fate))
+    counts: Counter = Counter()
+    for job, at in expected:
+        fates = [fate for first, last, fate in ranges.get(job, ()) if first <= at <= last]
+        if (job, at) in ran:
+            counts["executed"] += 1
+        elif fates:
+            counts[fates[0]] += 1
+        elif superseded(runs.get((job, at), ())):
+            counts["superseded"] += 1
+        else:
+            counts["no fate"] += 1
+    return dict(sorted(counts.items()))
+
+
+def superseded(statuses: Sequence[str]) -> bool:
+    """Whether an occurrence's runs were all cancelled (cancel_other revoked them before they
+    started, or a cancel closed them): a run fate that need not have executed."""
+    return bool(statuses) and all(s == "cancelled" for s in statuses)
+
+
+def must_execute(
+    expected: Iterable[tuple[int, Any]],
+    runs: Mapping[tuple[int, Any], Sequence[str]],
+    not_run: Iterable[tuple[int, Any, Any, str]],
+) -> list[tuple[int, Any]]:
+    """The expected occurrences that had to execute: all but those the ledger records as not
+    run and those whose runs were all cancelled. One with no fate at all stays: never having
+    executed, it is lost as well as unrecorded."""
+    ranges: dict[int, list[tuple[Any, Any]]] = defaultdict(list)
+    for job, first, last, _ in not_run:
+        ranges[job].append((first, last))
+    return [
+        (job, at)
+        for job, at in expected
+        if not any(first <= at <= last for first, last in ranges.get(job, ()))
+        and not superseded(runs.get((job, at), ()))
+    ]
+
+
+def overcommitted(
+    executions: Iterable[Execution],
+    limit: int,
+    faults: Sequence[Fault],
+    lost_tokens: Iterable[int],
+) -> list[str]:
+    """Instants at which more than ``limit`` executions of one allow_all job were executing
+    at once, not counting those whose run lost its lease to a fault that could lose it (a
+    frozen worker's run goes on when it thaws while a new one has taken its slot).
+    ``lost_tokens``: the job's runs recorded lost or stale. An execution that never
+    recorded its end ran until its worker was killed (or, with no such kill, to the end of
+    the run: then it counts throughout)."""
+    lost = set(lost_tokens)
+    spans = []
+    for e in executions:
+        end = e.finished
+        if end is None:
+            kills = [f.start for f in faults if f.kind in KILLS and f.target == e.node]
+            end = min((k for k in kills if k >= e.started), default=float("inf"))
+        excused = e.token in lost and any(
+            f.target in (e.node, "*")
+            and can_lose_lease(f, e.lease)
+            and f.start <= end
+            and f.end >= e.started - e.lease
+            for f in faults
+        )
+        if not excused:
+            spans.append((e.started, end, e))
+    events = sorted([(s, 1, e) for s, _, e in spans] + [(t, -1, e) for _, t, e in spans],
+                    key=lambda x: (x[0], x[1]))
+    problems, running = [], 0
+    for at, step, e in events:
+        running += step
+        if step > 0 and running > limit:
+            problems.append(
+                f"job {e.job}: {running} executions at once (max_concurrent {limit}) when "
+                f"token {e.token} started on {e.node} at {at:.1f}"
+            )
+    return problems
+
+
 def judge(
     executions: Sequence[Execution],
     faults: Sequence[Fault],
     claims: Mapping[int, Sequence[tuple[int, float]]],
     expected: Iterable[tuple[int, Any]],
     slack: float,
+    run_claims: Mapping[tuple[int, Any], Sequence[tuple[int, float]]] | None = None,
 ) -> Verdict:
     """The whole verdict of one run: duplicates (blamed or not) and lost occurrences."""
     return Verdict(
         executions=len(executions),
-        duplicates=find_duplicates(executions, faults, claims, slack),
+        duplicates=find_duplicates(executions, faults, claims, slack, run_claims),
         lost=lost_occurrences(expected, executions),
     )
 

@@ -9,6 +9,10 @@ them (``CHAOS_DEFECT=<name>`` in a worker's environment; ``bench/worker_app.py``
 * ``broker-heartbeat``: leases are renewed only when Celery's own worker heartbeat is sent,
   which stops while the broker is unreachable (issue 9, case 1).
 
+* ``drop-overlapped``: the occurrence ledger loses its ``overlapped`` records (a trigger the
+  harness puts on the chaos run's private database drops them as they are written): a skip
+  job's occurrences that came due during a run then have no fate, and never executed.
+
 Test and bench code only: nothing in ``schedapp`` knows about it.
 """
 
@@ -17,13 +21,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-DEFECTS = ("unrenewed-reserved", "broker-heartbeat")
+# Defects put in the database (by the harness, once migrated), not in the worker.
+DATABASE_DEFECTS = {
+    "drop-overlapped": """
+        CREATE FUNCTION chaos_drop_overlapped() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RETURN NULL; END $$;
+        CREATE TRIGGER chaos_drop_overlapped BEFORE INSERT ON schedapp_occurrence
+        FOR EACH ROW WHEN (NEW.fate = 'overlapped') EXECUTE FUNCTION chaos_drop_overlapped();
+    """,
+}
+DEFECTS = ("unrenewed-reserved", "broker-heartbeat", *DATABASE_DEFECTS)
+
+
+def install_in_database(name: str) -> None:
+    """Put a database defect in the (private) database of a chaos run; others do nothing."""
+    if name in DATABASE_DEFECTS:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(DATABASE_DEFECTS[name])
 
 
 def install(name: str) -> None:
     """Replace parts of the worker's protocol once the worker starts."""
     if name not in DEFECTS:
         raise ValueError(f"unknown defect {name!r}; known: {', '.join(DEFECTS)}")
+    if name in DATABASE_DEFECTS:
+        return
     at_worker_start(
         _unrenewed_reserved if name == "unrenewed-reserved" else _broker_heartbeat, "chaos.defect"
     )

@@ -12,10 +12,13 @@ from bench.chaos_oracle import (
     blame,
     can_lose_lease,
     counts_as_attempt,
+    fate_counts,
     fate_problems,
     find_duplicates,
     judge,
     lost_occurrences,
+    must_execute,
+    overcommitted,
     summary,
 )
 
@@ -305,3 +308,74 @@ def test_the_ledger_check_names_what_is_missing_doubled_or_contradicted(
     ]
     problems = fate_problems([(1, 10), (1, 20)], dispatched, not_run, executions)
     assert any(problem in p for p in problems), problems
+
+
+def test_occurrences_recorded_not_run_or_superseded_need_not_execute_the_others_must():
+    # 10 ran, 20-30 overlapped (one range), 40's only run was cancelled before it started
+    # (cancel_other), 50 was dispatched and never executed, 60 has no fate at all.
+    expected = [(1, t) for t in (10, 20, 30, 40, 50, 60)]
+    runs = {(1, 10): ["succeeded"], (1, 40): ["cancelled"], (1, 50): ["lost", "succeeded"]}
+    not_run = [(1, 20, 30, "overlapped")]
+    executions = [execution(1, "worker1", 0.0, occurrence=10)]
+    must = must_execute(expected, runs, not_run)
+    assert must == [(1, 10), (1, 50), (1, 60)]
+    assert lost_occurrences(must, executions) == [(1, 50), (1, 60)]
+    assert fate_counts(expected, runs, not_run, executions) == {
+        "executed": 1,
+        "no fate": 2,
+        "overlapped": 2,
+        "superseded": 1,
+    }
+
+
+def test_a_run_cancelled_and_sent_again_is_not_superseded():
+    runs = {(1, 10): ["cancelled", "dispatched"]}
+    assert must_execute([(1, 10)], runs, []) == [(1, 10)]
+
+
+def span(token: int, node: str, started: float, finished: float | None) -> Execution:
+    return Execution(1, token, token, node, started, LEASE, finished)
+
+
+def test_allow_all_within_max_concurrent_passes_and_one_more_at_once_is_named():
+    three = [span(1, "worker1", 0, 10), span(2, "worker2", 1, 10), span(3, "worker1", 2, 10)]
+    assert overcommitted(three, 3, [], []) == []
+    assert overcommitted([*three, span(4, "worker2", 10, 12)], 3, [], []) == []  # one ended
+    (problem,) = overcommitted([*three, span(4, "worker2", 9, 12)], 3, [], [])
+    assert "4 executions at once (max_concurrent 3)" in problem
+    assert "token 4" in problem
+
+
+def test_a_run_whose_lease_a_long_freeze_lost_does_not_count_against_the_limit():
+    # Token 1's worker froze for two leases: its run was reaped (lost) and token 3 took its
+    # slot; when worker1 thawed, token 1 went on beside 2 and 3.
+    runs = [span(1, "worker1", 0, 30), span(2, "worker2", 1, 30), span(3, "worker2", 20, 30)]
+    freeze = Fault("freeze_worker", "worker1", 2.0, 2.0 + 2 * LEASE)
+    assert overcommitted(runs, 2, [freeze], lost_tokens=[1]) == []
+    # Not recorded as lost, or frozen for less than a lease: the third one is a violation.
+    assert overcommitted(runs, 2, [freeze], lost_tokens=[]) != []
+    short = Fault("freeze_worker", "worker1", 2.0, 2.0 + LEASE / 2)
+    assert overcommitted(runs, 2, [short], lost_tokens=[1]) != []
+
+
+def test_an_execution_killed_midway_ran_until_its_worker_was_killed():
+    runs = [span(1, "worker1", 0, None), span(2, "worker2", 1, 30), span(3, "worker2", 20, 30)]
+    assert overcommitted(runs, 2, [kill("worker1", 10.0)], []) == []
+    # With no kill to end it, it counts to the end of the run.
+    assert overcommitted(runs, 2, [], []) != []
+
+
+def test_allow_all_blames_the_lost_lease_on_its_occurrences_next_claim_not_the_jobs():
+    # An allow_all job is claimed every 2 s for its next occurrences: token 18 (another
+    # occurrence) was claimed at 53.4 s, before worker1 froze for two leases at 54.2 s; the
+    # lost run of occurrence "t0" (token 17) was claimed again as token 22 at 66 s.
+    older = Execution(1, "t0", 17, "worker1", 50.5, LEASE)
+    newer = Execution(1, "t0", 22, "worker1", 68.6, LEASE)
+    claims = {1: [(17, 50.0), (18, 53.4), (22, 66.0)]}
+    freeze = Fault("freeze_worker", "worker1", 54.2, 54.2 + 2 * LEASE)
+    (by_job,) = find_duplicates([older, newer], [freeze], claims, SLACK)
+    assert not by_job.explained  # the job's next claim came before the freeze
+    run_claims = {(1, "t0"): [(17, 50.0), (22, 66.0)]}
+    (by_run,) = find_duplicates([older, newer], [freeze], claims, SLACK, run_claims)
+    assert by_run.anchor == 66.0
+    assert by_run.fault == freeze
