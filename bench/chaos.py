@@ -13,7 +13,8 @@ Each run starts a private PostgreSQL cluster, a private Redis and a fault-inject
 connections after itself, so a fault can target one), 3 beats and 2 prefork workers (one with
 Celery's default prefetch, multiplier 4), schedules a mix of jobs (one-offs spread over the
 window, long jobs that live on lease renewals, interval and cron jobs, flaky jobs that retry,
-jobs that always fail), and injects faults on a seeded plan: a worker SIGKILLed, frozen
+jobs that always fail, a job per overlap policy whose runs outlast their interval, a job
+paused and resumed), and injects faults on a seeded plan: a worker SIGKILLed, frozen
 (SIGSTOP) for less or more than the lease, cut off from PostgreSQL for less or more than the
 lease; a beat killed, frozen, or stopped in the middle of its claim (the proxy holds its
 COMMIT, locks held); Redis down for longer than the lease while long jobs run; a reply lost
@@ -24,7 +25,9 @@ The oracle (bench/chaos_oracle.py) then demands: every duplicate execution blame
 that could cause it (a kill, or a freeze or partition at least a lease long, of the worker that
 held the lease that was lost, in the window before the job was claimed again), no occurrence
 lost; every occurrence expected in the window with exactly one fate in the occurrence
-ledger (a run row, or a record of why it did not run), none recorded as not run that executed;
+ledger (a run row, or a record of why it did not run), none recorded as not run that executed,
+every one recorded as run executed (unless cancel_other superseded it before it started); no
+allow_all job over its max_concurrent beyond runs a fault lost;
 and no job stuck with an expired lease, every dead job out of retries, no stale
 completion applied. Exit status 0 means every check passed. ``--out`` writes the figures of a
 run as JSON; several seeds run one process each and their table goes to
@@ -349,6 +352,15 @@ def schedule_prefetch_mix(rng: random.Random) -> dict[str, int]:
         for i in range(4)
     )
     return {"long": 4}
+
+
+def schedule_ledger_mix(rng: random.Random) -> dict[str, int]:
+    """The overlap jobs and the job to pause, alone: the ledger's decisions without faults."""
+    from schedapp import api
+
+    specs = overlap_specs(rng)
+    api.schedule_many(specs)
+    return dict(Counter(spec["name"].split("-")[0] for spec in specs))
 
 
 def schedule_long_mix() -> dict[str, int]:
@@ -706,6 +718,9 @@ def run_chaos(
     if profile == "prefetch":  # one process, Celery's default prefetch, long jobs: no faults
         h = Harness(workdir, beats=1, workers=1, concurrency=1, prefetch=(4,), proxy=True)
         kinds = ()
+    elif profile == "ledger":  # the overlap jobs and the paused one alone, no fault
+        h = Harness(workdir, beats=1, workers=1, concurrency=6, prefetch=(1,), proxy=True)
+        kinds = ()
     elif profile == "broker":  # long jobs running through one Redis outage longer than a lease
         h = Harness(workdir, beats=1, workers=1, concurrency=2, prefetch=(1,), proxy=True)
         kinds = ("broker_outage",)
@@ -719,6 +734,8 @@ def run_chaos(
             counts = schedule_prefetch_mix(rng)
         elif profile == "broker":
             counts = schedule_long_mix()
+        elif profile == "ledger":
+            counts = schedule_ledger_mix(rng)
         else:
             counts = schedule_mix(duration, scale=duration / 120, rng=rng)
         from schedapp.db import db_now, reset_connection
@@ -729,7 +746,7 @@ def run_chaos(
         restarts = []
         print(f"chaos: seed {seed}, {duration:.0f}s of faults, jobs {counts}", flush=True)
         next_fault = started + 5 + rng.uniform(2, 6)
-        actions = ledger_actions(duration, rng) if profile == "mix" else []
+        actions = ledger_actions(duration, rng) if profile in ("mix", "ledger") else []
         while time.monotonic() - started < duration:
             if actions and time.monotonic() - started >= actions[0][0]:
                 _, _, action = actions.pop(0)
@@ -1047,9 +1064,10 @@ def main() -> int:
     parser.add_argument(
         "--profile",
         default="mix",
-        choices=["mix", "prefetch", "broker"],
+        choices=["mix", "prefetch", "broker", "ledger"],
         help="mix: every fault kind; prefetch: one worker with Celery's default prefetch, "
-        "long jobs, no fault; broker: long jobs running through one Redis outage",
+        "long jobs, no fault; broker: long jobs running through one Redis outage; ledger: "
+        "the overlap jobs and a paused one, no fault",
     )
     parser.add_argument("--defect", default="", help="put a known defect back (bench/defects.py)")
     parser.add_argument("--out", default="", help="write this run's figures here (JSON)")

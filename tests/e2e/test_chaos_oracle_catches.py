@@ -29,10 +29,12 @@ def start(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def run_with_and_without(defect: str, *args: str) -> list[str]:
+def run_with_and_without(
+    defect: str, *args: str, problem: str = "unexplained duplicate"
+) -> list[str]:
     """The same chaos run with ``defect`` switched on and without it, side by side: with it
-    the run fails, and only on duplicates no injected fault explains (those PROBLEM lines are
-    returned); without it, the same jobs and processes show no duplicate at all."""
+    the run fails, and only on ``problem`` (those PROBLEM lines are returned); without it,
+    the same jobs and processes show no duplicate, nothing lost and a complete ledger."""
     with_defect = start(*args, "--defect", defect)
     without = start(*args)
     bad_out, _ = with_defect.communicate(timeout=300)
@@ -40,9 +42,10 @@ def run_with_and_without(defect: str, *args: str) -> list[str]:
     assert with_defect.returncode == 1, bad_out
     problems = [line for line in bad_out.splitlines() if line.startswith("PROBLEM:")]
     assert problems, bad_out
-    assert all("unexplained duplicate" in line for line in problems), problems
+    assert all(problem in line for line in problems), problems
     assert without.returncode == 0, good_out
-    assert "| 0 | 0 | 0 | 0 | yes |" in good_out  # duplicates, attributed, unexplained, lost
+    # duplicates, attributed, unexplained, lost, ledger problems, fates complete, passed
+    assert "| 0 | 0 | 0 | 0 | 0 | yes | yes |" in good_out
     return problems
 
 
@@ -61,3 +64,20 @@ def test_the_oracle_fails_a_run_with_the_broker_outage_defect_and_passes_it_with
         "broker-heartbeat", "--profile", "broker", "--duration", "30", "--seed", "1"
     )
     assert all("broker_outage" in line for line in problems), problems
+
+
+def test_the_oracle_fails_a_run_whose_ledger_drops_its_overlapped_records():
+    # A skip job whose runs outlast its interval: with the ledger's overlapped records
+    # dropped (bench/defects.py), the occurrences it skipped have no fate and never ran.
+    problems = run_with_and_without(
+        "drop-overlapped",
+        "--profile",
+        "ledger",
+        "--duration",
+        "30",
+        "--seed",
+        "1",
+        problem="occurrence",
+    )
+    assert any("no fate recorded" in line for line in problems), problems
+    assert any("never executed" in line for line in problems), problems
