@@ -277,6 +277,8 @@ def schedule_mix(window: float, scale: float, rng: random.Random) -> dict[str, i
 OVERLAPS = (
     ("skip", {"overlap": "skip"}),
     ("bufone", {"overlap": "buffer_one", "misfire_grace": 6}),
+    # Falls behind as bufone, and what it finds missed longer ago than 5 s is outside_window.
+    ("window", {"overlap": "buffer_one", "misfire_grace": 3, "catchup_window": 5}),
     ("bufall", {"overlap": "buffer_all", "max_buffer": 2}),
     ("cancel", {"overlap": "cancel_other"}),
     ("allow2", {"overlap": "allow_all", "max_concurrent": 2}),
@@ -311,6 +313,8 @@ def overlap_specs(rng: random.Random) -> list[dict[str, Any]]:
             "name": PAUSED,
             "kwargs": {"label": PAUSED},
             **RETRY,
+            # Found late on its resume (run_once): the latest runs, the others are `paused`.
+            "misfire_grace": 2,
         }
     )
     return specs
@@ -571,11 +575,14 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
     from schedapp.models import Occurrence
 
     runs: dict[tuple[int, str], list[str]] = defaultdict(list)
+    started: set[tuple[int, str]] = set()
     lost_tokens: dict[int, list[int]] = defaultdict(list)
-    for job_id, at, status, token, stale in JobRun.objects.values_list(
-        "job_id", "scheduled_for", "status", "token", "stale"
+    for job_id, at, status, token, stale, started_at in JobRun.objects.values_list(
+        "job_id", "scheduled_for", "status", "token", "stale", "started_at"
     ):
         runs[(job_id, at.isoformat())].append(status)
+        if started_at is not None or status in ("dispatched", "running"):
+            started.add((job_id, at.isoformat()))
         if status == "lost" or stale:
             lost_tokens[job_id].append(token)
     not_run = list(Occurrence.objects.values_list("job_id", "scheduled_for", "last", "fate"))
@@ -585,6 +592,7 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
         "run_claims": dict(run_claims),
         "expected": expected,
         "runs": dict(runs),
+        "unstarted": [key for key in runs if key not in started],
         "lost_tokens": dict(lost_tokens),
         "not_run": not_run,
         "behind": behind,
@@ -645,6 +653,30 @@ def bookkeeping_problems() -> list[str]:
     return problems
 
 
+def dump_ledger(jobs: set[int]) -> None:
+    """The runs and not-run records of ``jobs``, written to ledger.json beside the logs (the
+    run's database goes away with it), for whoever reads a failed check."""
+    from schedapp.models import JobRun, Occurrence
+
+    rows = {
+        "runs": list(
+            JobRun.objects.filter(job_id__in=jobs)
+            .order_by("job_id", "token")
+            .values("job_id", "token", "scheduled_for", "status", "stale", "attempt", "error",
+                    "dispatched_at", "started_at", "finished_at", "claimed_by")
+        ),
+        "not_run": list(
+            Occurrence.objects.filter(job_id__in=jobs)
+            .order_by("job_id", "scheduled_for")
+            .values("job_id", "scheduled_for", "last", "count", "fate", "detail", "decided_by",
+                    "recorded_at")
+        ),
+    }
+    out = Path(os.environ["SCHEDAPP_VAR_DIR"]).parent / "ledger.json"
+    out.write_text(json.dumps(rows, indent=1, default=str))
+    print(f"the ledger of jobs {sorted(jobs)} written to {out}")
+
+
 def check_history(
     faults: list[oracle.Fault], beats_stopped_at: datetime, t0: float
 ) -> tuple[dict[str, Any], list[str]]:
@@ -686,10 +718,16 @@ def check_history(
         problems.append(f"{len(lost)} occurrence(s) never executed, e.g. {lost[:5]}")
     problems += bookkeeping_problems()
     fates = oracle.fate_problems(
-        expected, set(runs), [(job, first, last) for job, first, last, _ in not_run], executions
+        expected,
+        set(runs),
+        [(job, first, last) for job, first, last, _ in not_run],
+        executions,
+        unstarted=[(job, as_time(at)) for job, at in history["unstarted"]],
     )
     if fates:
         problems.append(f"{len(fates)} ledger problem(s), e.g. {fates[:5]}")
+    if fates or verdict.lost:
+        dump_ledger({job for job, _ in verdict.lost} | {int(p.split()[1]) for p in fates})
     figures = oracle.summary(verdict, faults)
     figures["occurrences"] = len(expected)
     figures["fates"] = oracle.fate_counts(expected, runs, not_run, executions)

@@ -199,24 +199,33 @@ def fate_problems(
     dispatched: Iterable[tuple[int, Any]],
     not_run: Iterable[tuple[int, Any, Any]],
     executions: Iterable[Execution],
+    unstarted: Iterable[tuple[int, Any]] = (),
 ) -> list[str]:
     """The occurrence ledger checked against what happened: every expected occurrence has
     exactly one fate (dispatched: a run row; or not run: a record whose range holds it), one
     recorded as not run never executed, and one that executed was dispatched. ``not_run``
-    holds (job, first, last) ranges; times compare as the caller gives them (one type)."""
+    holds (job, first, last) ranges; times compare as the caller gives them (one type).
+    ``unstarted``: occurrences whose runs all ended without starting (refused at the door,
+    message lost): deliveries, not a fate, when a record holds the occurrence (a resume or
+    the misfire policy decided it after them), as ``schedapp.explain`` reads them."""
     ran = {(e.job, e.occurrence) for e in executions}
     sent = set(dispatched)
+    undelivered = set(unstarted)
     ranges: dict[int, list[tuple[Any, Any]]] = defaultdict(list)
     for job, first, last in not_run:
         ranges[job].append((first, last))
     problems = []
     for job, at in expected:
         skipped = [r for r in ranges.get(job, ()) if r[0] <= at <= r[1]]
-        fates = int((job, at) in sent) + len(skipped)
+        has_run = (job, at) in sent and not (skipped and (job, at) in undelivered)
+        fates = int(has_run) + len(skipped)
         if fates == 0:
             problems.append(f"job {job} occurrence {at}: no fate recorded")
         elif fates > 1:
-            problems.append(f"job {job} occurrence {at}: {fates} fates recorded")
+            what = (["a run"] if has_run else []) + [
+                f"not run [{first}, {last}]" for first, last in skipped
+            ]
+            problems.append(f"job {job} occurrence {at}: {fates} fates recorded: {what}")
         if skipped and (job, at) in ran:
             problems.append(f"job {job} occurrence {at}: recorded as not run, but it executed")
     problems += [

@@ -21,6 +21,7 @@ from .conf import get_settings
 from .db import db_now
 from .display import WAITING, run_status
 from .models import (
+    ACTIVE_RUN_STATUSES,
     BackfillFate,
     BackfillRange,
     Breach,
@@ -252,7 +253,19 @@ def timeline(
             records = records.filter(last__gte=since)
         if until is not None:
             records = records.filter(scheduled_for__lte=until)
-        entries += [_entry(o, job.timezone) for o in records[:limit]]
+        listed = [_entry(o, job.timezone) for o in records[:limit]]
+        # An occurrence whose dispatches never started and that a record holds is that
+        # record's (one fate a line): its dispatches were deliveries, not its fate.
+        entries = [
+            e
+            for e in entries
+            if not (
+                e.attempts
+                and never_started(e.attempts)
+                and any(r.first <= e.first <= r.last for r in listed)
+            )
+        ]
+        entries += listed
         entries += _backfill_entries(job, other, since, until, limit)
     if not fates or BREACH in fates:
         entries = _with_breaches(job, entries, since, until, limit, only=bool(fates))
@@ -342,20 +355,23 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     at = aware(at, job.timezone)
     runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
     attempts = _attempts(runs).get(at)
-    if attempts:
-        kind = _occurrence_kind(job, at, attempts)
-        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=kind)
-        return Answer(job.pk, at, True, _ran_text(job, entry) + _moved_here(job, at), entry)
-    nominal, before, after = _around(job, at)
     record = (
         Occurrence.objects.filter(job=job, scheduled_for__lte=at, last__gte=at)
         .order_by("-scheduled_for")
         .first()
     )
+    if attempts and not (record is not None and never_started(attempts)):
+        kind = _occurrence_kind(job, at, attempts)
+        entry = Entry(at, at, 1, RAN, attempts=tuple(attempts), kind=kind)
+        return Answer(job.pk, at, True, _ran_text(job, entry) + _moved_here(job, at), entry)
+    nominal, before, after = _around(job, at)
     note = backfill_note(job, at) if nominal else ""
-    if record is not None and nominal:
+    if record is not None and (nominal or attempts):
         entry = _entry(record, job.timezone)
-        text = _not_run_text(job, at, entry) + (f" {note}" if note else "")
+        text = _not_run_text(job, at, entry)
+        if attempts:
+            text += f" It had been dispatched {len(attempts)} time(s) before; none started."
+        text += f" {note}" if note else ""
         return Answer(job.pk, at, True, text, entry, before, after)
     if not nominal:
         near = ", ".join(_local(job, t) for t in (before, after) if t is not None)
@@ -364,6 +380,13 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
         return Answer(job.pk, at, False, text, None, before, after)
     text = _pending_or_unknown(job, at) + (f" {note}" if note else "")
     return Answer(job.pk, at, True, text, None, before, after)
+
+
+def never_started(attempts: Sequence[Attempt]) -> bool:
+    """Whether every dispatch of an occurrence ended without starting (refused at the door,
+    its message lost or revoked): deliveries, not its fate, when a record says why it did
+    not run (a resume or the misfire policy decided it after them)."""
+    return all(a.started_at is None and a.status not in ACTIVE_RUN_STATUSES for a in attempts)
 
 
 def _is_occurrence(schedule: Schedule, at: datetime) -> bool:

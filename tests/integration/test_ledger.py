@@ -6,6 +6,7 @@ from __future__ import annotations
 import calendar
 import io
 import json
+import time
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -290,3 +291,35 @@ def test_a_run_knows_its_data_interval_and_kind():
     assert RunInfo(job.pk, 2, 2, at, 2, "key").kind == "retry"
     manual = RunInfo(job.pk, 3, 3, at + timedelta(minutes=7), 1, "key")
     assert manual.kind == "manual" and manual.data_interval == (at, at + timedelta(minutes=7))
+
+
+def test_an_occurrence_refused_at_the_door_because_the_job_was_paused_has_one_fate():
+    """Claimed, then paused before its message reached a worker: the door refuses it (its run
+    is closed skipped, never started). Resumed later than its grace, the job records what
+    passed while paused, the refused occurrence included: that is its fate, and explain and
+    the timeline say so once (they said it ran, beside the record: the chaos run's ledger
+    check found the occurrence with two fates)."""
+    job = api.schedule(
+        "project.tasks.record",
+        interval=1,
+        interval_anchor=db_now() - timedelta(seconds=0.5),
+        name="paused-at-the-door",
+        misfire_grace=0,
+    )
+    due = job.next_run_at - timedelta(seconds=1)  # the occurrence before its first: due now
+    Job.objects.filter(pk=job.pk).update(scheduled_for=due, next_run_at=due)
+    (run,) = claim_due_jobs("beat-1", 10).runs
+    api.pause(job)
+    assert admit_run(run.job_id, run.token, "w1", admission="w1-1") == "job_paused"
+    time.sleep(2.5)  # two or three occurrences pass while it is paused
+    api.resume(job)
+    # Then the refused occurrence is recorded as passed while paused, and that is what explain
+    # answers for it (its dispatch said as such); the timeline shows it once, in that record
+    [record] = Occurrence.objects.filter(job=job)
+    assert record.fate == "paused"
+    assert record.scheduled_for == run.scheduled_for
+    answer = explain.explain(job, run.scheduled_for)
+    assert answer.entry is not None and answer.entry.fate == "paused"
+    assert "dispatched 1 time(s) before; none started" in answer.text
+    holding = [e for e in explain.timeline(job) if e.first <= run.scheduled_for <= e.last]
+    assert [e.fate for e in holding] == ["paused"]

@@ -379,3 +379,16 @@ def test_allow_all_blames_the_lost_lease_on_its_occurrences_next_claim_not_the_j
     (by_run,) = find_duplicates([older, newer], [freeze], claims, SLACK, run_claims)
     assert by_run.anchor == 66.0
     assert by_run.fault == freeze
+
+
+def test_dispatches_that_never_started_are_no_fate_beside_a_record_that_holds_them():
+    # 10's run was lost before it started and the misfire policy then folded 10 and 20 into
+    # 30: one fate each (the record); without the record, the lost run is 10's only fate.
+    expected = [(1, 10), (1, 20), (1, 30)]
+    executions = [execution(1, "worker1", 0.0, occurrence=30)]
+    folded = [(1, 10, 20)]
+    sent = [(1, 10), (1, 30)]
+    assert fate_problems(expected, sent, folded, executions, unstarted=[(1, 10)]) == []
+    (problem,) = fate_problems(expected, sent, folded, executions)
+    assert "occurrence 10: 2 fates recorded: ['a run', 'not run [10, 20]']" in problem
+    assert fate_problems([(1, 10)], sent, [], [], unstarted=[(1, 10)]) == []
