@@ -513,6 +513,7 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
     """The histories the oracle needs, read from the database, on this host's clock."""
     from project.models import Execution
     from schedapp.lease import job_schedule
+    from schedapp.lease.after_run import SUPERSEDED_UNSTARTED
     from schedapp.models import Job, JobRun
     from schedapp.schedules import fire_times
 
@@ -577,9 +578,11 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
     runs: dict[tuple[int, str], list[str]] = defaultdict(list)
     started: set[tuple[int, str]] = set()
     lost_tokens: dict[int, list[int]] = defaultdict(list)
-    for job_id, at, status, token, stale, started_at in JobRun.objects.values_list(
-        "job_id", "scheduled_for", "status", "token", "stale", "started_at"
+    for job_id, at, status, token, stale, started_at, error in JobRun.objects.values_list(
+        "job_id", "scheduled_for", "status", "token", "stale", "started_at", "error"
     ):
+        if status == "skipped" and error == SUPERSEDED_UNSTARTED:
+            status = "superseded"  # the reaper's: its lease lapsed after a later one came due
         runs[(job_id, at.isoformat())].append(status)
         if started_at is not None or status in ("dispatched", "running"):
             started.add((job_id, at.isoformat()))

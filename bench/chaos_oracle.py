@@ -242,8 +242,9 @@ def fate_counts(
     executions: Iterable[Execution],
 ) -> dict[str, int]:
     """How many expected occurrences the check found under each fate: ``executed``, each
-    not-run fate of the ledger (``overlapped``, ``paused``, ...), ``superseded`` (its runs
-    all cancelled before they started: cancel_other), ``no fate``."""
+    not-run fate of the ledger (``overlapped``, ``paused``, ...), ``superseded`` (its last run
+    cancelled before it started: cancel_other), ``dispatched, never executed`` (lost) and
+    ``no fate``."""
     ran = {(e.job, e.occurrence) for e in executions}
     ranges: dict[int, list[tuple[Any, Any, str]]] = defaultdict(list)
     for job, first, last, fate in not_run:
@@ -257,15 +258,20 @@ def fate_counts(
             counts[fates[0]] += 1
         elif superseded(runs.get((job, at), ())):
             counts["superseded"] += 1
+        elif (job, at) in runs:
+            counts["dispatched, never executed"] += 1  # lost
         else:
             counts["no fate"] += 1
     return dict(sorted(counts.items()))
 
 
 def superseded(statuses: Sequence[str]) -> bool:
-    """Whether an occurrence's runs were all cancelled (cancel_other revoked them before they
-    started, or a cancel closed them): a run fate that need not have executed."""
-    return bool(statuses) and all(s == "cancelled" for s in statuses)
+    """Whether an occurrence's last run was cancelled (cancel_other revoked it before it
+    started, or a cancel closed it) or ``superseded`` (the harness's name for a run the
+    reaper closed because a later occurrence superseded it before it started): its fate is
+    that run's, which need not have executed. Neither is ever sent again, so one of them
+    among an occurrence's runs is its last (earlier ones were lost or refused unstarted)."""
+    return any(s in ("cancelled", "superseded") for s in statuses)
 
 
 def must_execute(

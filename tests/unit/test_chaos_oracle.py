@@ -321,16 +321,18 @@ def test_occurrences_recorded_not_run_or_superseded_need_not_execute_the_others_
     assert must == [(1, 10), (1, 50), (1, 60)]
     assert lost_occurrences(must, executions) == [(1, 50), (1, 60)]
     assert fate_counts(expected, runs, not_run, executions) == {
+        "dispatched, never executed": 1,
         "executed": 1,
-        "no fate": 2,
+        "no fate": 1,
         "overlapped": 2,
         "superseded": 1,
     }
 
 
-def test_a_run_cancelled_and_sent_again_is_not_superseded():
-    runs = {(1, 10): ["cancelled", "dispatched"]}
-    assert must_execute([(1, 10)], runs, []) == [(1, 10)]
+def test_a_run_lost_unstarted_then_superseded_need_not_execute():
+    # the reaper's closing of a superseded run that never started counts as cancelled
+    assert must_execute([(1, 10)], {(1, 10): ["lost", "superseded"]}, []) == []
+    assert must_execute([(1, 10)], {(1, 10): ["skipped"]}, []) == [(1, 10)]
 
 
 def span(token: int, node: str, started: float, finished: float | None) -> Execution:
