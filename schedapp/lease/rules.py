@@ -425,9 +425,11 @@ def run_door(
     """The door of a run with its own lease (``schedapp_admit_run_v5``'s first branch): the
     run row decides; the job's state only refuses a paused or cancelled job's run (the job is
     'scheduled', or done, while its runs are in flight). ``fresh_lease`` here renews the
-    run's lease; a refused run still dispatched is closed as skipped. A late run
-    (``late_at_door``, before the lease's row as at the job-lease door) is recorded late in
-    the ledger; its job moved on at the claim, so nothing is handed back."""
+    run's lease; a refused run still dispatched is closed as skipped, but for one whose lease
+    ran out: that is the reaper's, which sends its occurrence again (the job moved on at the
+    claim: nothing else would). A late run (``late_at_door``, before the lease's row as at
+    the job-lease door) is recorded late in the ledger; its job moved on at the claim, so
+    nothing is handed back."""
     if job_state is None:
         return DoorDecision(UNKNOWN)
     verdict = next(v for _why, holds, v in RUN_DOOR if holds(run, job_state, admission, now))
@@ -452,7 +454,7 @@ def run_door(
         return DoorDecision(
             ADMITTED, start_run=True, fresh_lease=run_lease_needs_rewrite(run, lease_seconds, now)
         )
-    if run.status == DISPATCHED:
+    if run.status == DISPATCHED and verdict != LEASE_EXPIRED:
         return DoorDecision(verdict, skip_run=True)
     return DoorDecision(verdict)
 

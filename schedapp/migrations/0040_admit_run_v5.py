@@ -60,7 +60,7 @@ BEGIN
                     THEN now() + make_interval(secs => j.lease_seconds)
                     ELSE lease_expires_at END
             WHERE job_id = p_job AND token = p_token;
-        ELSIF r.status = 'dispatched' THEN
+        ELSIF r.status = 'dispatched' AND verdict <> 'lease_expired' THEN
             UPDATE schedapp_jobrun
             SET status = 'skipped', finished_at = now(), worker = p_worker, lease_expires_at = NULL,
                 error = 'delivered but not executed: ' || CASE verdict

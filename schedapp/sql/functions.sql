@@ -33,7 +33,10 @@
 -- arriving more than the job's start_deadline after its occurrence, under skip_late, is
 -- 'late': closed as skipped, its occurrence recorded in the ledger with fate late, and a job
 -- holding its lease handed back to the claim (scheduled, no lease, still due), which skips the
--- occurrence as late and moves the job on as it does any late occurrence.
+-- occurrence as late and moves the job on as it does any late occurrence. Also v5: a run with
+-- a lease of its own refused because that lease ran out is left to the reaper, which sends its
+-- occurrence again (v4 closed it as skipped, lease cleared: no reaper found it, and the
+-- occurrence was lost, its job having moved on at the claim).
 CREATE OR REPLACE FUNCTION schedapp_admit_run_v5(
     p_job bigint, p_token bigint, p_worker text, p_admission text
 ) RETURNS text LANGUAGE plpgsql AS $$
@@ -82,7 +85,7 @@ BEGIN
                     THEN now() + make_interval(secs => j.lease_seconds)
                     ELSE lease_expires_at END
             WHERE job_id = p_job AND token = p_token;
-        ELSIF r.status = 'dispatched' THEN
+        ELSIF r.status = 'dispatched' AND verdict <> 'lease_expired' THEN
             UPDATE schedapp_jobrun
             SET status = 'skipped', finished_at = now(), worker = p_worker, lease_expires_at = NULL,
                 error = 'delivered but not executed: ' || CASE verdict

@@ -424,3 +424,22 @@ def test_a_waiting_retry_reads_as_waiting_not_dispatched(client):
     assert any(r.run_id == retry.pk for r in claim_due_jobs("beat-1", 10).runs)
     answer = explain.explain(job, failing.scheduled_for)
     assert answer.entry is not None and answer.entry.attempts[-1].shown_status == "dispatched"
+
+
+def test_a_run_whose_message_arrives_after_its_lease_is_sent_again_not_lost():
+    """The message reached a worker only after the run's own lease ran out (a busy worker's
+    prefetch buffer): the door refuses it and leaves it to the reaper, which sends the
+    occurrence again. The door closed it as skipped and cleared its lease, so no reaper
+    found it and the occurrence never ran (the chaos run's ledger check: allow3, lost)."""
+    job = allow_all_job()
+    late = claim_one()
+    assert late is not None
+    JobRun.objects.filter(job=job, token=late.token).update(lease_expires_at=db_now() - SECOND)
+    assert admit_run(late.job_id, late.token, "w1", "a") == "lease_expired"
+    # When the reaper runs
+    assert reap_expired_leases(10).expired == 1
+    # Then the occurrence is sent again, as the same attempt, and that copy is admitted
+    resent = [r for r in claim_due_jobs("beat-1", 10).runs if r.scheduled_for == late.scheduled_for]
+    assert [r.attempt for r in resent] == [late.attempt]
+    assert admit_run(late.job_id, late.token, "w1", "b") == "stale_token"
+    assert admit_run(resent[0].job_id, resent[0].token, "w1", "c") == "admitted"
