@@ -390,7 +390,7 @@ def schedule_long_mix() -> dict[str, int]:
 # Lost replies: a fragment of the statement whose reply is dropped after it committed, and
 # the processes it may hit. The worker's writes are single autocommit statements.
 LOST_REPLIES = (
-    ("door", b"SELECT schedapp_admit_run_v4(", "worker*"),
+    ("door", b"SELECT schedapp_admit_run_v5(", "worker*"),
     ("completion", b"schedapp_succeed_run", "worker*"),
     ("renewal", b"schedapp_renew_leases_v5(", "worker*"),
     ("beat commit", COMMIT, "beat*"),
