@@ -486,3 +486,34 @@ def test_a_deadline_written_behind_the_apis_back_does_not_stop_the_pass(heard):
     # When the pass runs, then the late job is found, and the odd one is within its deadlines
     assert [e.job_id for e in check("default").opened] == [late.pk]
     assert heard == [("late", "late", late.pk)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_finish_by_is_armed_with_one_update_per_deadline_instant_not_one_per_job():
+    # Given 40 new jobs with a finish_by, in two zones (bulk scheduled: none armed yet)
+    from datetime import time as clock
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from schedapp.policies import next_finish_by
+
+    zones = ["UTC"] * 20 + ["Europe/Paris"] * 20
+    jobs = [
+        make("default", f"fb-{i}", timezone=z, finish_by=clock(23, 0))
+        for i, z in enumerate(zones)
+    ]
+    # When the deadline pass arms them
+    now = now_of("default")
+    with CaptureQueriesContext(connection) as ctx:
+        check("default")
+    # Then each has its first deadline after now, written once per instant, not once per job
+    for job in jobs:
+        job.refresh_from_db()
+        expected, _ = next_finish_by(clock(23, 0), job.timezone, now)
+        assert job.finish_by_at == expected
+    arming = [
+        q for q in ctx.captured_queries
+        if q["sql"].startswith("UPDATE") and "finish_by_at" in q["sql"]
+    ]
+    assert len(arming) == 2
