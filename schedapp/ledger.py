@@ -39,6 +39,13 @@ def record(
     return len(rows)
 
 
-def record_one(job_id: int, at: datetime, fate: str, detail: str, decided_by: str) -> None:
-    """One occurrence that will not run (a cancel, a quarantine)."""
-    record([(job_id, MissedRange(at, at, 1, fate, detail))], decided_by)
+def record_one(
+    job_id: int,
+    at: datetime,
+    fate: str,
+    detail: str,
+    decided_by: str,
+    using: str = DEFAULT_DB_ALIAS,
+) -> None:
+    """One occurrence that will not run (a cancel, a quarantine, a run refused late)."""
+    record([(job_id, MissedRange(at, at, 1, fate, detail))], decided_by, using)

@@ -26,7 +26,7 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.db.models.lookups import LessThan
 
 from ..fields import CELERY_FIELDS
-from ..models import Fate, Job, JobChange, JobRun, JobState, Occurrence, RunStatus
+from ..models import Fate, Job, JobChange, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait, misfire_after, past_start_deadline
 from ..validation import Checked
 from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
@@ -405,21 +405,9 @@ def _record_late(using: str, job_id: int, scheduled_for: datetime, worker: str) 
     """The ledger's record of an occurrence the door refused as late (the first decision on
     an occurrence stands, as ``ledger.record`` keeps it)."""
     from ..lease.rules import LATE_DETAIL
+    from ..ledger import record_one
 
-    Occurrence.objects.using(using).bulk_create(
-        [
-            Occurrence(
-                job_id=job_id,
-                scheduled_for=scheduled_for,
-                last=scheduled_for,
-                count=1,
-                fate=Fate.LATE,
-                detail=LATE_DETAIL,
-                decided_by=worker[:200],
-            )
-        ],
-        ignore_conflicts=True,
-    )
+    record_one(job_id, scheduled_for, Fate.LATE, LATE_DETAIL, worker, using)
 
 
 def _admit_own_lease(
