@@ -40,10 +40,13 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The portable store's database, next to PostgreSQL's in the same process: the store contract
 # suite (tests/integration/test_store_contract.py) runs each test on both stores, and only
 # the tests that ask for this alias (django_db(databases=...)) create it. A file named after
-# the default database's, so that runs on different databases never share it. SQLite as the
+# the default database's test database (DATABASE_TEST_NAME if given, else its name), so that
+# runs on different test databases never share it, one DATABASE_URL or not. SQLite as the
 # demo runs it: writers take the lock when their transaction begins.
+_default = DATABASES["default"]  # noqa: F405
 _portable_file = Path(tempfile.gettempdir()) / (
-    f"schedapp_{Path(str(DATABASES['default']['NAME'])).stem}_portable.sqlite3"  # noqa: F405
+    f"schedapp_{Path(str(_default.get('TEST', {}).get('NAME') or _default['NAME'])).stem}"
+    "_portable.sqlite3"
 )
 DATABASES["portable"] = {  # noqa: F405
     "ENGINE": "django.db.backends.sqlite3",
