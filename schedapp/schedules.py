@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from copy import copy
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -569,14 +570,29 @@ def recent_fire_times(
 # --- cron over wall-clock time ---------------------------------------------------------------
 
 
-def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Iterator[datetime]:
-    it = croniter(
-        cronsyntax.engine_expr(cron.expr),
-        start,
-        second_at_beginning=cron.has_seconds,
+@lru_cache(maxsize=4096)
+def _cron_template(expr: str, has_seconds: bool, years: int, day_or: bool) -> croniter:
+    """A croniter with the expression expanded, to copy: expanding it is most of the cost of
+    a new croniter (a backfill of 100,000 minutes, or a burst of cron jobs claimed, asks for
+    one per occurrence), and the expansion does not depend on the start."""
+    return croniter(
+        expr,
+        datetime(2001, 1, 1),
+        second_at_beginning=has_seconds,
         max_years_between_matches=years,
-        day_or=cron.day_or,
+        day_or=day_or,
     )
+
+
+def _naive_iter(cron: Cron, start: datetime, years: int = SEARCH_YEARS) -> Iterator[datetime]:
+    expr = cronsyntax.engine_expr(cron.expr)
+    template = _cron_template(expr, cron.has_seconds, years, cron.day_or)
+    it = copy(template)
+    # What croniter changes as it goes gets a copy of its own, as a new croniter would have
+    # (its search updates the sets of nth_weekday_of_month in place).
+    it.expanded = [list(field) for field in template.expanded]
+    it.nth_weekday_of_month = {k: set(v) for k, v in template.nth_weekday_of_month.items()}
+    it.set_current(start, force=True)
     while True:
         yield it.get_next(datetime)
 
