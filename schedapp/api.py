@@ -477,6 +477,11 @@ def backfill(
         raise ValidationError(errors)
     if end <= start:
         raise ValidationError({"end": ["the end must be after the start."]})
+    # Counted before the row is locked (a long range takes seconds, and a beat must be able
+    # to claim the job meanwhile); counted again under the lock only if what the count
+    # depends on changed in between.
+    unlocked = Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
+    counted = _count_backfill(unlocked, start, end)
     with transaction.atomic():
         current = _locked(job)
         if not current.is_recurring:
@@ -491,10 +496,12 @@ def backfill(
             raise ValidationError(
                 {"end": [f"in the future ({now.isoformat()} now): a backfill runs past times."]}
             )
-        try:
-            total, _last = backfills.count_occurrences(current, start, end)
-        except ValueError as exc:
-            raise ValidationError({"end": [str(exc)]}) from exc
+        if counted is None or counted[0] != backfills.occurrence_basis(current):
+            counted = _count_backfill(current, start, end)
+        assert counted is not None
+        if isinstance(counted[1], ValueError):
+            raise ValidationError({"end": [str(counted[1])]}) from counted[1]
+        total = counted[1]
         if total == 0:
             raise ValidationError({"start": ["the range holds no occurrence of the job."]})
         actor = audit.current()
@@ -518,6 +525,20 @@ def backfill(
         )
         backfills.wake()
     return record
+
+
+def _count_backfill(
+    job: Job, start: datetime, end: datetime
+) -> tuple[object, int | ValueError] | None:
+    """What the count of a backfill's range depends on, and the count (or why it cannot be
+    backfilled); None for a job without occurrences (the caller refuses it, locked)."""
+    if not job.is_recurring:
+        return None
+    basis = backfills.occurrence_basis(job)
+    try:
+        return basis, backfills.count_occurrences(job, start, end)[0]
+    except ValueError as exc:
+        return basis, exc
 
 
 def _backfill_summary(record: Backfill) -> str:

@@ -75,6 +75,12 @@ def occurrences(
         at = nxt
 
 
+def occurrence_basis(job: Job) -> tuple[object, object]:
+    """What ``occurrences`` of a job depend on (its schedule, its calendar as attached): two
+    equal bases give the same occurrences."""
+    return job.schedule, job_calendars.for_job(job)
+
+
 def count_occurrences(job: Job, start: datetime, end: datetime) -> tuple[int, datetime | None]:
     """How many occurrences [start, end] holds, and the last; raises ValueError past the cap."""
     count, last = 0, None

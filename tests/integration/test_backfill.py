@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import OperationalError, connection
 
 from schedapp import api
 from schedapp.db import db_now
@@ -375,3 +375,68 @@ def test_a_backfilled_run_of_a_skip_late_job_is_admitted_though_its_occurrence_i
         # Then each is admitted: a backfill runs an occurrence as if its time had just
         # passed, so the start deadline (measured from the nominal time) does not apply
         assert str(verdict) == "admitted"
+
+
+# --- counting a range ----------------------------------------------------------------------
+
+
+def _counting_paused(job: Job, start, end):
+    """api.backfill on a thread of its own, held inside its count of the range until
+    ``go`` is set: (thread, out, counting, go)."""
+    import threading
+
+    counting, go = threading.Event(), threading.Event()
+    real = engine.count_occurrences
+
+    def held(*args, **kwargs):
+        counting.set()
+        assert go.wait(30), "the test never let the count go on"
+        return real(*args, **kwargs)
+
+    patch = mock.patch.object(engine, "count_occurrences", side_effect=held, autospec=True)
+    patch.start()
+    thread, out = in_thread(lambda: api.backfill(job, start, end, max_per_second=10_000))
+    assert counting.wait(30), "api.backfill never counted the range"
+    return thread, out, go, patch
+
+
+@POSTGRES
+def test_counting_a_range_does_not_hold_the_jobs_row() -> None:
+    """Counting a long range takes seconds (100,000 minutes); a beat must be able to claim the
+    job meanwhile, so the count is taken before the row is locked."""
+    job = minutely()
+    start, end = a_range(30)
+    thread, out, go, patch = _counting_paused(job, start, end)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+            try:
+                cursor.execute(
+                    "SELECT id FROM schedapp_job WHERE id = %s FOR UPDATE NOWAIT", [job.pk]
+                )
+                locked_by_backfill = False
+            except OperationalError:  # lock not available
+                locked_by_backfill = True
+            cursor.execute("ROLLBACK")
+    finally:
+        go.set()
+        thread.join(60)
+        patch.stop()
+    assert not locked_by_backfill
+    assert "error" not in out, out
+    assert out["value"].total == 30
+
+
+@POSTGRES
+def test_a_schedule_changed_while_the_range_was_counted_is_counted_again() -> None:
+    job = minutely()
+    start, end = a_range(30)
+    thread, out, go, patch = _counting_paused(job, start, end)
+    try:
+        api.update(job, interval=2 * MINUTE, interval_anchor=end - 100 * MINUTE)
+    finally:
+        go.set()
+        thread.join(60)
+        patch.stop()
+    assert "error" not in out, out
+    assert out["value"].total == 15  # every other minute of the 30
