@@ -578,9 +578,15 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
     runs: dict[tuple[int, str], list[str]] = defaultdict(list)
     started: set[tuple[int, str]] = set()
     lost_tokens: dict[int, list[int]] = defaultdict(list)
-    for job_id, at, status, token, stale, started_at, error in JobRun.objects.values_list(
-        "job_id", "scheduled_for", "status", "token", "stale", "started_at", "error"
+    lost_at: list[tuple[int, int, float]] = []
+    for job_id, at, status, token, stale, started_at, error, finished_at in (
+        JobRun.objects.values_list(
+            "job_id", "scheduled_for", "status", "token", "stale", "started_at", "error",
+            "finished_at",
+        )
     ):
+        if status == "lost" and finished_at is not None:
+            lost_at.append((job_id, token, finished_at.timestamp() - offset))
         if status == "skipped" and error == SUPERSEDED_UNSTARTED:
             status = "superseded"  # the reaper's: its lease lapsed after a later one came due
         runs[(job_id, at.isoformat())].append(status)
@@ -593,6 +599,7 @@ def collect(beats_stopped_at: datetime) -> dict[str, Any]:
         "executions": executions,
         "claims": dict(claims),
         "run_claims": dict(run_claims),
+        "lost_at": lost_at,
         "expected": expected,
         "runs": dict(runs),
         "unstarted": [key for key in runs if key not in started],
@@ -699,6 +706,7 @@ def check_history(
         oracle.must_execute(expected, runs, not_run),
         slack=SLACK,
         run_claims={(job, as_time(at)): c for (job, at), c in history["run_claims"].items()},
+        lost_at={(job, token): at for job, token, at in history["lost_at"]},
     )
     names = history["names"]
     problems = [f"recurring job {name} never ran" for name in history["never_ran"]]

@@ -27,7 +27,11 @@ and a lease is lost only if the worker holding it stopped renewing it for a whol
   beyond the slack: beats claim nothing while the broker is down (a beat whose publish failed
   asks the broker before claiming again), so when the job was claimed again within ``slack``
   of a broker outage's end, X may lie anywhere from ``slack`` before that outage began, and
-  the window opens one lease before that.
+  the window opens one lease before that. Another defers it without bound: a lost run of an
+  allow_all job is run again only when one of its ``max_concurrent`` slots frees, which runs
+  on other killed or frozen workers may hold for leases more. So when the run rows say when
+  the older run's lease was found lost (a reaper's time: only a time, never a verdict), that
+  time is the anchor: the lease expired at most ``slack`` before it.
 
 Two executions under the same claim (token) are never explained: the door admits a claim once.
 """
@@ -157,6 +161,7 @@ def find_duplicates(
     claims: Mapping[int, Sequence[tuple[int, float]]],
     slack: float,
     run_claims: Mapping[tuple[int, Any], Sequence[tuple[int, float]]] | None = None,
+    lost_at: Mapping[tuple[int, int], float] | None = None,
 ) -> list[Duplicate]:
     """Every execution of an occurrence beyond its first, each blamed on a fault or not.
 
@@ -164,7 +169,9 @@ def find_duplicates(
     claim whose lease had to be lost for it to run. ``run_claims`` holds, for the jobs whose
     runs each hold a lease of their own (allow_all), the claims per occurrence: the job is
     claimed again for its next occurrences while a run is in flight, so the claim that
-    follows a lost lease is the next one of the same occurrence."""
+    follows a lost lease is the next one of the same occurrence. ``lost_at`` holds, by (job,
+    token), when a run's lease was found lost; the earlier of that and the next claim anchors
+    the window."""
     by_occurrence: dict[tuple[int, Any], list[Execution]] = defaultdict(list)
     for e in executions:
         by_occurrence[(e.job, e.occurrence)].append(e)
@@ -181,6 +188,9 @@ def find_duplicates(
             anchor = first_claim_after(own if own is not None else claims.get(job, ()), older.token)
             if anchor is None or anchor > newer.started:
                 anchor = newer.started
+            found_lost = (lost_at or {}).get((job, older.token))
+            if found_lost is not None and found_lost < anchor:
+                anchor = found_lost
             fault, reason = blame(older, anchor, faults, slack)
             found.append(Duplicate(older, newer, anchor, fault, reason))
     return found
@@ -341,11 +351,12 @@ def judge(
     expected: Iterable[tuple[int, Any]],
     slack: float,
     run_claims: Mapping[tuple[int, Any], Sequence[tuple[int, float]]] | None = None,
+    lost_at: Mapping[tuple[int, int], float] | None = None,
 ) -> Verdict:
     """The whole verdict of one run: duplicates (blamed or not) and lost occurrences."""
     return Verdict(
         executions=len(executions),
-        duplicates=find_duplicates(executions, faults, claims, slack, run_claims),
+        duplicates=find_duplicates(executions, faults, claims, slack, run_claims, lost_at),
         lost=lost_occurrences(expected, executions),
     )
 

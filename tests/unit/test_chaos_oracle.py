@@ -408,3 +408,29 @@ def test_the_chaos_runs_lost_reply_faults_match_statements_the_workers_send():
     for name, fragment, _who in LOST_REPLIES:
         if fragment != COMMIT:
             assert fragment.decode() in sql, name
+
+
+def test_a_lost_allow_all_run_waiting_for_a_slot_is_blamed_from_when_its_lease_was_found_lost():
+    # Seed 1 of the 2026-12-05 run: token 61 started on worker12 at 201.6 s, worker12 was
+    # killed at 201.8 s; the lease was found lost at 211 s, but the occurrence's retry waited
+    # for one of max_concurrent's slots (held by runs on workers killed later) and was
+    # claimed at 224.6 s, more than a lease and the slack after the kill.
+    older = Execution(1, "t0", 61, "worker12", 201.6, LEASE)
+    newer = Execution(1, "t0", 70, "worker14", 251.6, LEASE)
+    claims = {1: [(61, 201.0), (70, 224.6)]}
+    run_claims = {(1, "t0"): [(61, 201.0), (70, 224.6)]}
+    killed = kill("worker12", 201.8)
+    (by_claim,) = find_duplicates([older, newer], [killed], claims, SLACK, run_claims)
+    assert not by_claim.explained
+    lost_at = {(1, 61): 211.0}
+    (by_loss,) = find_duplicates([older, newer], [killed], claims, SLACK, run_claims, lost_at)
+    assert by_loss.anchor == 211.0
+    assert by_loss.fault == killed
+    # Still strict: a kill after the lease was found lost explains nothing.
+    late = kill("worker12", 215.0)
+    (after,) = find_duplicates([older, newer], [late], claims, SLACK, run_claims, lost_at)
+    assert not after.explained
+    # And a found-lost time later than the next claim does not move the anchor later.
+    later = {(1, 61): 240.0}
+    (first,) = find_duplicates([older, newer], [killed], claims, SLACK, run_claims, later)
+    assert first.anchor == 224.6
