@@ -131,7 +131,8 @@ class Answer:
     after: datetime | None = None
 
 
-def _job(job: Job | int | str) -> Job:
+def job_named(job: Job | int | str) -> Job:
+    """A job by itself, its id, or its name (what a person types: "42" or "nightly-report")."""
     if isinstance(job, Job):
         return job
     if isinstance(job, int) or (isinstance(job, str) and job.isdigit()):
@@ -230,7 +231,7 @@ def timeline(
     """A job's occurrences, newest first: those that ran, with their attempts, and the
     records of those that did not. ``fates`` keeps only those (``ran`` for the ones that
     ran). Reads at most ``limit`` occurrences of each kind through the job's indexes."""
-    job = _job(job)
+    job = job_named(job)
     entries: list[Entry] = []
     if not fates or RAN in fates:
         runs = JobRun.objects.filter(job=job).only(*_RUN_FIELDS).order_by("-id")
@@ -351,7 +352,7 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     """What happened at ``at`` (a naive time is in the job's zone): it ran (its attempts),
     it did not and why, it is pending, it is not an occurrence of the schedule (and the
     nearest ones are), or the ledger has no record (before it began, or pruned)."""
-    job = _job(job)
+    job = job_named(job)
     at = aware(at, job.timezone)
     runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
     attempts = _attempts(runs).get(at)
@@ -426,14 +427,14 @@ def run_kind(
     schedule (a run now), else ``scheduled``."""
     if recorded:
         return recorded
-    return "retry" if attempt > 1 else _kind(_job(job), scheduled_for)
+    return "retry" if attempt > 1 else _kind(job_named(job), scheduled_for)
 
 
 def data_interval(job: Job | int | str, scheduled_for: datetime) -> tuple[datetime, datetime]:
     """The interval an occurrence covers, as Airflow's data interval: from the occurrence
     before it (or itself, for the first or a one-off) to it. A manual run's starts at the
     occurrence before the time it was asked for."""
-    job = _job(job)
+    job = job_named(job)
     try:
         earlier = _previous(job.schedule, scheduled_for)
     except Exception:  # a row the beat quarantined may hold any schedule
@@ -583,7 +584,7 @@ def unaccounted(job: Job | int | str, start: datetime, end: datetime) -> list[da
     """Occurrences of the job in [start, end] with neither a run nor a record: what the
     ledger promises never exists for a time the job was scheduled. For tests and audits: it
     lists occurrences one by one, so give it a bounded range."""
-    job = _job(job)
+    job = job_named(job)
     occurrences = list(fire_times(job.schedule, start - _TICK, end, limit=100_000))
     ran = set(
         JobRun.objects.filter(job=job, scheduled_for__gte=start, scheduled_for__lte=end)
