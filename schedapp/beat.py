@@ -266,14 +266,20 @@ class LeaseScheduler(Scheduler):
         # Runs to supersede (cancel_other, terminate_other) are looked for at most once a
         # second: a burst's back-to-back claims do not each pay the statement.
         supersede = time.monotonic() - self._superseded_at >= 1.0
+        # With none running at the last look, the next look (at most every quarter second)
+        # is one statement in the claim's transaction, not a transaction of its own.
+        look = self._backfill_wait is None and time.monotonic() - self._backfills_at >= 0.25
         result = claim_due_jobs(
             self.beat_id,
             batch,
             message_expiry=self._dispatcher.message_expiry,
             supersede=supersede,
+            look_for_backfills=look,
         )
         if supersede:
             self._superseded_at = time.monotonic()
+        if look:
+            self._backfills_at = time.monotonic()
         claimed_at = time.monotonic()
         reap = result.reap
         metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
@@ -320,7 +326,7 @@ class LeaseScheduler(Scheduler):
                 self._maybe_update_node()
                 return self._backoff()
         self._revoke_superseded(result.superseded)
-        self._advance_backfills(batch)
+        self._advance_backfills(batch, result.backfilling)
         self._check_deadlines()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
@@ -343,13 +349,14 @@ class LeaseScheduler(Scheduler):
         self._wake_at_db = db_now.timestamp() + delay
         return delay
 
-    def _advance_backfills(self, batch: int) -> None:
+    def _advance_backfills(self, batch: int, backfilling: bool | None) -> None:
         """Move the running backfills on (``lease.backfill``) and publish their runs through
-        the same dispatcher as the claim's. With none running, looked for at most every
-        quarter second, so a burst's back-to-back ticks do not each pay the statement. A run
-        not published stays dispatched under its own lease: the reaper sends it again when
-        the lease lapses."""
-        if self._backfill_wait is None and time.monotonic() - self._backfills_at < 0.25:
+        the same dispatcher as the claim's. With none running, the claim looks for one at
+        most every quarter second (``backfilling``: what it found, None when it did not
+        look), so a burst's back-to-back ticks pay neither the statement nor a transaction;
+        while one runs, every tick advances. A run not published stays dispatched under its
+        own lease: the reaper sends it again when the lease lapses."""
+        if self._backfill_wait is None and not backfilling:
             return
         self._backfills_at = time.monotonic()
         runs, self._backfill_wait = backfill.advance(self.beat_id, batch, self._backfills_at)

@@ -22,7 +22,7 @@ from django.db.models.functions import Now
 from .. import job_calendars, ledger, policies
 from ..db import beat_transaction, notify_due
 from ..message import ScheduleRef, idempotency_key, task_id_for
-from ..models import Job, JobRun, JobState, RunKind, RunStatus, schedule_of
+from ..models import Backfill, BackfillState, Job, JobRun, JobState, RunKind, RunStatus, schedule_of
 from ..schedules import DEFAULT_DST_POLICY
 from ..store import get_store, insert_runs, pairs
 from .after_run import job_facts
@@ -102,6 +102,8 @@ class ClaimResult:
     # Runs a later occurrence superseded (cancel_other, terminate_other), marked in the claim's
     # transaction: the caller revokes their tasks after it committed.
     superseded: list[Superseded] = field(default_factory=list)
+    # Asked with ``look_for_backfills``: whether a backfill was running (None: not asked).
+    backfilling: bool | None = None
 
     @property
     def reaped(self) -> int:
@@ -118,11 +120,15 @@ def claim_due_jobs(
     rng: policies.Rng = random.random,
     message_expiry: MessageExpiry | None = None,
     supersede: bool = True,
+    look_for_backfills: bool = False,
 ) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
 
     With ``supersede``, also marks the runs a later occurrence supersedes (cancel_other,
     terminate_other: ``supersede_due``, one statement): a beat asks at most once a second.
+    With ``look_for_backfills``, also reads whether any backfill is running
+    (``ClaimResult.backfilling``, one statement): the beat's look rides in this transaction
+    rather than paying one of its own (a commit, a timeout setting) when none is running.
 
     Also reaps leases that expired, so their jobs are claimable again (in this same claim when
     they fit). Late recurring jobs get their misfire policy applied here: this is the one place
@@ -139,7 +145,9 @@ def claim_due_jobs(
     claim pays nothing for this.
     """
     try:
-        return _claim_due_jobs(beat, limit, rng, message_expiry, supersede, careful=False)
+        return _claim_due_jobs(
+            beat, limit, rng, message_expiry, supersede, look_for_backfills, careful=False
+        )
     except ROW_ERRORS as exc:
         log.warning(
             "a row failed the claim (%s: %s): claiming one row at a time",
@@ -147,7 +155,9 @@ def claim_due_jobs(
             first_line(exc),
             extra={"action": "claim_careful", "beat": beat},
         )
-        return _claim_due_jobs(beat, limit, rng, message_expiry, supersede, careful=True)
+        return _claim_due_jobs(
+            beat, limit, rng, message_expiry, supersede, look_for_backfills, careful=True
+        )
 
 
 def _claim_due_jobs(
@@ -156,6 +166,7 @@ def _claim_due_jobs(
     rng: policies.Rng,
     message_expiry: MessageExpiry | None,
     supersede: bool,
+    look_for_backfills: bool,
     *,
     careful: bool,
 ) -> ClaimResult:
@@ -195,6 +206,8 @@ def _claim_due_jobs(
         _arm_supersede(ready)
         if supersede:
             result.superseded = supersede_due()
+        if look_for_backfills:
+            result.backfilling = Backfill.objects.filter(state=BackfillState.RUNNING).exists()
         if ready and time.monotonic() - started > min(r["lease_seconds"] for r in ready) / 4:
             store.restamp_leases([r["id"] for r in ready])
             result.restamped = True

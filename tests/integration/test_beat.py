@@ -12,7 +12,7 @@ from django.db import connection
 from schedapp import api, beat, dispatch, lease, policies
 from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
-from schedapp.models import Job
+from schedapp.models import Job, JobRun
 from schedapp.store import get_store
 from tests.integration import test_dispatch_amqp
 
@@ -257,3 +257,57 @@ def test_a_beat_whose_clock_is_an_hour_behind_dates_expires_by_the_database(
         before,
         expires,
     )
+
+
+def test_the_look_for_backfills_rides_in_the_claim_and_a_new_backfill_still_starts_at_once(
+    monkeypatch,
+):
+    """With no backfill running, a beat's look for one (at most every quarter second) is a
+    statement in its claim's transaction: ``backfill.advance`` (a transaction of its own, a
+    commit a look) is not called. Before, every look was that transaction: 0.0009 commits
+    per job of a 100,000-job burst. A backfill started between two looks is advanced, its
+    first runs published, by the first tick after the next look is due."""
+    from schedapp.lease import backfill as engine
+    from schedapp.models import RunKind
+
+    calls: list[float] = []
+    advance = engine.advance
+
+    def counted(*args, **kwargs):
+        calls.append(time.monotonic())
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "advance", counted)
+    scheduler = beat.LeaseScheduler(celery_app(), lazy=True)
+    published: list = []
+
+    def publish(runs, result):
+        published.extend(runs)
+        result.published.extend(runs)
+
+    try:
+        scheduler.setup_schedule()
+        monkeypatch.setattr(scheduler._dispatcher, "publish", publish)
+        for _ in range(4):  # nothing running: looks, in the claim only
+            scheduler._work()
+            time.sleep(0.1)
+        assert calls == []
+        minute = timedelta(minutes=1)
+        anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
+        job = api.schedule(
+            "project.tasks.record",
+            interval=minute,
+            interval_anchor=anchor,
+            name="backfilled",
+            max_concurrent=10,
+        )
+        end = db_now().replace(second=0, microsecond=0) - minute
+        api.backfill(job, end - 2 * minute, end, max_per_second=100)
+        time.sleep(0.3)  # the next look is due
+        scheduler._work()
+        assert len(calls) == 1
+        assert published and {r.job_id for r in published} == {job.pk}
+        kinds = set(JobRun.objects.filter(job=job).values_list("kind", flat=True))
+        assert kinds == {RunKind.BACKFILL}
+    finally:
+        scheduler.close()
