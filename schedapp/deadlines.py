@@ -117,28 +117,62 @@ def record_failure(job: Job, scheduled_for: datetime, using: str = DEFAULT_DB_AL
 # --- opening ---------------------------------------------------------------------------------
 
 
+#: Distinct start deadlines the late look reads one range each; those beyond share one look.
+LATE_DEADLINES = 8
+#: Added to each range's bound (``now - deadline``): the bound is read from the transaction's
+#: clock, the exact test (``waited > start_deadline``) from the statement's, a little later.
+_LATE_SLACK = timedelta(seconds=5)
+
+
 def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
     """Pending occurrences (scheduled, or claimed and waiting at a worker's door) whose first
-    attempt has not started within the job's start deadline."""
+    attempt has not started within the job's start deadline.
+
+    Read per distinct start deadline ``d`` (the index on (start_deadline, scheduled_for)),
+    each the range of occurrences older than ``now - d``: a burst of 100,000 jobs due now
+    with an hour's deadline is not read on every pass (it was: 125-150 ms a pass). Past
+    ``LATE_DEADLINES`` distinct deadlines, the rest are read in one look bounded by the
+    smallest of them. Each row still passes the exact test."""
     started = JobRun.objects.using(using).filter(
         job_id=OuterRef("pk"), scheduled_for=OuterRef("scheduled_for"), started_at__isnull=False
     )
-    rows = (
-        Job.objects.using(using)
-        .alias(waited=_since("scheduled_for"))
-        .filter(
-            start_deadline__isnull=False,
-            state__in=PENDING,
-            retry_count=0,
-            waited__gt=F("start_deadline"),
+    pending = Job.objects.using(using).filter(start_deadline__isnull=False, state__in=PENDING)
+    now = None
+    deadline = pending.order_by("start_deadline").values_list("start_deadline", flat=True).first()
+    looks = 0
+    while deadline is not None and limit > 0:
+        now = now or _now(using)
+        try:
+            bound = now - deadline + _LATE_SLACK
+        except OverflowError:  # longer than any occurrence can be old: nor are those after it
+            return
+        looks += 1
+        last = looks >= LATE_DEADLINES
+        in_range = (
+            pending.filter(start_deadline__gte=deadline)
+            if last
+            else pending.filter(start_deadline=deadline)
         )
-        .exclude(Exists(started))
-        .exclude(Exists(_open(using, BreachKind.LATE)))
-        .values_list("id", "name", "tags", "scheduled_for", "start_deadline")[:limit]
-    )
-    for job_id, name, tags, occurrence, deadline in rows:
-        detail = f"not started within its start deadline ({deadline})"
-        _collect(result, _insert(using, job_id, name, tags, BreachKind.LATE, occurrence, detail))
+        rows = list(
+            in_range.alias(waited=_since("scheduled_for"))
+            .filter(scheduled_for__lt=bound, retry_count=0, waited__gt=F("start_deadline"))
+            .exclude(Exists(started))
+            .exclude(Exists(_open(using, BreachKind.LATE)))
+            .values_list("id", "name", "tags", "scheduled_for", "start_deadline")[:limit]
+        )
+        limit -= len(rows)
+        for job_id, name, tags, occurrence, job_deadline in rows:
+            detail = f"not started within its start deadline ({job_deadline})"
+            event = _insert(using, job_id, name, tags, BreachKind.LATE, occurrence, detail)
+            _collect(result, event)
+        if last:
+            return
+        deadline = (
+            pending.filter(start_deadline__gt=deadline)
+            .order_by("start_deadline")
+            .values_list("start_deadline", flat=True)
+            .first()
+        )
 
 
 def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
@@ -264,7 +298,9 @@ def _open_dead(using: str, limit: int, result: DeadlineResult) -> None:
 
 def _clear(using: str, limit: int, result: DeadlineResult) -> None:
     """Open breaches that ended, each kind by its own end (one statement a kind, on the open
-    breaches' index), cleared with why."""
+    breaches' index), cleared with why. With none open (the common pass), one statement."""
+    if not Breach.objects.using(using).filter(cleared_at__isnull=True).exists():
+        return
     started = JobRun.objects.using(using).filter(
         job_id=OuterRef("job_id"), scheduled_for=OuterRef("scheduled_for"), started_at__isnull=False
     )

@@ -628,10 +628,11 @@ class Job(models.Model):
                 name="schedapp_job_supersede",
                 condition=Q(supersede_at__isnull=False),
             ),
-            # The deadline pass (schedapp.deadlines): only jobs with that deadline are looked at.
+            # The deadline pass (schedapp.deadlines): only jobs with that deadline are looked at;
+            # per distinct start deadline, those whose occurrence is older than it (a range).
             models.Index(
-                fields=["scheduled_for"],
-                name="schedapp_job_start_deadline",
+                fields=["start_deadline", "scheduled_for"],
+                name="schedapp_job_late",
                 condition=Q(start_deadline__isnull=False, state__in=["scheduled", "running"]),
             ),
             models.Index(

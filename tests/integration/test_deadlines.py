@@ -517,3 +517,47 @@ def test_finish_by_is_armed_with_one_update_per_deadline_instant_not_one_per_job
         if q["sql"].startswith("UPDATE") and "finish_by_at" in q["sql"]
     ]
     assert len(arming) == 2
+
+
+def _main_table(sql: str) -> str:
+    return sql.split(" FROM ", 1)[1].split()[0].strip('"') if " FROM " in sql else ""
+
+
+def test_a_pass_with_no_open_breach_asks_once_to_clear():
+    """Clearing asks one statement a breach kind (six) only when a breach is open: the
+    common pass, nothing open, asks whether any is (issue 30: the pass beside a burst's
+    claims). Before, six statements every pass."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _due_jobs(3, "fine", **DEADLINES)
+    check("default")
+    with CaptureQueriesContext(connection) as queries:
+        check("default")
+    on_breaches = [q["sql"] for q in queries if _main_table(q["sql"]) == "schedapp_breach"]
+    assert len(on_breaches) == 1, on_breaches
+
+
+@pytestmark_both
+def test_late_is_found_whatever_the_mix_of_start_deadlines(alias, heard, monkeypatch):
+    """The late look reads one range per distinct start deadline, then past
+    ``LATE_DEADLINES`` of them one range for the rest: every job past its own deadline is
+    late, none within it, however many distinct deadlines there are."""
+    from schedapp import deadlines
+
+    monkeypatch.setattr(deadlines, "LATE_DEADLINES", 3)
+    now = now_of(alias)
+    late, fine = [], []
+    for i in range(10):  # deadlines 20 s, 40 s, ... 200 s; occurrences 90 s ago
+        deadline = timedelta(seconds=20 * (i + 1))
+        job = make(alias, f"j{i}", start_deadline=deadline,
+                   scheduled_for=now - timedelta(seconds=90))
+        (late if deadline < timedelta(seconds=90) else fine).append(job.pk)
+    twin = make(alias, "twin", start_deadline=timedelta(seconds=20),
+                scheduled_for=now - timedelta(seconds=90))
+    recent = make(alias, "recent", start_deadline=timedelta(seconds=20),
+                  scheduled_for=now - timedelta(seconds=5))
+    found = check(alias)
+    assert sorted(e.job_id for e in found.opened) == sorted([*late, twin.pk])
+    assert recent.pk not in {e.job_id for e in found.opened}
+    assert len(late) == 4 and len(fine) == 6
