@@ -115,6 +115,10 @@ ORDER BY c.priority DESC, c.next_run_at
 -- flight: the end of one of them wakes the beats) and retries of paused or dead jobs, so a
 -- job waiting for a slot does not keep beats ticking. supersede_at is clamped into what Python holds: a row written behind
 -- the API's back must not stop every beat's tick (a late or early wake-up is all it costs).
+-- The jobs' two reads are written so that only their partial index can serve them (the
+-- leased index's predicate repeated; the supersede read fenced by OFFSET 0): right after a
+-- burst's claims the statistics still see few running jobs, and the planner read every
+-- running job through (state, task) instead (100,000: 170 ms a look).
 WITH {due_levels}
 SELECT now(),
        (SELECT min(x.next_run_at) FROM levels l CROSS JOIN LATERAL (
@@ -124,12 +128,14 @@ SELECT now(),
                    WHERE r.job_id = j.id AND r.lease_expires_at IS NOT NULL) < greatest(j.max_concurrent, 1))
             ORDER BY j.next_run_at LIMIT 1) x
         WHERE l.priority IS NOT NULL),
-       least((SELECT lease_expires_at FROM schedapp_job WHERE state = 'running'
+       least((SELECT lease_expires_at FROM schedapp_job
+              WHERE state IN ('running', 'paused') AND state = 'running'
               ORDER BY lease_expires_at LIMIT 1),
-             (SELECT least(greatest(supersede_at, '0001-01-02'::timestamptz),
-                           '9999-12-30'::timestamptz) FROM schedapp_job
-              WHERE supersede_at IS NOT NULL AND state = 'running'
-              ORDER BY supersede_at LIMIT 1),
+             (SELECT least(greatest(s.supersede_at, '0001-01-02'::timestamptz),
+                           '9999-12-30'::timestamptz)
+              FROM (SELECT supersede_at, state FROM schedapp_job WHERE supersede_at IS NOT NULL
+                    ORDER BY supersede_at OFFSET 0) s
+              WHERE s.state = 'running' LIMIT 1),
              (SELECT lease_expires_at FROM schedapp_jobrun WHERE lease_expires_at IS NOT NULL
               ORDER BY lease_expires_at LIMIT 1),
              (SELECT r.retry_at FROM schedapp_jobrun r JOIN schedapp_job j ON j.id = r.job_id
