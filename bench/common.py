@@ -328,7 +328,9 @@ def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
         stack, _, count = line.rpartition(" ")
         frames = {re.sub(r":\d+\)$", ")", f).replace(str(ROOT) + "/", "")
                   for f in stack.split(";")}
-        if not any(f.startswith("_work (") and "schedapp/beat.py" in f for f in frames):
+        # "_work (...)" before py-spy 0.4, "LeaseScheduler._work (...)" from it on
+        if not any(re.match(r"(\w+\.)?_work \(", f) and "schedapp/beat.py" in f
+                   for f in frames):
             continue
         n = int(count)
         total += n
