@@ -210,39 +210,55 @@ def test_resuming_a_job_paused_past_occurrences_follows_its_misfire_policy(
         assert claimed[0].scheduled_for == due + timedelta(minutes=runs_at_minute)
 
 
-@pytest.mark.parametrize(
-    ("policy", "grace", "runs_next", "path"),
-    [
-        # within the grace: it runs as soon as the first run ends (the worker's fast success
-        # and the ORM's completion alike)
-        ("run_once", 60, True, "worker"),
-        ("run_once", 60, True, "orm"),
-        ("skip", 1, False, "worker"),  # beyond the grace: the misfire policy decides (none)
-        ("run_once", 1, True, "worker"),  # beyond it, run_once: the latest missed one runs
-    ],
-)
-def test_an_occurrence_that_passes_while_a_run_is_in_flight_runs_once_it_ends(
-    path, policy, grace, runs_next
-):
-    # Given a job every 2 s, claimed and executing
-    job = api.schedule(TASK, interval=2, name="overlap", misfire_policy=policy, misfire_grace=grace)
+# (misfire policy, grace in seconds, whether the occurrence that passed runs next, the path of
+# the success: a worker's fast success with the run's headers, or the ORM's completion)
+IN_FLIGHT_CASES = [
+    # within the grace: it runs as soon as the first run ends (the worker's fast success and
+    # the ORM's completion alike)
+    ("run_once", 60, True, "worker"),
+    ("run_once", 60, True, "orm"),
+    ("skip", 1, False, "worker"),  # beyond the grace: the misfire policy decides (none)
+    ("run_once", 1, True, "worker"),  # beyond it, run_once: the latest missed one runs
+]
+
+
+def test_an_occurrence_that_passes_while_a_run_is_in_flight_runs_once_it_ends():
+    # Given a job every 2 s per case, claimed and executing (the cases side by side: one wait
+    # of 3.5 s for them all, each job's claims and rows its own)
+    jobs = [
+        api.schedule(
+            TASK, interval=2, name=f"overlap-{n}", misfire_policy=policy, misfire_grace=grace
+        )
+        for n, (policy, grace, _runs_next, _path) in enumerate(IN_FLIGHT_CASES)
+    ]
     due = db_now() - timedelta(milliseconds=100)
-    Job.objects.filter(pk=job.pk).update(next_run_at=due, scheduled_for=due, interval_anchor=due)
-    run = claim_one()
-    assert admit_run(job.pk, run.token, "w1", "a1") == "admitted"
-    # the beat does not start it again while the run is in flight
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        next_run_at=due, scheduled_for=due, interval_anchor=due
+    )
+    runs = {r.job_id: r for r in claim_due_jobs("beat-1", 10).runs}
+    assert sorted(runs) == sorted(j.pk for j in jobs)
+    for job in jobs:
+        assert admit_run(job.pk, runs[job.pk].token, "w1", f"a{job.pk}") == "admitted"
+    # the beat does not start them again while their runs are in flight
     assert claim_due_jobs("beat-2", 10).runs == []
-    # When the run takes 3.5 s, so the occurrence 2 s after its own passed meanwhile
-    time.sleep(3.5)
+    # When the runs take 3.5 s, so the occurrence 2 s after their own passed meanwhile
+    time.sleep(max(0.0, 3.5 - (db_now() - due).total_seconds()))  # 3.5 s after the due time
     assert claim_due_jobs("beat-2", 10).runs == []
-    headers = headers_of(run) if path == "worker" else None
-    assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers).applied
+    for job, (_policy, _grace, _runs_next, path) in zip(jobs, IN_FLIGHT_CASES, strict=True):
+        run = runs[job.pk]
+        headers = headers_of(run) if path == "worker" else None
+        assert complete_run(job.pk, run.token, lease.SUCCEEDED, headers=headers).applied, path
     # Then that occurrence runs once the first ends (if its misfire policy lets it), once
-    claimed = claim_due_jobs("beat-2", 10).runs
-    if runs_next:
-        assert [c.scheduled_for for c in claimed] == [run.scheduled_for + timedelta(seconds=2)]
-    else:
-        assert claimed == []
-        job.refresh_from_db()
-        assert job.scheduled_for == run.scheduled_for + timedelta(seconds=4)
-        assert job.missed_runs == 1
+    claimed: dict[int, list] = {j.pk: [] for j in jobs}
+    for c in claim_due_jobs("beat-2", 10).runs:
+        claimed[c.job_id].append(c.scheduled_for)
+    for job, case in zip(jobs, IN_FLIGHT_CASES, strict=True):
+        _policy, _grace, runs_next, _path = case
+        scheduled_for = runs[job.pk].scheduled_for
+        if runs_next:
+            assert claimed[job.pk] == [scheduled_for + timedelta(seconds=2)], case
+        else:
+            assert claimed[job.pk] == [], case
+            job.refresh_from_db()
+            assert job.scheduled_for == scheduled_for + timedelta(seconds=4), case
+            assert job.missed_runs == 1, case
