@@ -279,9 +279,9 @@ def executing(held: HeldLeases, lease: float) -> Request:
 
 
 def test_a_pool_process_door_at_work_longer_than_the_run_lease_is_no_longer_renewed(held):
-    # Given a run with a 1 s lease executing here, whose door a prefork pool process entered
+    # Given a run with a 0.5 s lease executing here, whose door a prefork pool process entered
     # (the board is made before the pool is forked, as at worker_init)
-    executing(held, lease=1.0)
+    executing(held, lease=0.5)
     held.board = DoorBoard()
     pid = os.fork()
     if pid == 0:  # the pool process: enters the door and stays there (it never leaves)
@@ -294,7 +294,7 @@ def test_a_pool_process_door_at_work_longer_than_the_run_lease_is_no_longer_rene
     # While its door is younger than the lease, the run is renewed
     assert held.due_for_renewal() == [CLAIM]
     # When the door has been at work longer than the lease (seen on two looks running)
-    time.sleep(1.1)
+    time.sleep(0.6)
     held.due_for_renewal()
     # Then the run is no longer renewed: its lease lapses, and another worker can take it
     assert held.due_for_renewal() == []
