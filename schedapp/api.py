@@ -480,8 +480,7 @@ def backfill(
     # Counted before the row is locked (a long range takes seconds, and a beat must be able
     # to claim the job meanwhile); counted again under the lock only if what the count
     # depends on changed in between.
-    unlocked = Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
-    counted = _count_backfill(unlocked, start, end)
+    counted = _count_backfill(get(job), start, end)
     with transaction.atomic():
         current = _locked(job)
         if not current.is_recurring:
