@@ -39,6 +39,9 @@ def test_postgres_restart_beats_and_worker_hooks_reconnect_and_forget_nothing():
 
 
 def test_short_chaos_run_loses_nothing_and_explains_every_duplicate():
-    # exit status 0: every check of the history passed, "lost" (never executed) among them
-    out = run_scenario("--duration", "90", "--seed", "7", timeout=600)
+    # exit status 0: every check of the history passed, "lost" (never executed) among them.
+    # Every worker is killed as the faults end (as kombu 5.7 workers exit after a late Redis
+    # restart): the supervisor restarts them while the history settles, or nothing runs.
+    out = run_scenario("--duration", "90", "--seed", "7", "--workers-exit-at-end", timeout=600)
     assert "chaos seed 7: passed" in out
+    assert "restarted worker" in out and "(settling)" in out
