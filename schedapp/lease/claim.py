@@ -20,7 +20,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from .. import job_calendars, ledger, policies
-from ..db import beat_transaction, notify_due
+from ..db import beat_transaction, claim_transaction, notify_due
 from ..message import ScheduleRef, idempotency_key, task_id_for
 from ..models import Backfill, BackfillState, Job, JobRun, JobState, RunKind, RunStatus, schedule_of
 from ..schedules import DEFAULT_DST_POLICY
@@ -173,16 +173,26 @@ def _claim_due_jobs(
     result = ClaimResult()
     store = get_store()
     started = time.monotonic()
-    with beat_transaction():
+    with claim_transaction() as probe:
         if careful:
             result.reap = reap_each(limit, rng, message_expiry)
-        else:
-            result.reap = reap_locked(limit, rng, message_expiry)
+        elif probe.job_leases_expired or probe.run_leases_expired:
+            result.reap = reap_locked(
+                limit,
+                rng,
+                message_expiry,
+                jobs=probe.job_leases_expired,
+                runs=probe.run_leases_expired,
+            )
         # Retries of allow_all occurrences first: each is of an occurrence older than any the
         # job still has waiting. Claimed after them, a job whose runs keep every slot of
         # max_concurrent busy would give each slot that frees to its next occurrence, never
         # to a retry. The claim below counts the slots they take (this transaction's writes).
-        retries = _claim_due_retries(beat, limit, result.quarantined)
+        retries = (
+            _claim_due_retries(beat, limit, result.quarantined)
+            if careful or probe.retries_due
+            else []
+        )
         if careful:
             rows, now = _claim_each(store, beat, limit - len(retries), result.quarantined)
         else:
@@ -410,6 +420,12 @@ _RETRY_JOB_FIELDS = (
 )
 
 
+def due_retries() -> Any:
+    """Retries of allow_all occurrences whose due time has passed (the claim probe's third
+    EXISTS says the same in SQL)."""
+    return JobRun.objects.filter(retry_at__lte=Now())
+
+
 def _claim_due_retries(beat: str, limit: int, quarantined: list[Quarantined]) -> list[dict]:
     """Retries of allow_all occurrences whose due time has passed (``JobRun.retry_at``,
     written by ``complete.wait_for_retry``): each takes its lease now, as a claim's run does,
@@ -418,7 +434,7 @@ def _claim_due_retries(beat: str, limit: int, quarantined: list[Quarantined]) ->
     another beat, a completion or the reaper holding one leaves it to a later tick. Costs one
     probe of an empty partial index when nothing waits."""
     rows_found = list(
-        JobRun.objects.filter(retry_at__lte=Now())
+        due_retries()
         .order_by("retry_at")
         .values_list("id", "job_id", "kind")[:limit]
     )

@@ -72,12 +72,24 @@ def reap_expired_leases(
         return reap_locked(limit, rng, message_expiry)
 
 
+def expired_job_leases() -> Any:
+    """Jobs whose lease expired (the claim probe's first EXISTS says the same in SQL)."""
+    return Job.objects.filter(
+        state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now()
+    )
+
+
+def expired_run_leases() -> Any:
+    """Runs whose own lease (allow_all) expired (the claim probe's second EXISTS)."""
+    return JobRun.objects.filter(lease_expires_at__lt=Now())
+
+
 def _expired() -> Any:
     """The leases that expired, oldest first, as a queryset that locks them (SKIP LOCKED)."""
     return (
-        Job.objects.select_for_update(skip_locked=True)
+        expired_job_leases()
+        .select_for_update(skip_locked=True)
         .annotate(database_now=Now())  # what job_facts compares a next occurrence with
-        .filter(state__in=[JobState.RUNNING, JobState.PAUSED], lease_expires_at__lt=Now())
         .order_by("lease_expires_at")
     )
 
@@ -103,9 +115,14 @@ def reap_locked(
     rng: policies.Rng,
     message_expiry: MessageExpiry | None = None,
     ids: list[int] | None = None,
+    *,
+    jobs: bool = True,
+    runs: bool = True,
 ) -> ReapResult:
-    result = _reap_job_leases(limit, rng, message_expiry, ids)
-    if ids is None:
+    """The reaper inside the caller's transaction; ``jobs`` / ``runs`` False skip the look
+    for job leases / runs' own leases (the claim's probe found none expired)."""
+    result = _reap_job_leases(limit, rng, message_expiry, ids) if jobs else ReapResult()
+    if ids is None and runs:
         result.add(_reap_run_leases(limit))
     return result
 
@@ -123,7 +140,7 @@ def _reap_run_leases(limit: int) -> ReapResult:
     from .complete import wait_for_retry
 
     candidates = list(
-        JobRun.objects.filter(lease_expires_at__lt=Now())
+        expired_run_leases()
         .order_by("lease_expires_at")
         .values_list("id", "job_id")[:limit]
     )

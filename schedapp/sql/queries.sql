@@ -196,6 +196,19 @@ SELECT pg_notify(%s, extract(epoch FROM now() + make_interval(secs => %s))::text
 -- so nothing stays on a server session that a transaction pooler hands to other clients.
 SELECT set_config('idle_in_transaction_session_timeout', %s, true)
 
+-- name: claim_probe
+-- The claim's first statement: its transaction's idle limit (as idle_transaction_timeout, e.g.
+-- '30000ms'), and whether the reaper or the allow_all retries have anything to do, read from
+-- their partial indexes: a quiet tick pays one round trip for the three, not four. Each EXISTS
+-- is the predicate of the query it gates (schedapp.lease.reap.expired_job_leases,
+-- expired_run_leases; schedapp.lease.claim.due_retries): tests/integration/test_claim_probe.py
+-- holds them equal.
+SELECT set_config('idle_in_transaction_session_timeout', %s, true),
+       EXISTS (SELECT 1 FROM schedapp_job
+               WHERE state IN ('running', 'paused') AND lease_expires_at < now()),
+       EXISTS (SELECT 1 FROM schedapp_jobrun WHERE lease_expires_at < now()),
+       EXISTS (SELECT 1 FROM schedapp_jobrun WHERE retry_at <= now())
+
 -- name: advisory_lock
 -- A transaction-scoped lock on one key (declared jobs' sync: one beat at a time; calendar
 -- saves: one at a time).

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from ..validation import Checked
 
 
+@dataclass(frozen=True)
+class ClaimProbe:
+    """What a claim's transaction will find to do besides claiming: False only where the
+    store has looked and found nothing (so the statement that would look is skipped)."""
+
+    job_leases_expired: bool = True
+    run_leases_expired: bool = True
+    retries_due: bool = True
+
+
 class DoorVerdict(StrEnum):
     """The door's answer for one delivered message; the values are the metric labels."""
 
@@ -174,6 +184,10 @@ class Store(Protocol):
     def limit_idle_transaction(self, seconds: float) -> None:
         """Have the server end the current transaction if it stalls idle longer than this
         (for this transaction only: nothing stays on the session)."""
+
+    def begin_claim(self, seconds: float) -> ClaimProbe:
+        """``limit_idle_transaction(seconds)``, and what the claim's reaper and retries will
+        find (one statement where the database allows; all True where it cannot say)."""
 
     def lock(self, key: int) -> None:
         """A lock on ``key`` for the rest of the transaction."""

@@ -29,7 +29,7 @@ from ..fields import CELERY_FIELDS
 from ..models import Fate, Job, JobChange, JobRun, JobState, RunStatus
 from ..policies import dispatch_wait, misfire_after, past_start_deadline
 from ..validation import Checked
-from .base import DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
+from .base import ClaimProbe, DoorVerdict, InsertedJobs, Listener, NameTaken, insert_runs, pairs
 
 _NAMES_PER_QUERY = 900  # under SQLite's oldest limit of 999 parameters
 
@@ -235,6 +235,9 @@ class PortableStore:
 
     def limit_idle_transaction(self, seconds: float) -> None:
         pass  # SQLite: one process's file lock, no server to end a transaction
+
+    def begin_claim(self, seconds: float) -> ClaimProbe:
+        return ClaimProbe()  # no idle limit to set; the claim's own queries look (SQLite)
 
     def lock(self, key: int) -> None:
         pass  # IMMEDIATE transactions already hold the database's one write lock

@@ -21,7 +21,7 @@ from django.db.models import Q
 from ..copyrows import COPY_COLUMNS, ENCODERS, CopyRows
 from ..models import Job
 from ..sql import query
-from .base import DoorVerdict, InsertedJobs, NameTaken
+from .base import ClaimProbe, DoorVerdict, InsertedJobs, NameTaken
 
 try:  # PostgreSQL's driver: an extra (schedapp[postgres]); SQLite needs none
     import psycopg
@@ -154,6 +154,12 @@ class PostgreSQLStore:
     def limit_idle_transaction(self, seconds: float) -> None:
         with connections[self.using].cursor() as cursor:
             cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
+
+    def begin_claim(self, seconds: float) -> ClaimProbe:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(query("claim_probe"), [f"{int(seconds * 1000)}ms"])
+            _, jobs, runs, retries = cursor.fetchone()
+        return ClaimProbe(bool(jobs), bool(runs), bool(retries))
 
     def lock(self, key: int) -> None:
         with connections[self.using].cursor() as cursor:
