@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,26 @@ def _coerce(value: Any, default: Any, name: str = "") -> Any:
     return value
 
 
+# The settings read, and the Django settings object they were read from.
+_cached: tuple[Any, Settings] | None = None
+
+
 def get_settings() -> Settings:
-    """Read ``SCHEDAPP_*`` from Django settings each call, so ``override_settings`` works."""
+    """``SCHEDAPP_*`` read from Django settings once, then kept: it is called on every claim,
+    door and completion (about 2% of the integration tests' time went to reading them
+    afresh). A change is seen: Django announces one (``override_settings``, pytest-django's
+    ``settings``) with ``setting_changed``, which forgets the copy (``_forget``), and an
+    override swaps the object the settings live in, which is checked too (pytest-django's
+    ``del settings.X`` sends no signal)."""
+    global _cached
+    holder = django_settings._wrapped
+    found = _cached
+    if found is None or found[0] is not holder:
+        found = _cached = (holder, _read())
+    return found[1]
+
+
+def _read() -> Settings:
     values: dict[str, Any] = {}
     for f in fields(Settings):
         if hasattr(django_settings, f"SCHEDAPP_{f.name}"):
@@ -127,3 +146,13 @@ def get_settings() -> Settings:
             given = getattr(django_settings, f"SCHEDAPP_{f.name}")
             values[f.name] = _coerce(given, default, f.name)
     return Settings(**values)
+
+
+def _forget(*, setting: str, **_: Any) -> None:
+    """A ``SCHEDAPP_*`` setting changed: the next ``get_settings()`` reads them again."""
+    global _cached
+    if setting.startswith("SCHEDAPP_"):
+        _cached = None
+
+
+setting_changed.connect(_forget, dispatch_uid="schedapp.conf._forget")
