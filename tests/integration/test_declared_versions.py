@@ -36,9 +36,9 @@ def test_the_sync_holds_a_job_row_only_for_its_own_short_batch(monkeypatch):
     # Given 60 declared jobs, "a00" first (three times the names one transaction writes)
     names = [f"a{i:02}" for i in range(60)]
     sync({n: spec(1) for n in names})
-    seen = probing_updates(monkeypatch, "a00")
     # When a deploy changes them all
-    report = sync({n: spec(2) for n in names})
+    with probing_updates(monkeypatch, "a00") as seen:
+        report = sync({n: spec(2) for n in names})
     # Then a00's row was free for a renewal or a door to lock while all but the jobs of its
     # own batch were written
     assert sorted(report.updated) == names

@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.django_db]
 def test_import_update_holds_no_job_row_while_it_writes_the_next(monkeypatch):
     entries = {n: {"task": "project.tasks.noop", "schedule": 60} for n in ("a", "b", "c")}
     importer.import_candidates(importer.from_beat_schedule(entries))
-    seen = probing_updates(monkeypatch, "a")
     changed = {n: {**e, "schedule": 120} for n, e in entries.items()}
-    report = importer.import_candidates(importer.from_beat_schedule(changed), update=True)
+    with probing_updates(monkeypatch, "a") as seen:
+        report = importer.import_candidates(importer.from_beat_schedule(changed), update=True)
     assert sorted(report.updated) == ["a", "b", "c"]
     assert seen == [True, True]
     assert {j.interval for j in Job.objects.all()} == {timedelta(seconds=120)}
