@@ -65,12 +65,14 @@ class FastReset:
         quote = connection.ops.quote_name
         try:
             with transaction.atomic(using=alias), connection.cursor() as cursor:
+                deletes = [f"DELETE FROM {quote(t)}" for t in _tables(alias) if t not in kept]
                 if connection.vendor == "postgresql":
                     # Django's foreign keys are deferrable: checked at commit, in any order.
-                    cursor.execute("SET CONSTRAINTS ALL DEFERRED")
-                for table in _tables(alias):
-                    if table not in kept:
-                        cursor.execute(f"DELETE FROM {quote(table)}")
+                    # One round trip for all the statements (some 35: 15 ms one by one).
+                    cursor.execute("; ".join(["SET CONSTRAINTS ALL DEFERRED", *deletes]))
+                else:
+                    for delete in deletes:
+                        cursor.execute(delete)
         except DatabaseError:
             return False  # a foreign key that is not deferrable, say: the full flush
         self.fast += 1
