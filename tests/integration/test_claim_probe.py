@@ -10,7 +10,7 @@ import itertools
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from schedapp import db
@@ -78,17 +78,3 @@ def test_an_expired_lease_found_by_the_probe_is_reaped_by_the_same_claim():
     assert [r.job_id for r in result.runs] == [job.pk]
     assert result.runs[0].token > run.token
 
-
-def test_the_idle_limit_holds_for_the_claims_transaction_only():
-    def idle_limit() -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW idle_in_transaction_session_timeout")
-            return cursor.fetchone()[0]
-
-    from django.test import override_settings
-
-    with override_settings(SCHEDAPP_BEAT_TRANSACTION_TIMEOUT=7.5):
-        with db.claim_transaction():
-            assert idle_limit() == "7500ms"
-            assert transaction.get_connection().in_atomic_block
-        assert idle_limit() == "0"

@@ -155,6 +155,9 @@ def test_a_beats_transactions_are_ended_by_postgresql_when_idle_that_long_and_on
         connection.close()  # a reconnect (after an outage) gets the limit again
         with db.beat_transaction():
             assert idle_limit() == "7500ms"
+        with db.claim_transaction():  # a claim's: set by its probe, the same statement
+            assert idle_limit() == "7500ms"
+        assert idle_limit() == "0"
 
 
 def dispatch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
