@@ -97,6 +97,16 @@ def load(running: int, overrunning: int, other: int, history: int) -> list[int]:
             " lease_expires_at = now() + interval '1 h'",
             [token],
         )
+        has_claimed_at = conn.execute(
+            "SELECT 1 FROM information_schema.columns "
+            "WHERE table_name = 'schedapp_job' AND column_name = 'claimed_at'"
+        ).fetchone()
+        if has_claimed_at:  # as the claim stamps it (0044): when its run was dispatched
+            conn.execute(
+                "UPDATE schedapp_job j SET claimed_at = r.dispatched_at FROM schedapp_jobrun r "
+                "WHERE r.job_id = j.id AND r.token = %s",
+                [token],
+            )
     with common.connect(DB) as conn:
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE schedapp_job")

@@ -177,7 +177,22 @@ def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
 
 def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
     """Runs still running longer than their job's max runtime, from the start the door
-    recorded (the lease heartbeats keep the run's lease; the start says how long it runs)."""
+    recorded (the lease heartbeats keep the run's lease; the start says how long it runs).
+
+    Only the running jobs claimed longer ago than the smallest max runtime among them are
+    read (a run starts after its claim; ``schedapp_job_overrun`` on ``claimed_at``), each
+    held to its own: a burst's 100,000 jobs in flight were all read and their runs probed on
+    every pass (130-215 ms). A job claimed by a release before 0044 (``claimed_at`` NULL) is
+    read as before. The bound is on the job row, which the claim writes anyway: an index on
+    the runs' start would cost every door and completion its heap-only update."""
+    running = Job.objects.using(using).filter(state=JobState.RUNNING, max_runtime__isnull=False)
+    smallest = running.order_by("max_runtime").values_list("max_runtime", flat=True).first()
+    if smallest is None:
+        return
+    try:
+        bound = _now(using) - smallest + _LATE_SLACK
+    except OverflowError:  # longer than any run can have run: nothing overruns
+        return
     overrun = (
         JobRun.objects.using(using)
         .alias(ran=_since("started_at"))
@@ -189,8 +204,7 @@ def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
         )
     )
     rows = (
-        Job.objects.using(using)
-        .filter(state=JobState.RUNNING, max_runtime__isnull=False)
+        running.filter(Q(claimed_at__lt=bound) | Q(claimed_at__isnull=True))
         .filter(Exists(overrun))
         .exclude(Exists(_open(using, BreachKind.OVERRUNNING)))
         .values_list(

@@ -581,6 +581,11 @@ class Job(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     token = models.BigIntegerField(default=0, help_text="Fencing token, +1 on every claim.")
+    # When the current claim was made (database time), written by the claim alone: a run
+    # starts after its claim, so a job claimed less than its max_runtime ago cannot be
+    # overrunning (the deadline pass's bound; renewals, edits and reschedules never move it).
+    # NULL: claimed by a release before 0044.
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
     unstarted_dispatches = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
@@ -635,9 +640,17 @@ class Job(models.Model):
                 name="schedapp_job_late",
                 condition=Q(start_deadline__isnull=False, state__in=["scheduled", "running"]),
             ),
+            # The overrun look (0044): the smallest max runtime of the running jobs, then those
+            # claimed longer ago than it. Only the job row, which the claim rewrites anyway:
+            # the run rows' door and completion updates stay heap-only.
             models.Index(
-                fields=["id"],
-                name="schedapp_job_max_runtime",
+                fields=["max_runtime"],
+                name="schedapp_job_runtimes",
+                condition=Q(max_runtime__isnull=False, state="running"),
+            ),
+            models.Index(
+                fields=["claimed_at"],
+                name="schedapp_job_overrun",
                 condition=Q(max_runtime__isnull=False, state="running"),
             ),
             models.Index(

@@ -71,7 +71,7 @@ claimed AS (
     SET state = 'running', token = j.token + 1, claimed_by = %(beat)s,
         lease_expires_at = now() + make_interval(
             secs => j.lease_seconds * 2 ^ least(j.unstarted_dispatches, {MAX_WAIT_DOUBLINGS})),
-        updated_at = now()
+        claimed_at = now(), updated_at = now()
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.token, j.name, j.task, j.args::text AS args, j.kwargs::text AS kwargs,
               j.queue, j.scheduled_for, j.next_run_at, j.retry_count, j.max_retries,

@@ -114,6 +114,7 @@ def _claim(
             token=F("token") + 1,
             claimed_by=beat,
             lease_expires_at=now + dispatch_wait(row["lease_seconds"], row["unstarted_dispatches"]),
+            claimed_at=now,
             updated_at=now,
         )
         row["token"] += 1

@@ -561,3 +561,116 @@ def test_late_is_found_whatever_the_mix_of_start_deadlines(alias, heard, monkeyp
     assert sorted(e.job_id for e in found.opened) == sorted([*late, twin.pk])
     assert recent.pk not in {e.job_id for e in found.opened}
     assert len(late) == 4 and len(fine) == 6
+
+
+def _running(alias: str, name: str, runtime: timedelta | None, ran: timedelta, **fields) -> Job:
+    """A running job (max runtime ``runtime``), claimed and its current run started ``ran``
+    ago (as the claim stamps ``claimed_at``; a run starts after its claim)."""
+    now = now_of(alias)
+    values = {
+        "state": JobState.RUNNING,
+        "lease_expires_at": now + MINUTE,
+        "token": 2,
+        "claimed_at": now - ran,
+        **fields,
+    }
+    job = make(alias, name, max_runtime=runtime, **values)
+    run(alias, job, status="running", started_at=now - ran, dispatched_at=now - ran)
+    return job
+
+
+@pytestmark_both
+def test_an_overrun_is_found_among_many_running_jobs_that_are_not_overrunning(alias, heard):
+    """The overrun look reads the running jobs claimed longer ago than the smallest max
+    runtime, not every running job: among 200 runs within their max runtime, the one past it
+    is found, and none of those read but not overrunning (a job without a max runtime, a run
+    of an older claim, a paused job's run, one a second short of its max runtime)."""
+    now = now_of(alias)
+    hour = timedelta(hours=1)
+    values = {"task": TASK, "interval": 5 * MINUTE, "interval_anchor": now, "timezone": "UTC",
+              "next_run_at": now, "scheduled_for": now, "state": JobState.RUNNING,
+              "lease_expires_at": now + MINUTE, "token": 1, "max_runtime": hour,
+              "claimed_at": now - MINUTE}
+    fine = Job.objects.using(alias).bulk_create(
+        [Job(name=f"fine-{i}", **values) for i in range(200)]
+    )
+    JobRun.objects.using(alias).bulk_create(
+        [JobRun(job=j, token=1, scheduled_for=now, due_at=now, dispatched_at=now - MINUTE,
+                task_id=f"schedapp:{j.pk}:1", status="running", started_at=now - MINUTE)
+         for j in fine]
+    )
+    overrun = _running(alias, "overrun", hour, 2 * hour)
+    # ... and runs started as long ago that are not overrunning
+    _running(alias, "no-max-runtime", None, 2 * hour)
+    older_claim = _running(alias, "older-claim", hour, MINUTE, token=3)
+    run(alias, older_claim, token=2, status="running", started_at=now - 2 * hour)
+    _running(alias, "paused", hour, 2 * hour, state=JobState.PAUSED)
+    _running(alias, "almost", hour, hour - timedelta(seconds=1))
+    # When the deadline pass runs, then the overrunning job alone is found, once
+    assert [e.job_id for e in check(alias).opened] == [overrun.pk]
+    assert check(alias).opened == []
+    assert heard == [("overrunning", "overrunning", overrun.pk)]
+
+
+@pytestmark_both
+def test_overruns_are_found_with_two_different_max_runtimes(alias, heard):
+    """One bound from the smallest max runtime holds the jobs of longer ones too: a run past
+    a longer max runtime is found, one past the smaller but within its own is not."""
+    short, long_ = timedelta(seconds=30), timedelta(minutes=10)
+    short_over = _running(alias, "short-over", short, MINUTE)
+    _running(alias, "short-fine", short, timedelta(seconds=10))
+    long_over = _running(alias, "long-over", long_, 15 * MINUTE)
+    _running(alias, "long-fine", long_, 5 * MINUTE)  # past 30 s, within its 10 minutes
+    found = check(alias)
+    assert sorted(e.job_id for e in found.opened) == sorted([short_over.pk, long_over.pk])
+    details = {e.job_id: e.detail for e in found.opened}
+    assert details[long_over.pk] == "running longer than its max runtime (0:10:00)"
+    assert len(heard) == 2
+
+
+@pytestmark_both
+def test_an_overrun_is_found_when_the_job_was_rescheduled_during_its_run(alias, heard):
+    """The bound is the claim's time, which only the claim writes: a job rescheduled while
+    its run is in flight (the API moves its occurrence on, the run goes on under the old
+    schedule) still has that run found overrunning."""
+    now = now_of(alias)
+    job = _running(alias, "moved", timedelta(minutes=10), 15 * MINUTE,
+                   scheduled_for=now - 15 * MINUTE)
+    Job.objects.using(alias).filter(pk=job.pk).update(
+        scheduled_for=now + timedelta(hours=1), next_run_at=now + timedelta(hours=1)
+    )
+    assert [e.job_id for e in check(alias).opened] == [job.pk]
+    assert heard == [("overrunning", "overrunning", job.pk)]
+
+
+@pytestmark_both
+def test_a_job_claimed_by_the_previous_release_is_looked_at_as_before(alias, heard):
+    """A job claimed by a beat of the release before 0044 has no claimed_at (a rolling
+    deploy): its overrun is found all the same."""
+    job = _running(alias, "old-beat", timedelta(minutes=10), 15 * MINUTE, claimed_at=None)
+    assert [e.job_id for e in check(alias).opened] == [job.pk]
+
+
+@pytestmark_both
+def test_the_look_reads_only_jobs_claimed_longer_ago_than_the_smallest_max_runtime(alias, heard):
+    """What bounds the look: a job claimed a minute ago is not read, whatever its run row
+    says (a run cannot start before its claim; this one is written so on purpose, to show
+    that the claim's time, not the run's, decides what is read)."""
+    now = now_of(alias)
+    job = _running(alias, "recent-claim", timedelta(minutes=10), 15 * MINUTE,
+                   claimed_at=now - MINUTE)
+    assert check(alias).opened == []
+    Job.objects.using(alias).filter(pk=job.pk).update(claimed_at=now - 11 * MINUTE)
+    assert [e.job_id for e in check(alias).opened] == [job.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_stamps_the_jobs_claimed_at_with_the_database_clock():
+    from tests.claiming import claim_one
+
+    before = db_now()
+    job, run_ = claim_one()
+    job.refresh_from_db()
+    assert job.claimed_at is not None
+    assert before <= job.claimed_at <= db_now()
+    assert job.claimed_at == JobRun.objects.get(pk=run_.run_id).dispatched_at
