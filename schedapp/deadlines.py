@@ -119,9 +119,10 @@ def record_failure(job: Job, scheduled_for: datetime, using: str = DEFAULT_DB_AL
 
 #: Distinct start deadlines the late look reads one range each; those beyond share one look.
 LATE_DEADLINES = 8
-#: Added to each range's bound (``now - deadline``): the bound is read from the transaction's
-#: clock, the exact test (``waited > start_deadline``) from the statement's, a little later.
-_LATE_SLACK = timedelta(seconds=5)
+#: Added to each look's bound (``now - start_deadline``, ``now - max_runtime``): the bound is
+#: read from the transaction's clock, the exact test (``waited > start_deadline``, ``ran >
+#: max_runtime``) from the statement's, a little later.
+_SLACK = timedelta(seconds=5)
 
 
 def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
@@ -143,7 +144,7 @@ def _open_late(using: str, limit: int, result: DeadlineResult) -> None:
     while deadline is not None and limit > 0:
         now = now or _now(using)
         try:
-            bound = now - deadline + _LATE_SLACK
+            bound = now - deadline + _SLACK
         except OverflowError:  # longer than any occurrence can be old: nor are those after it
             return
         looks += 1
@@ -190,7 +191,7 @@ def _open_overrunning(using: str, limit: int, result: DeadlineResult) -> None:
     if smallest is None:
         return
     try:
-        bound = _now(using) - smallest + _LATE_SLACK
+        bound = _now(using) - smallest + _SLACK
     except OverflowError:  # longer than any run can have run: nothing overruns
         return
     overrun = (

@@ -153,11 +153,11 @@ class PostgreSQLStore:
 
     def limit_idle_transaction(self, seconds: float) -> None:
         with connections[self.using].cursor() as cursor:
-            cursor.execute(query("idle_transaction_timeout"), [f"{int(seconds * 1000)}ms"])
+            cursor.execute(query("idle_transaction_timeout"), [_idle_limit(seconds)])
 
     def begin_claim(self, seconds: float) -> ClaimProbe:
         with connections[self.using].cursor() as cursor:
-            cursor.execute(query("claim_probe"), [f"{int(seconds * 1000)}ms"])
+            cursor.execute(query("claim_probe"), [_idle_limit(seconds)])
             _, jobs, runs, retries = cursor.fetchone()
         return ClaimProbe(bool(jobs), bool(runs), bool(retries))
 
@@ -247,6 +247,11 @@ class PostgreSQLStore:
             cursor.execute(query("bulk_rows_of_chunk"), [job_id, inserted.last_id, inserted.xid])
             (from_here_on,) = cursor.fetchone()
         return int(from_here_on)
+
+
+def _idle_limit(seconds: float) -> str:
+    """``idle_in_transaction_session_timeout``'s value for ``seconds`` (set_config takes text)."""
+    return f"{int(seconds * 1000)}ms"
 
 
 def call_function(
