@@ -265,6 +265,21 @@ def test_a_future_job_is_not_claimed_and_the_beat_knows_when_to_wake():
     assert 28 < delay <= 30
 
 
+@pytest.mark.postgresql
+def test_the_claim_reaches_the_rows_it_takes_by_their_key_however_small_the_table():
+    """The due ids are planned as the batch's size (the CTE's LIMIT): joined to the job table,
+    the update was planned as a hash join over a scan of every job once the table was small
+    enough (a few thousand jobs), and took 5.5 ms of a 6.5 ms claim at 40,000."""
+    later = db_now() + timedelta(hours=1)
+    api.schedule_many({"task": "project.tasks.record", "run_at": later} for _ in range(3000))
+    due_jobs(5)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE schedapp_job")
+        cursor.execute("EXPLAIN " + query("claim_due_jobs"), {"limit": 500, "beat": "b"})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Seq Scan on schedapp_job" not in plan, plan
+
+
 def test_publish_failure_releases_claims_and_fences_the_old_token():
     (job,) = due_jobs(1)
     (run,) = claim_due_jobs("beat-1", 10).runs
