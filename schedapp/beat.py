@@ -32,6 +32,7 @@ from .deadlines import check_deadlines
 from .declared import sync_declared_calendars, sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .lease import (
+    ClaimResult,
     Superseded,
     backfill,
     claim_due_jobs,
@@ -47,6 +48,7 @@ from .settings_checks import refuse_bad_settings
 from .store import Listener, get_store
 
 log = logging.getLogger("schedapp.beat")
+_NO_WAKE = float("-inf")  # a sleep no notification cuts short (see _until_next_claim)
 # The id the next beat of a process takes, by pid (a forked process takes its own).
 _unclaimed_ids: dict[int, str] = {}
 _ids_lock = threading.Lock()
@@ -95,7 +97,10 @@ class LeaseScheduler(Scheduler):
         self._backfills_at = float("-inf")  # when the last look for running backfills was
         self._backfill_wait: float | None = None  # None: none was running at the last look
         self._broker_down = False  # a publish failed: probe the broker before claiming again
-        self._wake_at_db: float | None = None  # epoch seconds, database clock
+        # Notifications of jobs due by then wake the beat early (epoch seconds, database
+        # clock); None: any notification does; _NO_WAKE: none does.
+        self._wake_at_db: float | None = None
+        self._claimed_at = float("-inf")  # when this beat's last claim began (monotonic)
         self._last_node_update = 0.0
         self._started_at = datetime.now(UTC)
         # Embedded in a worker (`celery worker -B`): the worker serves the metrics, and with
@@ -269,12 +274,14 @@ class LeaseScheduler(Scheduler):
         # With none running at the last look, the next look (at most every quarter second)
         # is one statement in the claim's transaction, not a transaction of its own.
         look = self._backfill_wait is None and time.monotonic() - self._backfills_at >= 0.25
+        self._claimed_at = time.monotonic()
         result = claim_due_jobs(
             self.beat_id,
             batch,
             message_expiry=self._dispatcher.message_expiry,
             supersede=supersede,
             look_for_backfills=look,
+            next_due=True,
         )
         if supersede:
             self._superseded_at = time.monotonic()
@@ -331,18 +338,31 @@ class LeaseScheduler(Scheduler):
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
-        now_and_delay = seconds_until_due()
-        if now_and_delay is None:
+        return self._until_next_claim(result)
+
+    def _until_next_claim(self, result: ClaimResult) -> float:
+        """The sleep after a claim that did not fill its batch: until the next due instant
+        the claim read, and at a steady stream no less than what keeps this beat's claims
+        ``MIN_SLEEP`` apart. Jobs coming due every millisecond would otherwise each cost a
+        claim of their own, a transaction and a commit, however many beats share them; with
+        the floor a beat takes what came due in its last ``MIN_SLEEP`` in one. A job due
+        after a quiet spell is claimed at its instant: the floor counts from the last claim.
+        A floor's sleep is not cut short by notifications: it ends within ``MIN_SLEEP``, and
+        the claim after it sees every job committed meanwhile."""
+        until = result.wake.until_due() if result.wake.asked else seconds_until_due()
+        if until is None:
             self._wake_at_db = None
             if self._backfill_wait is not None:
                 return min(self._sleep_ceiling, self._backfill_wait)
             return self._sleep_ceiling
-        db_now, delay = now_and_delay
-        if delay <= 0:
-            if result.claimed:
-                return 0.0  # more became due while we claimed (a steady stream): go on
+        db_now, delay = until
+        floor = self._claimed_at + self.settings.MIN_SLEEP - time.monotonic()
+        if delay <= 0 and not result.claimed:
             # Due, but we claimed none of it: other beats hold those rows. Let them commit.
-            delay = self.settings.MIN_SLEEP
+            floor = self.settings.MIN_SLEEP
+        if delay < floor:
+            self._wake_at_db = _NO_WAKE
+            return floor if self._backfill_wait is None else min(floor, self._backfill_wait)
         delay = min(delay, self._sleep_ceiling)
         if self._backfill_wait is not None:
             delay = min(delay, self._backfill_wait)
@@ -419,9 +439,7 @@ class LeaseScheduler(Scheduler):
         except CONNECTION_ERRORS:
             raise  # the tick's own handling: reset the connection, back off
         except Exception as exc:
-            log.exception(
-                "deadline pass failed: %s", exc, extra={"action": "deadline_pass_failed"}
-            )
+            log.exception("deadline pass failed: %s", exc, extra={"action": "deadline_pass_failed"})
             return
         for task_id in found.to_revoke:
             try:

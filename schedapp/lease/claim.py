@@ -91,6 +91,27 @@ class ClaimedRun:
         return json.loads(self.kwargs_json)
 
 
+@dataclass(frozen=True)
+class Wake:
+    """When a beat should claim again, as the claim's transaction read it (``next_due``):
+    its now() and the earliest instant a job, a lease expiry or a run to supersede comes due
+    (None: nothing), and the monotonic time of that now(), to tell how much of the wait has
+    passed since."""
+
+    asked: bool
+    now: datetime | None = None
+    due: datetime | None = None
+    read_at: float = 0.0
+
+    def until_due(self) -> tuple[datetime, float] | None:
+        """The database's now, and seconds from it until the earliest due instant, as of the
+        moment of the call."""
+        if self.now is None or self.due is None:
+            return None
+        now = self.now + timedelta(seconds=time.monotonic() - self.read_at)
+        return now, max(0.0, (self.due - now).total_seconds())
+
+
 @dataclass
 class ClaimResult:
     runs: list[ClaimedRun] = field(default_factory=list)
@@ -104,6 +125,10 @@ class ClaimResult:
     superseded: list[Superseded] = field(default_factory=list)
     # Asked with ``look_for_backfills``: whether a backfill was running (None: not asked).
     backfilling: bool | None = None
+    # Asked with ``next_due`` when the batch was not full and no lease was reaped: when the
+    # next job is due, read in the claim's transaction rather than by a transaction of its
+    # own after it (``until_due``). ``asked``: False when the claim did not read it.
+    wake: Wake = field(default_factory=lambda: Wake(asked=False))
 
     @property
     def reaped(self) -> int:
@@ -121,6 +146,7 @@ def claim_due_jobs(
     message_expiry: MessageExpiry | None = None,
     supersede: bool = True,
     look_for_backfills: bool = False,
+    next_due: bool = False,
 ) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
 
@@ -129,6 +155,9 @@ def claim_due_jobs(
     With ``look_for_backfills``, also reads whether any backfill is running
     (``ClaimResult.backfilling``, one statement): the beat's look rides in this transaction
     rather than paying one of its own (a commit, a timeout setting) when none is running.
+    With ``next_due``, a claim that did not fill its batch nor reap a lease also reads when
+    the next job is due (``ClaimResult.wake``, the ``next_due`` statement): at a steady stream
+    a beat's claim is then one transaction, not a claim and a read.
 
     Also reaps leases that expired, so their jobs are claimable again (in this same claim when
     they fit). Late recurring jobs get their misfire policy applied here: this is the one place
@@ -146,7 +175,7 @@ def claim_due_jobs(
     """
     try:
         return _claim_due_jobs(
-            beat, limit, rng, message_expiry, supersede, look_for_backfills, careful=False
+            beat, limit, rng, message_expiry, supersede, look_for_backfills, next_due, careful=False
         )
     except ROW_ERRORS as exc:
         log.warning(
@@ -156,7 +185,7 @@ def claim_due_jobs(
             extra={"action": "claim_careful", "beat": beat},
         )
         return _claim_due_jobs(
-            beat, limit, rng, message_expiry, supersede, look_for_backfills, careful=True
+            beat, limit, rng, message_expiry, supersede, look_for_backfills, next_due, careful=True
         )
 
 
@@ -167,6 +196,7 @@ def _claim_due_jobs(
     message_expiry: MessageExpiry | None,
     supersede: bool,
     look_for_backfills: bool,
+    next_due: bool,
     *,
     careful: bool,
 ) -> ClaimResult:
@@ -224,6 +254,8 @@ def _claim_due_jobs(
         # last: each allow_all run takes the lease its job was just given (restamped or not)
         ready = _start_own_leases(ready, rng, result.quarantined)
         ready.extend(retries)
+        if next_due and result.claimed + len(retries) < limit and not result.reap.expired:
+            result.wake = _wake(store, started)
     result.runs = [_claimed_run(r, started) for r in ready]
     return result
 
@@ -434,9 +466,7 @@ def _claim_due_retries(beat: str, limit: int, quarantined: list[Quarantined]) ->
     another beat, a completion or the reaper holding one leaves it to a later tick. Costs one
     probe of an empty partial index when nothing waits."""
     rows_found = list(
-        due_retries()
-        .order_by("retry_at")
-        .values_list("id", "job_id", "kind")[:limit]
+        due_retries().order_by("retry_at").values_list("id", "job_id", "kind")[:limit]
     )
     if not rows_found:
         return []
@@ -561,11 +591,14 @@ def _schedule_ref(row: dict) -> ScheduleRef | None:
 def seconds_until_due() -> tuple[datetime, float] | None:
     """The database's now, and seconds from it until the next due job, lease expiry or run
     to supersede."""
-    now, next_due, next_expiry = get_store().next_due()
+    return _wake(get_store(), time.monotonic()).until_due()
+
+
+def _wake(store: Any, read_at: float) -> Wake:
+    """``read_at``: the monotonic time of the transaction's now() (in a claim, its start)."""
+    now, next_due, next_expiry = store.next_due()
     times = [t for t in (next_due, next_expiry) if t is not None]
-    if not times:
-        return None
-    return now, max(0.0, (min(times) - now).total_seconds())
+    return Wake(asked=True, now=now, due=min(times) if times else None, read_at=read_at)
 
 
 # --- after publishing ------------------------------------------------------------------------

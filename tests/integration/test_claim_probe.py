@@ -80,7 +80,6 @@ def test_an_expired_lease_found_by_the_probe_is_reaped_by_the_same_claim():
     assert result.runs[0].token > run.token
 
 
-
 def test_the_probe_reads_each_index_first_entry_whatever_the_statistics_say():
     """Statistics that see many runs with a lapsed lease or a due retry (read before they were
     renewed or retried; or none yet, on a table never analyzed) had the EXISTS of each planned

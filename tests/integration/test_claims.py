@@ -265,6 +265,22 @@ def test_a_future_job_is_not_claimed_and_the_beat_knows_when_to_wake():
     assert 28 < delay <= 30
 
 
+def test_a_claim_that_did_not_fill_its_batch_reads_when_to_wake_in_its_own_transaction():
+    (job,) = due_jobs(1)
+    later = api.schedule("project.tasks.record", run_at=db_now() + timedelta(seconds=30))
+    result = claim_due_jobs("b", 10, next_due=True)
+    assert [r.job_id for r in result.runs] == [job.pk]
+    assert result.wake.asked and result.wake.due == Job.objects.get(pk=later.pk).next_run_at
+    _now, delay = result.wake.until_due()
+    assert 28 < delay <= 30
+    # a full batch reads nothing: more may be due, the beat claims again at once
+    past = db_now() - timedelta(seconds=1)
+    api.schedule_many({"task": "project.tasks.record", "run_at": past} for _ in range(2))
+    assert not claim_due_jobs("b", 2, next_due=True).wake.asked
+    # nor does a claim not asked to
+    assert not claim_due_jobs("b", 10).wake.asked
+
+
 @pytest.mark.postgresql
 def test_the_claim_reaches_the_rows_it_takes_by_their_key_however_small_the_table():
     """The due ids are planned as the batch's size (the CTE's LIMIT): joined to the job table,
@@ -456,8 +472,11 @@ def test_with_statistics_from_before_a_burst_the_looks_beside_the_claim_read_no_
     from schedapp.lease.supersede import supersede_due
 
     api.schedule_many(
-        {"task": "project.tasks.record", "run_at": db_now() - timedelta(seconds=1),
-         "name": f"burst-{i}"}
+        {
+            "task": "project.tasks.record",
+            "run_at": db_now() - timedelta(seconds=1),
+            "name": f"burst-{i}",
+        }
         for i in range(3000)
     )
     with connection.cursor() as cursor:

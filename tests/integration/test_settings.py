@@ -141,6 +141,59 @@ def test_a_beat_waits_min_sleep_when_the_due_rows_are_locked_by_another_beat(sta
         thread.join()
 
 
+def later(seconds: float, name: str) -> Job:
+    return api.schedule(TASK, run_at=db_now() + timedelta(seconds=seconds), name=name)
+
+
+def test_at_a_steady_stream_a_beats_claims_are_min_sleep_apart(start_beat, monkeypatch):
+    # Given jobs coming due faster than MIN_SLEEP: one due now, the next in 50 ms
+    scheduler = without_listener(start_beat(SCHEDAPP_MIN_SLEEP=0.5, SCHEDAPP_MAX_SLEEP=5.0))
+    due(1)
+    later(0.05, "next")
+    # (the claim reads when to wake in its own transaction: no read after it)
+    monkeypatch.setattr(beat, "seconds_until_due", lambda: pytest.fail("a read of its own"))
+    started = time.monotonic()
+    delay = scheduler.tick()
+    # Then the beat waits until MIN_SLEEP after the claim began, not until the next job is due:
+    # the claim after it takes what came due meanwhile, in one transaction
+    assert 0.5 - (time.monotonic() - started) <= delay <= 0.5
+    assert JobRun.objects.count() == 1
+    time.sleep(delay)
+    scheduler.tick()
+    assert JobRun.objects.count() == 2
+
+
+def test_a_job_due_after_a_quiet_spell_is_claimed_at_its_instant(start_beat):
+    scheduler = without_listener(start_beat(SCHEDAPP_MIN_SLEEP=0.5, SCHEDAPP_MAX_SLEEP=5.0))
+    due(1)
+    later(0.8, "next")
+    # the floor counts from the last claim: a job due later than it waits no longer
+    assert 0.6 < scheduler.tick() <= 0.8
+
+
+def test_notifications_do_not_cut_short_a_sleep_that_keeps_claims_apart(start_beat):
+    scheduler = start_beat(SCHEDAPP_MIN_SLEEP=0.5, SCHEDAPP_MAX_SLEEP=5.0)
+    due(1)
+    later(0.05, "next")
+
+    def another_job_due_now() -> None:  # a job saved meanwhile notifies the beats
+        time.sleep(0.1)
+        api.schedule(TASK, run_at=db_now(), name="notified")
+        connection.close()
+
+    thread = threading.Thread(target=another_job_due_now)
+    thread.start()
+    started = time.monotonic()
+    try:
+        assert scheduler.tick() == 0  # slept on its listener
+    finally:
+        thread.join()
+    assert time.monotonic() - started >= 0.45
+    assert JobRun.objects.count() == 1
+    scheduler.tick()  # then takes both
+    assert JobRun.objects.count() == 3
+
+
 def test_a_beats_transactions_are_ended_by_postgresql_when_idle_that_long_and_only_they():
     def idle_limit() -> str:
         with connection.cursor() as cursor:
@@ -167,11 +220,7 @@ def dispatch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize(
     ("mode", "burst", "expected"),
     [
-        (
-            "each",
-            100,
-            [f"Scheduler: Sending due task due-{i} ({TASK})" for i in range(3)],
-        ),
+        ("each", 100, [f"Scheduler: Sending due task due-{i} ({TASK})" for i in range(3)]),
         (
             "each",
             2,
