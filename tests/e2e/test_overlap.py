@@ -215,6 +215,10 @@ def test_allow_all_runs_three_at_once_when_its_runs_outlast_its_interval(fleet):
     fleet.beat()
     fleet.worker(concurrency=5)
     wait_until(lambda: len(finished(job)) >= 6, timeout=60)
+    ran = sorted(e.scheduled_for for e in finished(job))
+    # (each finished execution's run: its success is written after its task returned)
+    runs = JobRun.objects.filter(job=job, scheduled_for__in=ran)
+    wait_until(lambda: all(r.status == RunStatus.SUCCEEDED for r in runs.all()), timeout=10)
     executions = list(Execution.objects.filter(job_id=job.pk).order_by("started_at"))
     # Then three ran at once, never more; each for its own occurrence, once (three started
     # together may start in any order on the pool)
@@ -223,10 +227,8 @@ def test_allow_all_runs_three_at_once_when_its_runs_outlast_its_interval(fleet):
     assert len(times) == len(set(times)), "an occurrence ran twice"
     # every occurrence from the first run on started (none skipped: each waited for a slot
     # within its grace), and each run held its own lease, released when it ended
-    ran = sorted(e.scheduled_for for e in finished(job))
     expected = fire_times(job.schedule, ran[0] - timedelta(microseconds=1), ran[-1])
     assert [t for t in expected if t not in times] == []
-    runs = JobRun.objects.filter(job=job, scheduled_for__in=ran)
     assert all(r.own_lease and r.status == RunStatus.SUCCEEDED and not r.stale for r in runs)
     assert all(r.lease_expires_at is None for r in runs)
     assert not Occurrence.objects.filter(job=job).exists()
