@@ -353,7 +353,7 @@ class LeaseScheduler(Scheduler):
         (psycopg's ``notifies``) against a twentieth of one for a plain sleep, a hundred
         times a second at a stream. What was notified meanwhile is read at the next wait on
         the listener (and can end it once, early)."""
-        until = result.wake.until_due() if result.wake.asked else seconds_until_due()
+        until = result.wake.until_due() if result.wake is not None else seconds_until_due()
         if until is None:
             self._wake_at_db = None
             if self._backfill_wait is not None:

@@ -98,15 +98,14 @@ class Wake:
     (None: nothing), and the monotonic time of that now(), to tell how much of the wait has
     passed since."""
 
-    asked: bool
-    now: datetime | None = None
-    due: datetime | None = None
-    read_at: float = 0.0
+    now: datetime
+    due: datetime | None
+    read_at: float
 
     def until_due(self) -> tuple[datetime, float] | None:
         """The database's now, and seconds from it until the earliest due instant, as of the
         moment of the call."""
-        if self.now is None or self.due is None:
+        if self.due is None:
             return None
         now = self.now + timedelta(seconds=time.monotonic() - self.read_at)
         return now, max(0.0, (self.due - now).total_seconds())
@@ -127,8 +126,8 @@ class ClaimResult:
     backfilling: bool | None = None
     # Asked with ``next_due`` when the batch was not full and no lease was reaped: when the
     # next job is due, read in the claim's transaction rather than by a transaction of its
-    # own after it (``until_due``). ``asked``: False when the claim did not read it.
-    wake: Wake = field(default_factory=lambda: Wake(asked=False))
+    # own after it (``until_due``). None: the claim did not read it.
+    wake: Wake | None = None
 
     @property
     def reaped(self) -> int:
@@ -598,7 +597,7 @@ def _wake(store: Any, read_at: float) -> Wake:
     """``read_at``: the monotonic time of the transaction's now() (in a claim, its start)."""
     now, next_due, next_expiry = store.next_due()
     times = [t for t in (next_due, next_expiry) if t is not None]
-    return Wake(asked=True, now=now, due=min(times) if times else None, read_at=read_at)
+    return Wake(now=now, due=min(times) if times else None, read_at=read_at)
 
 
 # --- after publishing ------------------------------------------------------------------------
