@@ -390,9 +390,9 @@ def schedule_long_mix() -> dict[str, int]:
 # Lost replies: a fragment of the statement whose reply is dropped after it committed, and
 # the processes it may hit. The worker's writes are single autocommit statements.
 LOST_REPLIES = (
-    ("door", b"SELECT schedapp_admit_run_v5(", "worker*"),
+    ("door", b"SELECT schedapp_admit_run_v6(", "worker*"),
     ("completion", b"schedapp_succeed_run", "worker*"),
-    ("renewal", b"schedapp_renew_leases_v5(", "worker*"),
+    ("renewal", b"schedapp_renew_leases_v6(", "worker*"),
     ("beat commit", COMMIT, "beat*"),
 )
 # The beat's claim statement (its reap locks with a plain FOR UPDATE SKIP LOCKED)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .message import HEADER_ADMISSION, HEADER_LEASE, RUN_HEADERS, RunHeaders
+from .message import HEADER_ADMISSION, HEADER_LEASE, HEADER_RUN, RUN_HEADERS, RunHeaders
 
 log = logging.getLogger("schedapp.context")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,6 +79,16 @@ def run_lease(request: Any) -> float | None:
     try:
         value = _header(request, HEADER_LEASE) if request is not None else None
         return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def run_id_of(request: Any) -> int | None:
+    """The id of the run schedapp dispatched a task request for (None if it did not): the
+    door and the heartbeat read the run by its key."""
+    try:
+        value = _header(request, HEADER_RUN) if request is not None else None
+        return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None
 

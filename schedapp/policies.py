@@ -632,7 +632,7 @@ def end_decides(
     that came due before it (``next_passed``: the next occurrence is not after the database's
     now()); a job following a calendar, or whose overlap is ``allow_all``, is never the
     common case. ``plan_after_success`` computes those; the worker's one-call success
-    (``schedapp_succeed_run_v4``, held to this by a differential test) leaves them."""
+    (``schedapp_succeed_run_v5``, held to this by a differential test) leaves them."""
     return (
         has_calendar
         or overlap == ALLOW_ALL

@@ -113,7 +113,7 @@ def complete_run(
 
 
 def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
-    """The common success in one call of ``schedapp_succeed_run_v4`` (sql/functions.sql): the next
+    """The common success in one call of ``schedapp_succeed_run_v5`` (sql/functions.sql): the next
     occurrence computed here from the schedule the claim saw. False: take the general path."""
     args = _success_args(job_id, token, headers)
     if args is None:
@@ -122,7 +122,7 @@ def _succeed_fast(job_id: int, token: int, headers: RunHeaders) -> bool:
 
 
 def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | None:
-    """The arguments of ``schedapp_succeed_run_v4``; None if the schedule cannot be computed here
+    """The arguments of ``schedapp_succeed_run_v5``; None if the schedule cannot be computed here
     (the general path then quarantines the job, with the reason)."""
     if headers.own_lease:
         return None  # fenced on its run row, not on the job: the general path
@@ -145,11 +145,12 @@ def _success_args(job_id: int, token: int, headers: RunHeaders) -> list[Any] | N
         headers.scheduled_for,
         nxt,
         ref is None,
-        # Celery's day rule marked with "&", as schedapp_succeed_run_v4 compares it
+        # Celery's day rule marked with "&", as schedapp_succeed_run_v5 compares it
         (ref.cron if ref.day_or else "&" + ref.cron) if ref else "",
         ref.timezone if ref else "",
         ref.interval if ref else None,
         ref.anchor if ref else None,
+        headers.run_id,
     ]
 
 
@@ -157,7 +158,7 @@ def complete_successes(
     items: Sequence[tuple[int, int, RunHeaders]], rng: policies.Rng = random.random
 ) -> list[CompletionResult]:
     """Several successes at once (a pool process's, when no door came to carry them): the
-    common case of all of them in one round trip and one commit (``schedapp_succeed_runs_v3``);
+    common case of all of them in one round trip and one commit (``schedapp_succeed_runs_v4``);
     any other case each on the general path."""
     columns, batch = _success_columns(items)
     rows = get_store().succeed_runs(columns) if batch else []
@@ -171,20 +172,21 @@ def admit_run_after_successes(
     worker: str,
     admission: str,
     rng: policies.Rng = random.random,
+    run_id: int | None = None,
 ) -> tuple[DoorVerdict, list[CompletionResult]]:
     """The door (``admit_run``) carrying the successes its process recorded since its last
     round trip: on PostgreSQL both in one statement and one commit, so a pool process working
     through a backlog makes one round trip per execution. Successes the common path does not
     take (stale, schedule changed) are then recorded one by one on the general path."""
     columns, batch = _success_columns(successes)
-    rows, verdict = get_store().succeed_and_admit(columns, job_id, token, worker, admission)
+    rows, verdict = get_store().succeed_and_admit(columns, job_id, token, worker, admission, run_id)
     return verdict, _success_results(successes, batch, rows, rng)
 
 
 def _success_columns(
     items: Sequence[tuple[int, int, RunHeaders]],
 ) -> tuple[list[list[Any]], list[tuple[int, list[Any]]]]:
-    """``schedapp_succeed_runs_v3``'s arguments as columns, and the items they cover (index,
+    """``schedapp_succeed_runs_v4``'s arguments as columns, and the items they cover (index,
     arguments): those whose next occurrence could be computed here."""
     batch = [(i, _success_args(j, t, h)) for i, (j, t, h) in enumerate(items)]
     covered = [(i, a) for i, a in batch if a is not None]
@@ -507,9 +509,7 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
     with transaction.atomic():
         job, run = lock_job_and_run(job_id, token)
         if run is not None and run["own_lease"]:  # its job moved on at the claim: the run only
-            JobRun.objects.filter(
-                job_id=job_id, token=token, status=RunStatus.DISPATCHED
-            ).update(
+            JobRun.objects.filter(job_id=job_id, token=token, status=RunStatus.DISPATCHED).update(
                 status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED, lease_expires_at=None
             )
             return None

@@ -18,18 +18,23 @@ from .rules import LeaseJob, LeaseRun, replacement_door
 # its own work done and changes nothing.
 
 
-def admit_run(job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+def admit_run(
+    job_id: int, token: int, worker: str, admission: str, run_id: int | None = None
+) -> DoorVerdict:
     """The door: start the run if its claim is current and its lease has not expired,
     extending the lease unless five sixths of it are left (the job row is then not written);
     otherwise say why not (and close the run if it never will start).
 
     ``admission`` identifies this door call: a retry of the same call (its first commit landed,
     the reply was lost) is admitted again; another delivery of the same message is not.
-    On PostgreSQL this is the function ``schedapp_admit_run_v5`` (sql/functions.sql), elsewhere
+    ``run_id`` (the message's ``schedapp-run`` header) finds the run by its key, which reaches
+    one partition of a partitioned history; a run id that is not this claim's run is
+    'unknown'. None: found by job and token.
+    On PostgreSQL this is the function ``schedapp_admit_run_v6`` (sql/functions.sql), elsewhere
     the portable store's ``_admit``: both decide as ``rules.door``, which
     ``tests/integration/test_lease_rules_sql.py`` holds them to.
     """
-    return get_store().admit(job_id, token, worker, admission)
+    return get_store().admit(job_id, token, worker, admission, run_id)
 
 
 def admit_replacement(

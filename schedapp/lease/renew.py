@@ -4,7 +4,7 @@ became of those it could not renew."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..store import get_store
@@ -31,8 +31,11 @@ _BUSY_ATTEMPTS = 4
 _BUSY_PAUSE = 0.02
 
 
-def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
-    """Extend every lease ``(job_id, token)`` a worker holds from now, in one statement.
+def renew_leases(
+    held: Sequence[tuple[int, int]], run_ids: Mapping[tuple[int, int], int] | None = None
+) -> Renewal:
+    """Extend every lease ``(job_id, token)`` a worker holds from now, in one statement;
+    ``run_ids`` (from the messages' headers) lets each run be read by its key.
 
     A lease that can no longer be renewed is *lost* only if its run had started and did not
     simply finish: a run whose completion committed a moment ago (the worker's main process
@@ -41,7 +44,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
     unstarted, not as an alarm. A renewal never waits for a job row another transaction holds
     (waiting, it could deadlock with a door carrying a success): such leases are tried again
     a moment later, and any still busy are left ``busy`` for the next heartbeat. On
-    PostgreSQL this is the function ``schedapp_renew_leases_v5`` (sql/functions.sql).
+    PostgreSQL this is the function ``schedapp_renew_leases_v6`` (sql/functions.sql).
     """
     result = Renewal()
     sets = {
@@ -59,7 +62,7 @@ def renew_leases(held: Sequence[tuple[int, int]]) -> Renewal:
         if attempt:
             time.sleep(_BUSY_PAUSE)
         result.busy.clear()
-        for job_id, token, outcome in get_store().renew(pending):
+        for job_id, token, outcome in get_store().renew(pending, run_ids):
             sets[outcome].add((job_id, token))
         pending = sorted(result.busy)
     return result

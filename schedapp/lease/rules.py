@@ -36,7 +36,7 @@ JOB_PAUSED = "job_paused"
 JOB_STATE = "job_state"
 DUPLICATE = "duplicate"
 UNKNOWN = "unknown"
-LATE = "late"  # past its start deadline at the door, under skip_late (schedapp_admit_run_v5)
+LATE = "late"  # past its start deadline at the door, under skip_late (schedapp_admit_run_v6)
 # The one kind of run a start deadline applies to (``models.RunKind``; None: a run claimed
 # before kinds were recorded, a scheduled one or a run now). Not to a retry, a run now, or a
 # backfill (which runs its occurrence as if its time had just passed).
@@ -145,7 +145,7 @@ class DoorDecision:
 
 
 # A run the door refused is closed ``skipped`` with this text, word for word as
-# schedapp_admit_run_v5 writes it: the admin shows the same on every database. (The worker's
+# schedapp_admit_run_v6 writes it: the admin shows the same on every database. (The worker's
 # own log says more: ``DoorVerdict.what_next``.)
 SKIPPED_REASONS = {
     STALE_TOKEN: "its claim is no longer the job's current one",
@@ -422,7 +422,7 @@ def run_door(
     now: datetime,
     deadline: StartDeadline = StartDeadline(),
 ) -> DoorDecision:
-    """The door of a run with its own lease (``schedapp_admit_run_v5``'s first branch): the
+    """The door of a run with its own lease (``schedapp_admit_run_v6``'s first branch): the
     run row decides; the job's state only refuses a paused or cancelled job's run (the job is
     'scheduled', or done, while its runs are in flight). ``fresh_lease`` here renews the
     run's lease; a refused run still dispatched is closed as skipped, but for one whose lease

@@ -54,6 +54,14 @@ RETIRED_FUNCTIONS = frozenset(
         "schedapp_succeed_runs_v2(p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamp"
         " with time zone[], p_next timestamp with time zone[], p_once boolean[], p_cron text[],"
         " p_timezone text[], p_interval interval[], p_anchor timestamp with time zone[])",
+        "schedapp_admit_run_v5(p_job bigint, p_token bigint, p_worker text, p_admission text)",
+        "schedapp_renew_leases_v5(p_jobs bigint[], p_tokens bigint[])",
+        "schedapp_succeed_run_v4(p_job bigint, p_token bigint, p_scheduled_for timestamp with"
+        " time zone, p_next timestamp with time zone, p_once boolean, p_cron text, p_timezone"
+        " text, p_interval interval, p_anchor timestamp with time zone)",
+        "schedapp_succeed_runs_v3(p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamp"
+        " with time zone[], p_next timestamp with time zone[], p_once boolean[], p_cron text[],"
+        " p_timezone text[], p_interval interval[], p_anchor timestamp with time zone[])",
     }
 )
 

@@ -36,17 +36,26 @@
 -- occurrence as late and moves the job on as it does any late occurrence. Also v5: a run with
 -- a lease of its own refused because that lease ran out is left to the reaper, which sends its
 -- occurrence again (v4 closed it as skipped, lease cleared: no reaper found it, and the
--- occurrence was lost, its job having moved on at the claim).
-CREATE OR REPLACE FUNCTION schedapp_admit_run_v5(
-    p_job bigint, p_token bigint, p_worker text, p_admission text
+-- occurrence was lost, its job having moved on at the claim). v6: the run is found by its id
+-- (p_run, from the message's headers) as well as its job and token, so that its read and
+-- writes reach one partition of the history; a NULL p_run is looked up by job and token, and
+-- a run id that is not that claim's is 'unknown'. The decision is v5's.
+CREATE OR REPLACE FUNCTION schedapp_admit_run_v6(
+    p_job bigint, p_token bigint, p_worker text, p_admission text, p_run bigint
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     j record;
     r record;
     verdict text;
 BEGIN
+    IF p_run IS NULL THEN  -- a caller that does not know the run's id: found by its claim
+        SELECT id INTO p_run FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token;
+        IF NOT FOUND THEN
+            RETURN 'unknown';
+        END IF;
+    END IF;
     IF EXISTS (SELECT FROM schedapp_jobrun
-               WHERE job_id = p_job AND token = p_token AND own_lease) THEN
+               WHERE id = p_run AND job_id = p_job AND token = p_token AND own_lease) THEN
         SELECT state, lease_seconds, skip_late, start_deadline INTO j
         FROM schedapp_job WHERE id = p_job;
         IF NOT FOUND THEN
@@ -59,7 +68,7 @@ BEGIN
                (lease_expires_at < now() + make_interval(secs => j.lease_seconds * 5.0 / 6)
                 OR lease_expires_at > now() + make_interval(secs => j.lease_seconds))
                    AS lease_short INTO r
-        FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token FOR UPDATE;
+        FROM schedapp_jobrun WHERE id = p_run AND job_id = p_job AND token = p_token FOR UPDATE;
         IF r.status IN ('lost', 'skipped', 'cancelled') THEN
             verdict := 'stale_token';
         ELSIF r.status = 'running' AND r.admission = p_admission THEN
@@ -84,7 +93,7 @@ BEGIN
                 lease_expires_at = CASE WHEN r.lease_short
                     THEN now() + make_interval(secs => j.lease_seconds)
                     ELSE lease_expires_at END
-            WHERE job_id = p_job AND token = p_token;
+            WHERE id = p_run AND job_id = p_job AND token = p_token;
         ELSIF r.status = 'dispatched' AND verdict <> 'lease_expired' THEN
             UPDATE schedapp_jobrun
             SET status = 'skipped', finished_at = now(), worker = p_worker, lease_expires_at = NULL,
@@ -94,7 +103,7 @@ BEGIN
                     WHEN 'lease_expired' THEN 'its lease expired before it arrived'
                     WHEN 'late' THEN 'it arrived past its start deadline (skip_late)'
                     ELSE verdict END
-            WHERE job_id = p_job AND token = p_token;
+            WHERE id = p_run AND job_id = p_job AND token = p_token;
         END IF;
         IF verdict = 'late' THEN
             INSERT INTO schedapp_occurrence
@@ -127,7 +136,7 @@ BEGIN
     SELECT status, admission, scheduled_for,
            (j.skip_late AND attempt = 1 AND coalesce(kind, 'scheduled') = 'scheduled'
             AND now() - scheduled_for > j.start_deadline) IS TRUE AS late INTO r
-    FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token;
+    FROM schedapp_jobrun WHERE id = p_run AND job_id = p_job AND token = p_token;
     IF NOT FOUND THEN
         RETURN 'unknown';
     END IF;
@@ -155,7 +164,7 @@ BEGIN
         UPDATE schedapp_jobrun
         SET status = 'running', started_at = coalesce(started_at, now()), worker = p_worker,
             admission = p_admission
-        WHERE job_id = p_job AND token = p_token;
+        WHERE id = p_run AND job_id = p_job AND token = p_token;
         IF j.lease_short THEN
             UPDATE schedapp_job
             SET lease_expires_at = now() + make_interval(secs => lease_seconds),
@@ -174,7 +183,7 @@ BEGIN
                 WHEN 'lease_expired' THEN 'its lease expired before it arrived'
                 WHEN 'late' THEN 'it arrived past its start deadline (skip_late)'
                 ELSE verdict END
-        WHERE job_id = p_job AND token = p_token;
+        WHERE id = p_run AND job_id = p_job AND token = p_token;
         IF verdict = 'job_paused' THEN
             UPDATE schedapp_job SET claimed_by = '', lease_expires_at = NULL WHERE id = p_job;
         ELSIF verdict = 'late' THEN
@@ -204,19 +213,30 @@ $$;
 -- with a door and no stalled heartbeat); 'cancelled' (the operator's act); 'finished';
 -- 'unstarted' (the door will refuse this copy: nothing ran); 'lost'. v5: a run with a lease
 -- of its own (allow_all) is renewed on its run row while it is in flight; the job row is
--- neither locked nor written for it.
-CREATE OR REPLACE FUNCTION schedapp_renew_leases_v5(p_jobs bigint[], p_tokens bigint[])
-RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
+-- neither locked nor written for it. v6: with each run's id (p_runs; NULL where the caller does
+-- not know it), read by id as well as job and token; the outcomes are v5's.
+CREATE OR REPLACE FUNCTION schedapp_renew_leases_v6(
+    p_jobs bigint[], p_tokens bigint[], p_runs bigint[]
+) RETURNS TABLE (job_id bigint, token bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
+    runs bigint[];
     own bigint[];
     locked bigint[];
     renewed bigint[];
     runs_locked bigint[];
     runs_renewed bigint[];
 BEGIN
+    -- Each held run by its id (a NULL id, from a caller that does not know it, found by its
+    -- claim), so every read of a run below reaches one partition of the history.
+    runs := ARRAY(
+        SELECT coalesce(h.run, (SELECT r.id FROM schedapp_jobrun r
+                                WHERE r.job_id = h.id AND r.token = h.token))
+        FROM unnest(p_jobs, p_tokens, p_runs) WITH ORDINALITY AS h (id, token, run, n)
+        ORDER BY h.n
+    );
     SELECT coalesce(array_agg(r.id), '{}') INTO own
-    FROM unnest(p_jobs, p_tokens) AS h (id, token)
-    JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token
+    FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
+    JOIN schedapp_jobrun r ON r.id = h.run AND r.job_id = h.id AND r.token = h.token
     WHERE r.own_lease;
     SELECT coalesce(array_agg(l.id), '{}') INTO runs_locked FROM (
         SELECT r.id FROM schedapp_jobrun r WHERE r.id = ANY (own)
@@ -235,22 +255,23 @@ BEGIN
     SELECT coalesce(array_agg(id), '{}') INTO runs_renewed FROM done;
     SELECT coalesce(array_agg(l.id), '{}') INTO locked FROM (
         SELECT j.id FROM schedapp_job j WHERE j.id = ANY (p_jobs)
-          AND EXISTS (SELECT FROM unnest(p_jobs, p_tokens) AS h (id, token)
-                      LEFT JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token
+          AND EXISTS (SELECT FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
+                      LEFT JOIN schedapp_jobrun r
+                          ON r.id = h.run AND r.job_id = h.id AND r.token = h.token
                       WHERE h.id = j.id AND NOT coalesce(r.id = ANY (own), false))
         ORDER BY j.id FOR UPDATE SKIP LOCKED
     ) l;
     WITH done AS (
         UPDATE schedapp_job j SET lease_expires_at = now() + make_interval(secs => j.lease_seconds)
-        FROM unnest(p_jobs, p_tokens) AS h (id, token)
+        FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
         WHERE j.id = h.id AND j.id = ANY (locked) AND j.token = h.token
           AND j.lease_expires_at IS NOT NULL AND j.state IN ('running', 'paused')
         RETURNING j.id
     )
     SELECT coalesce(array_agg(id), '{}') INTO renewed FROM done;
     UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
-    FROM unnest(p_jobs, p_tokens) AS h (id, token)
-    WHERE r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
+    FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
+    WHERE r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
       AND NOT r.own_lease AND r.status = 'running';
     -- A new snapshot: a completion that committed a moment ago is seen, so a run that simply
     -- finished is reported as finished, not as a lost lease.
@@ -270,8 +291,8 @@ BEGIN
                 WHEN r.status IN ('succeeded', 'failed') AND NOT r.stale THEN 'finished'
                 WHEN r.status IS NOT NULL AND r.started_at IS NULL THEN 'unstarted'
                 ELSE 'lost' END
-    FROM unnest(p_jobs, p_tokens) AS h (id, token)
-    LEFT JOIN schedapp_jobrun r ON r.job_id = h.id AND r.token = h.token;
+    FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
+    LEFT JOIN schedapp_jobrun r ON r.id = h.run AND r.job_id = h.id AND r.token = h.token;
 END
 $$;
 
@@ -285,11 +306,12 @@ $$;
 -- policy other than the default (a worker computes the next occurrence under the default only).
 -- Not common (v4): a job following a calendar (its next run is the calendar's, which a worker
 -- does not read) and one whose overlap is allow_all (its runs are not one after another);
--- policies.end_decides says the same, held to this by a differential test.
-CREATE OR REPLACE FUNCTION schedapp_succeed_run_v4(
+-- policies.end_decides says the same, held to this by a differential test. v5: the run's id
+-- last (p_run; NULL: found by job and token), the run written by id, job and token.
+CREATE OR REPLACE FUNCTION schedapp_succeed_run_v5(
     p_job bigint, p_token bigint, p_scheduled_for timestamptz, p_next timestamptz,
     p_once boolean, p_cron text, p_timezone text, p_interval interval,
-    p_anchor timestamptz
+    p_anchor timestamptz, p_run bigint
 ) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     j record;
@@ -322,8 +344,11 @@ BEGIN
           OR j.timezone <> p_timezone THEN
         RETURN false;
     END IF;
+    IF p_run IS NULL THEN  -- a caller that does not know the run's id: found by its claim
+        SELECT id INTO p_run FROM schedapp_jobrun WHERE job_id = p_job AND token = p_token;
+    END IF;
     UPDATE schedapp_jobrun SET status = 'succeeded', finished_at = now()
-    WHERE job_id = p_job AND token = p_token AND status = 'running';
+    WHERE id = p_run AND job_id = p_job AND token = p_token AND status = 'running';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -344,12 +369,12 @@ END
 $$;
 
 
--- Several successes in one call: the arguments of schedapp_succeed_run_v4, as arrays. Returns
+-- Several successes in one call: the arguments of schedapp_succeed_run_v5, as arrays. Returns
 -- each success's (1-based) index and whether the common path applied it.
-CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v3(
+CREATE OR REPLACE FUNCTION schedapp_succeed_runs_v4(
     p_jobs bigint[], p_tokens bigint[], p_scheduled_for timestamptz[], p_next timestamptz[],
     p_once boolean[], p_cron text[], p_timezone text[], p_interval interval[],
-    p_anchor timestamptz[]
+    p_anchor timestamptz[], p_runs bigint[]
 ) RETURNS TABLE (idx int, applied boolean) LANGUAGE plpgsql AS $$
 DECLARE
     i int;
@@ -359,9 +384,9 @@ BEGIN
     -- locked in id order, as renewals lock them, so two such transactions cannot deadlock.
     FOR i IN SELECT s.i FROM generate_subscripts(p_jobs, 1) AS s (i) ORDER BY p_jobs[s.i] LOOP
         idx := i;
-        applied := schedapp_succeed_run_v4(
+        applied := schedapp_succeed_run_v5(
             p_jobs[i], p_tokens[i], p_scheduled_for[i], p_next[i], p_once[i], p_cron[i],
-            p_timezone[i], p_interval[i], p_anchor[i]
+            p_timezone[i], p_interval[i], p_anchor[i], p_runs[i]
         );
         RETURN NEXT;
     END LOOP;

@@ -159,33 +159,34 @@ WHERE id = ANY(%s) AND state = 'running'
 SELECT now()
 
 -- name: admit_run
--- The door (functions.sql): job id, token, worker, admission.
-SELECT schedapp_admit_run_v5(%s, %s, %s, %s)
+-- The door (functions.sql): job id, token, worker, admission, run id.
+SELECT schedapp_admit_run_v6(%s, %s, %s, %s, %s)
 
 -- name: renew_leases
--- One heartbeat for every lease a worker holds (functions.sql): job ids, tokens.
-SELECT job_id, token, outcome FROM schedapp_renew_leases_v5(%s, %s)
+-- One heartbeat for every lease a worker holds (functions.sql): job ids, tokens, run ids.
+SELECT job_id, token, outcome FROM schedapp_renew_leases_v6(%s, %s, %s)
 
 -- name: succeed_run
 -- The common success in one call (functions.sql): job, token, scheduled_for, next occurrence,
--- one-off?, cron, timezone, interval, anchor.
-SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s)
+-- one-off?, cron, timezone, interval, anchor, run id.
+SELECT schedapp_succeed_run_v5(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: succeed_runs
 -- Several successes in one call: the arguments of succeed_run, as arrays.
-SELECT idx, applied FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s)
+SELECT idx, applied FROM schedapp_succeed_runs_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: succeed_run_then_admit
 -- The same for the common case of one success: the arguments of succeed_run, then of admit_run.
-SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s), schedapp_admit_run_v5(%s, %s, %s, %s)
+SELECT schedapp_succeed_run_v5(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s),
+       schedapp_admit_run_v6(%s, %s, %s, %s, %s)
 
 -- name: succeed_runs_then_admit
 -- A pool process's successes since its last round trip, then the door of its next run, in one
 -- statement and one commit: the arguments of succeed_runs, then those of admit_run. Returns
 -- the (1-based) indexes of the successes applied on the common path, and the door's verdict.
 SELECT (SELECT coalesce(array_agg(idx) FILTER (WHERE applied), ARRAY[]::int[])
-        FROM schedapp_succeed_runs_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s)),
-       schedapp_admit_run_v5(%s, %s, %s, %s)
+        FROM schedapp_succeed_runs_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)),
+       schedapp_admit_run_v6(%s, %s, %s, %s, %s)
 
 -- name: notify_at
 -- Wake sleeping beats (sent at commit): channel, the due time as epoch seconds.

@@ -155,11 +155,17 @@ class Store(Protocol):
     def next_due(self) -> tuple[datetime, datetime | None, datetime | None]:
         """(now, earliest next_run_at of a scheduled job, earliest lease expiry)."""
 
-    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-        """The door (``lease.admit_run``)."""
+    def admit(
+        self, job_id: int, token: int, worker: str, admission: str, run_id: int | None = None
+    ) -> DoorVerdict:
+        """The door (``lease.admit_run``); ``run_id`` (the message's) finds the run by its
+        key, in one partition of the history; None: by its job and token."""
 
-    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
-        """One heartbeat for every held lease: ``(job, token, outcome)``, the outcome one of
+    def renew(
+        self, held: Sequence[tuple[int, int]], run_ids: Mapping[tuple[int, int], int] | None = None
+    ) -> list[tuple[int, int, str]]:
+        """One heartbeat for every held lease (with its run's id where ``run_ids`` knows it):
+        ``(job, token, outcome)``, the outcome one of
         renewed, finished, cancelled, unstarted, lost, or busy (its job row held by another
         transaction: not waited for)."""
 
@@ -170,7 +176,13 @@ class Store(Protocol):
         """Several successes in one call: ``(1-based index, applied)``; [] where unsupported."""
 
     def succeed_and_admit(
-        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+        self,
+        columns: list[list[Any]],
+        job_id: int,
+        token: int,
+        worker: str,
+        admission: str,
+        run_id: int | None = None,
     ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
         """``succeed_runs(columns)`` (none when ``columns`` is empty), then ``admit``: in one
         statement where the database allows."""
@@ -249,9 +261,7 @@ def run_kind(row: Mapping[str, Any]) -> str:
     return RunKind.MANUAL if row.get("manual") else RunKind.SCHEDULED
 
 
-def insert_runs(
-    beat: str, rows: list[dict], now: datetime, using: str = DEFAULT_DB_ALIAS
-) -> None:
+def insert_runs(beat: str, rows: list[dict], now: datetime, using: str = DEFAULT_DB_ALIAS) -> None:
     """A run row for each claimed row (its id into ``row["run_id"]``), through the ORM."""
     if not rows:
         return

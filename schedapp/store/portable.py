@@ -6,7 +6,7 @@ one database alias: every query and transaction goes through it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -211,10 +211,16 @@ class PortableStore:
         ]
         return now, next_due, min(times) if times else None
 
-    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
-        return _admit(self.using, self.now(), job_id, token, worker, admission)
+    def admit(
+        self, job_id: int, token: int, worker: str, admission: str, run_id: int | None = None
+    ) -> DoorVerdict:
+        return _admit(self.using, self.now(), job_id, token, worker, admission, run_id)
 
-    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    def renew(
+        self, held: Sequence[tuple[int, int]], run_ids: Mapping[tuple[int, int], int] | None = None
+    ) -> list[tuple[int, int, str]]:
+        # One table, no partitions: a held claim (job, token) names its run, whose id adds
+        # nothing here.
         return _renew(self.using, self.now(), held)
 
     def succeed_run(self, args: list[Any]) -> bool:
@@ -224,9 +230,15 @@ class PortableStore:
         return []
 
     def succeed_and_admit(
-        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+        self,
+        columns: list[list[Any]],
+        job_id: int,
+        token: int,
+        worker: str,
+        admission: str,
+        run_id: int | None = None,
     ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
-        return [], self.admit(job_id, token, worker, admission)
+        return [], self.admit(job_id, token, worker, admission, run_id)
 
     def notify(self, when: datetime | None, delay_seconds: float | None) -> None:
         pass  # no notifications: beats poll (at most a second apart)
@@ -333,9 +345,15 @@ class JobInstances:
 
 
 def _admit(
-    using: str, now: datetime, job_id: int, token: int, worker: str, admission: str
+    using: str,
+    now: datetime,
+    job_id: int,
+    token: int,
+    worker: str,
+    admission: str,
+    run_id: int | None = None,
 ) -> DoorVerdict:
-    """``schedapp_admit_run_v5`` through the ORM (SQLite's IMMEDIATE transactions serialise
+    """``schedapp_admit_run_v6`` through the ORM (SQLite's IMMEDIATE transactions serialise
     it): the decision is ``lease.rules.door``'s; only the reads and writes are here."""
     from ..lease.rules import (  # not at import: lease imports this
         LeaseJob,
@@ -346,6 +364,8 @@ def _admit(
 
     with transaction.atomic(using=using):
         runs = JobRun.objects.using(using).filter(job_id=job_id, token=token)
+        if run_id is not None:  # the claim's run, or none: 'unknown', as the function says
+            runs = runs.filter(id=run_id)
         if runs.filter(own_lease=True).exists():
             return _admit_own_lease(using, now, runs, job_id, worker, admission)
         job = (
@@ -512,7 +532,7 @@ def _renew(
 def _renew_jobs(
     using: str, now: datetime, held: Sequence[tuple[int, int]]
 ) -> list[tuple[int, int, str]]:
-    """``schedapp_renew_leases_v5`` through the ORM: each outcome is ``lease.rules.renewal``'s.
+    """``schedapp_renew_leases_v6`` through the ORM: each outcome is ``lease.rules.renewal``'s.
     The rows are locked and waited for (never ``busy``: SQLite's one write lock is held)."""
     from ..lease.rules import LeaseRun, renewal, renews  # not at import: lease imports this
 

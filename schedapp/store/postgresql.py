@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
@@ -85,15 +85,20 @@ class PostgreSQLStore:
             now, next_due, next_expiry = cursor.fetchone()
         return now, next_due, next_expiry
 
-    def admit(self, job_id: int, token: int, worker: str, admission: str) -> DoorVerdict:
+    def admit(
+        self, job_id: int, token: int, worker: str, admission: str, run_id: int | None = None
+    ) -> DoorVerdict:
         ((verdict,),) = call_function(
-            query("admit_run"), [job_id, token, worker, admission], self.using
+            query("admit_run"), [job_id, token, worker, admission, run_id], self.using
         )
         return DoorVerdict(verdict)
 
-    def renew(self, held: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    def renew(
+        self, held: Sequence[tuple[int, int]], run_ids: Mapping[tuple[int, int], int] | None = None
+    ) -> list[tuple[int, int, str]]:
+        runs = [(run_ids or {}).get(key) for key in held]
         return call_function(  # type: ignore[return-value]
-            query("renew_leases"), [[j for j, _ in held], [t for _, t in held]], self.using
+            query("renew_leases"), [[j for j, _ in held], [t for _, t in held], runs], self.using
         )
 
     def succeed_run(self, args: list[Any]) -> bool:
@@ -106,20 +111,26 @@ class PostgreSQLStore:
         )
 
     def succeed_and_admit(
-        self, columns: list[list[Any]], job_id: int, token: int, worker: str, admission: str
+        self,
+        columns: list[list[Any]],
+        job_id: int,
+        token: int,
+        worker: str,
+        admission: str,
+        run_id: int | None = None,
     ) -> tuple[list[tuple[int, bool]], DoorVerdict]:
         if not columns:
-            return [], self.admit(job_id, token, worker, admission)
+            return [], self.admit(job_id, token, worker, admission, run_id)
         if len(columns[0]) == 1:  # the common case, without arrays
             ((ok, verdict),) = call_function(
                 query("succeed_run_then_admit"),
-                [*(col[0] for col in columns), job_id, token, worker, admission],
+                [*(col[0] for col in columns), job_id, token, worker, admission, run_id],
                 self.using,
             )
             return [(1, bool(ok))], DoorVerdict(verdict)
         ((applied, verdict),) = call_function(
             query("succeed_runs_then_admit"),
-            [*columns, job_id, token, worker, admission],
+            [*columns, job_id, token, worker, admission, run_id],
             self.using,
         )
         return [(idx, True) for idx in applied], DoorVerdict(verdict)

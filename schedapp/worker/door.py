@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import metrics
 from ..conf import get_settings
-from ..context import replacement_headers, run_admission, run_lease
+from ..context import replacement_headers, run_admission, run_id_of, run_lease
 from ..db import with_retries
 from ..exceptions import ReplaceNotSupported
 from ..lease import (
@@ -80,7 +80,9 @@ class Door:
                     **door_retries(lease),
                 )
             else:
-                verdict = self.check(job_id, token, worker, admission, lease)
+                verdict = self.check(
+                    job_id, token, worker, admission, lease, run_id_of(task.request)
+                )
         except Exception as exc:  # cannot check the claim: do not run it
             verdict = DoorVerdict.ERROR
             log.error(
@@ -111,7 +113,13 @@ class Door:
         raise Refused(f"schedapp: {verdict.explanation}")
 
     def check(
-        self, job_id: int, token: int, worker: str, admission: str, lease: float | None = None
+        self,
+        job_id: int,
+        token: int,
+        worker: str,
+        admission: str,
+        lease: float | None = None,
+        run_id: int | None = None,
     ) -> DoorVerdict:
         """The door's database work: one round trip, carrying the successes this process
         recorded since its last one. If that fails, they go back to the linger thread and
@@ -122,7 +130,9 @@ class Door:
             successes = [(*o.claim, o.fields["headers"]) for o in pending]
             try:
                 verdict, results = with_retries(
-                    lambda: admit_run_after_successes(successes, job_id, token, worker, admission),
+                    lambda: admit_run_after_successes(
+                        successes, job_id, token, worker, admission, run_id=run_id
+                    ),
                     what="door",
                     attempts=3,
                     attempt_timeout=statement_wait(lease),
@@ -138,7 +148,9 @@ class Door:
                     count_outcome(result, SUCCEEDED)
                 return verdict
         return with_retries(
-            lambda: admit_run(job_id, token, worker, admission), what="door", **door_retries(lease)
+            lambda: admit_run(job_id, token, worker, admission, run_id),
+            what="door",
+            **door_retries(lease),
         )
 
     def _decline_on_green_pool(self, task: Any, claim: tuple[int, int], worker: str) -> None:

@@ -19,7 +19,7 @@ from celery.worker import state as worker_state
 
 from .. import metrics
 from ..lease import renew_leases
-from ..message import HEADER_LEASE, parse_task_id
+from ..message import HEADER_LEASE, HEADER_RUN, parse_task_id
 from .board import DoorBoard
 
 log = logging.getLogger("schedapp.worker")
@@ -39,6 +39,7 @@ class Held:
     admitted_at: float
     renewed_at: float
     request: Any = None  # Celery's Request: its ``acknowledged`` says Celery has taken it
+    run_id: int | None = None  # the message's schedapp_run header: the run read by its key
 
     def done_with(self, live: set[str], now: float) -> bool:
         """Whether Celery is done with this run's message: out of its bookkeeping, and
@@ -75,10 +76,12 @@ class HeldLeases:
         claim = parse_task_id(task_id)
         if claim is None:
             return
-        lease = float(_request_headers(request).get(HEADER_LEASE) or 60)
+        headers = _request_headers(request)
+        lease = float(headers.get(HEADER_LEASE) or 60)
+        run_id = _int_or_none(headers.get(HEADER_RUN))
         now = time.monotonic()
         with self.lock:
-            self.held[claim] = Held(task_id, lease, now, now, request)  # type: ignore[arg-type]
+            self.held[claim] = Held(task_id, lease, now, now, request, run_id)  # type: ignore[arg-type]
 
     def shortest_lease(self) -> float | None:
         """The shortest lease among the runs held (None if none): it bounds a renewal's wait."""
@@ -95,7 +98,9 @@ class HeldLeases:
         due = self.due_for_renewal()
         if not due:
             return
-        renewal = renew_leases(due)
+        with self.lock:
+            run_ids = {k: h.run_id for k in due if (h := self.held.get(k)) and h.run_id is not None}
+        renewal = renew_leases(due, run_ids)
         now = time.monotonic()
         with self.lock:
             for key in renewal.renewed:
@@ -206,6 +211,13 @@ def live_task_ids(consumer: Any = None) -> set[str] | None:
         except RuntimeError:  # changed size during iteration
             continue
     return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _request_headers(request: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from schedapp.testing.processes import wait_until
 pytestmark = [pytest.mark.e2e]
 
 # The door's function, in the statement of a door alone or of one carrying successes.
-DOOR = b"schedapp_admit_run_v5("
+DOOR = b"schedapp_admit_run_v6("
 ENDED = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 

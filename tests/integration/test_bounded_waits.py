@@ -26,8 +26,8 @@ from tests.claiming import claim_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOOR = b"SELECT schedapp_admit_run_v5("
-RENEWAL = b"schedapp_renew_leases_v5("
+DOOR = b"SELECT schedapp_admit_run_v6("
+RENEWAL = b"schedapp_renew_leases_v6("
 CLAIM = b"due AS MATERIALIZED"
 
 

@@ -546,6 +546,29 @@ def sampled(cases: list[Case], class_of: Callable[[Case], Any]) -> list[Any]:
     ]
 
 
+# The worker's functions take the run's id (the message's header) with its job and token, and
+# read the run by it; without it (NULL) they find it by job and token. Each PostgreSQL sweep
+# runs both ways. A case without a run is called with an id no run has.
+BY_KEY = pytest.mark.parametrize("keyed", [True, False], ids=["by run id", "by claim"])
+
+
+def run_id_of(job_id: int, token: int) -> int:
+    found = JobRun.objects.filter(job_id=job_id, token=token).values_list("id", flat=True)
+    return found.first() or 0
+
+
+def keyed_admit(admit: Callable[..., Any], keyed: bool) -> Callable[..., Any]:
+    if not keyed:
+        return admit
+    return lambda job_id, token, *rest: admit(job_id, token, *rest, run_id_of(job_id, token))
+
+
+def keyed_renew(renew: Callable[..., Any], keyed: bool) -> Callable[..., Any]:
+    if not keyed:
+        return renew
+    return lambda held: renew(held, {(j, t): run_id_of(j, t) for j, t in held})
+
+
 def door_sweep(store_admit: Callable[..., Any], cases: list[Case], now: datetime) -> list[str]:
     def call(ids: list[int]) -> list[Any]:
         return [
@@ -556,8 +579,9 @@ def door_sweep(store_admit: Callable[..., Any], cases: list[Case], now: datetime
     return sweep(cases, now, call, expect_door(now), {})
 
 
-def test_the_postgresql_door_of_a_run_with_its_own_lease_decides_as_the_table(now):
-    problems = door_sweep(PostgreSQLStore().admit, OWN_DOOR_CASES, now)
+@BY_KEY
+def test_the_postgresql_door_of_a_run_with_its_own_lease_decides_as_the_table(now, keyed):
+    problems = door_sweep(keyed_admit(PostgreSQLStore().admit, keyed), OWN_DOOR_CASES, now)
     assert not problems, report(problems, len(OWN_DOOR_CASES))
 
 
@@ -570,12 +594,13 @@ def test_the_portable_door_of_a_run_with_its_own_lease_decides_as_the_table(now,
     assert not problems, report(problems, len(cases))
 
 
-def test_the_postgresql_door_decides_as_the_table(now):
-    store = PostgreSQLStore()
+@BY_KEY
+def test_the_postgresql_door_decides_as_the_table(now, keyed):
+    admit = keyed_admit(PostgreSQLStore().admit, keyed)
 
     def call(ids: list[int]) -> list[Any]:
         return [
-            attempt(store.admit, i, c.token, WORKER, admission_of(c))
+            attempt(admit, i, c.token, WORKER, admission_of(c))
             for i, c in zip(ids, DOOR_CASES, strict=True)
         ]
 
@@ -595,8 +620,9 @@ def test_the_portable_door_decides_as_the_table(now, cases):
     assert not problems, report(problems, len(cases))
 
 
-def test_the_postgresql_door_refuses_a_late_run_as_the_table(now):
-    problems = door_sweep(PostgreSQLStore().admit, LATE_DOOR_CASES, now)
+@BY_KEY
+def test_the_postgresql_door_refuses_a_late_run_as_the_table(now, keyed):
+    problems = door_sweep(keyed_admit(PostgreSQLStore().admit, keyed), LATE_DOOR_CASES, now)
     assert not problems, report(problems, len(LATE_DOOR_CASES))
 
 
@@ -609,8 +635,12 @@ def test_the_portable_door_refuses_a_late_run_as_the_table(now, cases):
     assert not problems, report(problems, len(cases))
 
 
-def test_the_postgresql_door_of_a_run_with_its_own_lease_refuses_a_late_run_as_the_table(now):
-    problems = door_sweep(PostgreSQLStore().admit, OWN_LATE_DOOR_CASES, now)
+@BY_KEY
+def test_the_postgresql_door_of_a_run_with_its_own_lease_refuses_a_late_run_as_the_table(
+    now, keyed
+):
+    admit = keyed_admit(PostgreSQLStore().admit, keyed)
+    problems = door_sweep(admit, OWN_LATE_DOOR_CASES, now)
     assert not problems, report(problems, len(OWN_LATE_DOOR_CASES))
 
 
@@ -663,8 +693,9 @@ def renew_all(
     return call
 
 
-def test_the_postgresql_renewal_decides_as_the_table(now):
-    call = renew_all(PostgreSQLStore().renew)
+@BY_KEY
+def test_the_postgresql_renewal_decides_as_the_table(now, keyed):
+    call = renew_all(keyed_renew(PostgreSQLStore().renew, keyed))
     problems = sweep(RENEW_CASES, now, call, expect_renewal(now), {})
     assert not problems, report(problems, len(RENEW_CASES))
 
@@ -679,8 +710,9 @@ def test_the_portable_renewal_decides_as_the_table(now):
 MIXED_RENEW_CASES = OWN_RENEW_CASES + RENEW_CASES
 
 
-def test_the_postgresql_renewal_of_runs_with_their_own_lease_decides_as_the_table(now):
-    call = renew_all(PostgreSQLStore().renew, MIXED_RENEW_CASES)
+@BY_KEY
+def test_the_postgresql_renewal_of_runs_with_their_own_lease_decides_as_the_table(now, keyed):
+    call = renew_all(keyed_renew(PostgreSQLStore().renew, keyed), MIXED_RENEW_CASES)
     problems = sweep(MIXED_RENEW_CASES, now, call, expect_renewal(now), {})
     assert not problems, report(problems, len(MIXED_RENEW_CASES))
 
@@ -695,14 +727,26 @@ def test_the_portable_renewal_of_runs_with_their_own_lease_decides_as_the_table(
 # --- completions ------------------------------------------------------------------------------
 
 
-def success_args(job_id: int, case: Case) -> list[Any]:
+def success_args(job_id: int, case: Case, keyed: bool = True) -> list[Any]:
     """``schedapp_succeed_run``'s arguments for a success of the interval job ``build`` made,
-    as the claim saw it (or, in a case without the same schedule, an occurrence earlier)."""
+    as the claim saw it (or, in a case without the same schedule, an occurrence earlier), with
+    the run's id as a worker sends it (``keyed``) or NULL."""
     job = Job.objects.get(pk=job_id)
     seen = job.scheduled_for if case.same_schedule else job.scheduled_for - timedelta(seconds=60)
     # An occurrence in the past came due during the run (the template's is a minute ahead).
     nxt = db_now() - timedelta(seconds=1) if case.next_passed else seen + job.interval
-    return [job_id, case.token, seen, nxt, False, "", "", job.interval, job.interval_anchor]
+    return [
+        job_id,
+        case.token,
+        seen,
+        nxt,
+        False,
+        "",
+        "",
+        job.interval,
+        job.interval_anchor,
+        run_id_of(job_id, case.token) if keyed else None,
+    ]
 
 
 class Since:
@@ -757,11 +801,12 @@ def expect_success(now: datetime, fast: bool) -> Callable:
     return expect
 
 
-def test_the_postgresql_success_applies_as_the_table(now):
+@BY_KEY
+def test_the_postgresql_success_applies_as_the_table(now, keyed):
     store = PostgreSQLStore()
 
     def call(ids: list[int]) -> list[Any]:
-        args = [success_args(i, c) for i, c in zip(ids, SUCCESS_CASES, strict=True)]
+        args = [success_args(i, c, keyed) for i, c in zip(ids, SUCCESS_CASES, strict=True)]
         return [attempt(store.succeed_run, a) for a in args]
 
     problems = sweep(SUCCESS_CASES, now, call, expect_success(now, fast=True), {})

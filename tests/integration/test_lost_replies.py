@@ -25,8 +25,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # Fragments that occur only in the statement under test (Django inlines parameters into the
 # text, so a fragment must not be something a value could contain): the worker's functions.
-DOOR = b"SELECT schedapp_admit_run_v5("
-FAST_SUCCESS = b"SELECT schedapp_succeed_run_v4("
+DOOR = b"SELECT schedapp_admit_run_v6("
+FAST_SUCCESS = b"SELECT schedapp_succeed_run_v5("
 
 
 def claimed(**options) -> lease.ClaimedRun:
@@ -100,7 +100,7 @@ def test_a_batch_of_successes_whose_reply_was_lost_moves_each_job_on_once(pg_pro
     for run in runs:
         lease.admit_run(run.job_id, run.token, "w1", f"a{run.token}")
     hooks = WorkerHooks()
-    pg_proxy.cut_after(b"FROM schedapp_succeed_runs_v3(")
+    pg_proxy.cut_after(b"FROM schedapp_succeed_runs_v4(")
     items = [
         Outcome((r.job_id, r.token), lease.SUCCEEDED, 60.0, fields={"headers": headers_of(r)})
         for r in runs
@@ -129,7 +129,7 @@ def test_a_door_carrying_successes_whose_reply_was_lost_applies_each_once(pg_pro
         hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
     task = SimpleNamespace(request=SimpleNamespace(hostname="w1@host"))
     # When the door's statement, carrying them, commits and its reply is lost
-    pg_proxy.cut_after(b"schedapp_admit_run_v5(")
+    pg_proxy.cut_after(b"schedapp_admit_run_v6(")
     with django_through(pg_proxy):
         hooks.door.admit(task, nxt.task_id)  # raises Ignore if it refused the run
     assert pg_proxy.stats()["cuts"] == 1

@@ -226,6 +226,7 @@ def test_a_released_database_migrates_forward_with_every_row_and_keeps_working(r
                 "UTC",
                 None,
                 None,
+                one_off.run_id,
             ],
         )
         assert cursor.fetchone() == (True,)

@@ -402,6 +402,20 @@ def test_the_door_knows_no_such_run(store):
     assert store.admit(10**9, 1, "w1", "adm-1") is DoorVerdict.UNKNOWN
 
 
+def test_the_door_finds_the_run_by_the_id_its_message_carries(store):
+    # Given two claimed runs
+    row, other = claimed(store, "keyed"), claimed(store, "keyed-other")
+    run_id = run_of(store, row["id"], row["token"]).pk
+    other_id = run_of(store, other["id"], other["token"]).pk
+    # Then a door naming another claim's run finds no such run, and writes nothing
+    assert store.admit(row["id"], row["token"], "w1", "adm-1", other_id) is DoorVerdict.UNKNOWN
+    assert run_of(store, row["id"], row["token"]).status == RunStatus.DISPATCHED
+    assert run_of(store, other["id"], other["token"]).status == RunStatus.DISPATCHED
+    # and one naming its own run admits it, as one naming none does
+    assert store.admit(row["id"], row["token"], "w1", "adm-1", run_id) is DoorVerdict.ADMITTED
+    assert store.admit(other["id"], other["token"], "w1", "adm-2") is DoorVerdict.ADMITTED
+
+
 # --- renewal ----------------------------------------------------------------------------------
 
 
@@ -483,9 +497,11 @@ def test_one_renewal_answers_for_every_held_lease_in_order(store):
 # --- successes in one call --------------------------------------------------------------------
 
 
-def _one_off_success(row: dict) -> list[Any]:
-    """schedapp_succeed_run's arguments for a one-off job (no next occurrence)."""
-    return [row["id"], row["token"], row["scheduled_for"], None, True, "", "", None, None]
+def _one_off_success(store: Store, row: dict) -> list[Any]:
+    """schedapp_succeed_run's arguments for a one-off job (no next occurrence), the run's id
+    last, as a worker sends it from the message's headers."""
+    run_id = run_of(store, row["id"], row["token"]).pk
+    return [row["id"], row["token"], row["scheduled_for"], None, True, "", "", None, None, run_id]
 
 
 def test_succeed_run_in_one_call_or_the_general_path(store):
@@ -494,7 +510,7 @@ def test_succeed_run_in_one_call_or_the_general_path(store):
     row = admitted(store, "fast", interval=None, interval_anchor=None, run_at=now)
 
     # When the worker records its success in one call
-    applied = store.succeed_run(_one_off_success(row))
+    applied = store.succeed_run(_one_off_success(store, row))
 
     run = run_of(store, row["id"], row["token"])
     if isinstance(store, PortableStore):
@@ -508,7 +524,7 @@ def test_succeed_run_in_one_call_or_the_general_path(store):
     job = job_of(store, row["id"])
     assert (job.state, job.lease_expires_at) == (JobState.SUCCEEDED, None)
     # and the same call again (its reply lost) finds nothing to do
-    assert store.succeed_run(_one_off_success(row)) is False
+    assert store.succeed_run(_one_off_success(store, row)) is False
 
 
 def test_succeed_runs_and_succeed_and_admit(store):
@@ -517,7 +533,9 @@ def test_succeed_runs_and_succeed_and_admit(store):
     once = {"interval": None, "interval_anchor": None, "run_at": now}
     a, b = admitted(store, "batch-a", **once), admitted(store, "batch-b", **once)
     waiting = claimed(store, "batch-next")
-    columns = [list(c) for c in zip(_one_off_success(a), _one_off_success(b), strict=True)]
+    columns = [
+        list(c) for c in zip(_one_off_success(store, a), _one_off_success(store, b), strict=True)
+    ]
 
     # When the two successes are recorded in one call, then the door is asked with none
     batch = store.succeed_runs(columns)
@@ -539,7 +557,7 @@ def test_succeed_and_admit_carries_a_success_to_the_door(store):
     now = store.now()
     done = admitted(store, "carried", interval=None, interval_anchor=None, run_at=now)
     waiting = claimed(store, "next-at-door")
-    columns = [[value] for value in _one_off_success(done)]
+    columns = [[value] for value in _one_off_success(store, done)]
 
     rows, verdict = store.succeed_and_admit(columns, waiting["id"], waiting["token"], "w1", "a2")
 
@@ -813,11 +831,7 @@ def test_dispatch_lag_and_recent_statuses_say_the_same_on_every_store(store):
 
     # Then the whole window first (p50 and p95 as percentile_cont interpolates them), then
     # each minute, oldest first
-    expected = [
-        (None, 5, 2.0, 8.8, 10.0),
-        (early, 4, 3.0, 9.1, 10.0),
-        (late, 1, 0.5, 0.5, 0.5),
-    ]
+    expected = [(None, 5, 2.0, 8.8, 10.0), (early, 4, 3.0, 9.1, 10.0), (late, 1, 0.5, 0.5, 0.5)]
     assert [(m, int(n)) for m, n, *_ in lag] == [(m, n) for m, n, *_ in expected]
     for row, want in zip(lag, expected, strict=True):
         assert [float(v) for v in row[2:]] == pytest.approx(want[2:])

@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from celery.exceptions import Ignore
 from django.db import connection, transaction
 
 from schedapp import api, lease
@@ -22,7 +23,7 @@ from schedapp.lease import (
     renew_leases,
 )
 from schedapp.lease.reap import reap_locked
-from schedapp.message import RunHeaders
+from schedapp.message import HEADER_RUN, RunHeaders
 from schedapp.models import Job, JobRun, JobState, RunStatus
 from tests.claiming import claim_one, in_thread
 
@@ -861,3 +862,68 @@ def test_a_delivery_refused_for_a_newer_claim_says_it_is_not_run_again(schedapp_
         "job's newer claim, or its cancellation, stands)"
     )
     hooks.completions.close_pending()
+
+
+# --- the run by its key ----------------------------------------------------------------------
+
+
+def _task_of(run: lease.ClaimedRun, run_id: int) -> _Task:
+    """A task whose request carries the message's run header, as Celery sets custom headers
+    as attributes of the request in the worker."""
+    task = _Task()
+    setattr(task.request, HEADER_RUN, run_id)
+    return task
+
+
+@pytest.mark.postgresql
+def test_the_door_reads_its_run_by_the_id_the_message_carries(monkeypatch):
+    """A read of a run by its id reaches one partition of a history partitioned by id;
+    one by (job, token) visits every partition's index. The door sends the header's id."""
+    from schedapp.store import postgresql
+
+    sent: list[list] = []
+    counted = postgresql.call_function
+
+    def with_params(sql, params, *using):
+        sent.append(list(params))
+        return counted(sql, params, *using)
+
+    monkeypatch.setattr(postgresql, "call_function", with_params)
+    hooks = pool_hooks()
+    _, run = claim_one(name="keyed", interval=60)
+    _, other = claim_one(name="other", interval=60)
+    # Given a message whose run header names another claim's run, the door finds no such run
+    with pytest.raises(Ignore):
+        hooks.door.admit(_task_of(run, other.run_id), run.task_id)
+    assert sent[-1][-1] == other.run_id
+    assert _run_status(run) == RunStatus.DISPATCHED  # nothing written to a run it did not find
+    # And with its own run's id it is admitted, the id sent with the job and token
+    hooks.door.admit(_task_of(run, run.run_id), run.task_id)
+    assert sent[-1] == [run.job_id, run.token, "w1@host", sent[-1][3], run.run_id]
+    assert _run_status(run) == RunStatus.RUNNING
+    hooks.completions.close_pending()
+
+
+def test_the_heartbeat_renews_with_the_run_ids_of_the_messages_it_holds(monkeypatch):
+    from schedapp.worker import HeldLeases, leases
+
+    _, run = claim_one(name="held", interval=60)
+    admit_run(run.job_id, run.token, "w1", "a1")
+    request = type(
+        "Request", (), {"id": run.task_id, "request_dict": {HEADER_RUN: str(run.run_id)}}
+    )()
+    held = HeldLeases()
+    held.on_task_received(request=request)
+    asked: list = []
+    renew = leases.renew_leases
+
+    def recorded(due, run_ids=None):
+        asked.append((list(due), dict(run_ids or {})))
+        return renew(due, run_ids)
+
+    monkeypatch.setattr(leases, "renew_leases", recorded)
+    monkeypatch.setattr(leases, "live_task_ids", lambda consumer=None: {run.task_id})
+    held.held[(run.job_id, run.token)].renewed_at -= 3600  # due for renewal
+    held.renew_held_leases()
+    assert asked == [([(run.job_id, run.token)], {(run.job_id, run.token): run.run_id})]
+    assert JobRun.objects.get(pk=run.run_id).heartbeats == 1  # renewed, the run found by id
