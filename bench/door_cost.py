@@ -96,9 +96,9 @@ def through_hooks(n: int) -> dict[str, Any]:
     return out
 
 
-def _one_off_success(job: int, token: int, scheduled_for: Any) -> list[Any]:
+def _one_off_success(job: int, token: int, scheduled_for: Any, run: int) -> list[Any]:
     """``schedapp_succeed_run``'s arguments for a one-off (no next occurrence, no schedule)."""
-    return [job, token, scheduled_for, None, True, "", "", None, None]
+    return [job, token, scheduled_for, None, True, "", "", None, None, run]
 
 
 def as_raw_sql(n: int) -> dict[str, Any]:
@@ -107,12 +107,12 @@ def as_raw_sql(n: int) -> dict[str, Any]:
     _stage(n)
     with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT r.job_id, r.token, j.scheduled_for FROM schedapp_jobrun r "
+            "SELECT r.job_id, r.token, j.scheduled_for, r.id FROM schedapp_jobrun r "
             "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
         previous: list[Any] = []
 
         def door(row: Any) -> None:
-            admit = [row[0], row[1], "bench@door", "a"]
+            admit = [row[0], row[1], "bench@door", "a", row[3]]
             if previous:
                 conn.execute(query("succeed_run_then_admit"),
                              [*_one_off_success(*previous.pop()), *admit])
