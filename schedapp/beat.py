@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.beat import DEFAULT_MAX_INTERVAL, Scheduler
 
-from . import conf, metrics
+from . import conf, metrics, partitions
 from .db import (
     CONNECTION_ERRORS,
     bound_connection_waits,
@@ -94,6 +94,7 @@ class LeaseScheduler(Scheduler):
         self._failures = 0
         self._superseded_at = float("-inf")  # when the last claim looked for runs to supersede
         self._deadlines_at = float("-inf")  # when the last deadline pass ran
+        self._partitions_at = float("-inf")  # when the last run history partition pass ran
         self._backfills_at = float("-inf")  # when the last look for running backfills was
         self._backfill_wait: float | None = None  # None: none was running at the last look
         self._broker_down = False  # a publish failed: probe the broker before claiming again
@@ -152,6 +153,7 @@ class LeaseScheduler(Scheduler):
         if not self.embedded:  # its worker's port: taken first, the worker would serve none
             metrics.start_metrics_server()
         self._sync_declared_jobs()
+        self._ensure_partitions()  # before the first claim inserts a run
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         if self.settings.NOTIFY_IN_BEAT and self._notifier is None and configured_channels():
             # Never in the tick: a slow webhook must not delay a claim.
@@ -210,6 +212,10 @@ class LeaseScheduler(Scheduler):
             reset_connection()
             delay = self._backoff()
             metrics.beat_error("unexpected")
+            if "no partition of relation" in str(exc):
+                # A run's id above every partition (they are made ahead: this should not
+                # happen): make them at the next tick, which claims the same jobs again.
+                self._partitions_at = float("-inf")
             log.exception(
                 "beat tick failed: %s; retrying in %.1fs",
                 exc,
@@ -335,6 +341,7 @@ class LeaseScheduler(Scheduler):
         self._revoke_superseded(result.superseded)
         self._advance_backfills(batch, result.backfilling)
         self._check_deadlines()
+        self._ensure_partitions()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
@@ -461,6 +468,22 @@ class LeaseScheduler(Scheduler):
                     task_id,
                     extra={"action": "overrun_revoked"},
                 )
+
+    def _ensure_partitions(self) -> None:
+        """Run history partitions made ahead of the ids (``schedapp.partitions``), at the
+        start and every ``CHECK_EVERY`` seconds after; on PostgreSQL only. Its failure is
+        logged and never holds up the claims: partitions are made a day's worth ahead."""
+        if time.monotonic() - self._partitions_at < partitions.CHECK_EVERY:
+            return
+        self._partitions_at = time.monotonic()
+        try:
+            partitions.ensure_partitions(self.settings.HISTORY_PARTITION)
+        except CONNECTION_ERRORS:
+            raise  # the tick's own handling: reset the connection, back off
+        except Exception as exc:
+            log.exception(
+                "partition pass failed: %s", exc, extra={"action": "partition_pass_failed"}
+            )
 
     @property
     def _sleep_ceiling(self) -> float:

@@ -94,6 +94,10 @@ def core_problems() -> list[str]:
             found.append(f"SCHEDAPP_HOUSEKEEPING_CRON {s.HOUSEKEEPING_CRON!r}: {exc.message}")
     if not isinstance(s.RUN_RETENTION, timedelta) or s.RUN_RETENTION <= timedelta(0):
         found.append(f"SCHEDAPP_RUN_RETENTION must be a duration above 0, not {s.RUN_RETENTION!r}.")
+    if not isinstance(s.HISTORY_PARTITION, timedelta) or s.HISTORY_PARTITION <= timedelta(0):
+        found.append(
+            f"SCHEDAPP_HISTORY_PARTITION must be a duration above 0, not {s.HISTORY_PARTITION!r}."
+        )
     result = s.RESULT_RETENTION
     if result is not None and (not isinstance(result, timedelta) or result < timedelta(0)):
         found.append(f"SCHEDAPP_RESULT_RETENTION must be None or a duration, not {result!r}.")

@@ -26,7 +26,12 @@ def prune_runs(
         max_batches=max_batches,
         pause=pause,
     )
-    return {"deleted": result.deleted, "batches": result.batches, "cutoff": result.cutoff}
+    return {
+        "deleted": result.deleted,
+        "batches": result.batches,
+        "cutoff": result.cutoff,
+        "dropped_partitions": list(result.dropped_partitions),
+    }
 
 
 HOUSEKEEPING_TASKS = ("schedapp.prune_runs", "schedapp.cleanup_results")

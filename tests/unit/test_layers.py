@@ -62,6 +62,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "settings_checks",
             "bulk",
             "copyrows",
+            "partitions",
             "prune",
             "nodes",
             "explain",

@@ -1,0 +1,210 @@
+"""Run history's partitions on PostgreSQL: made ahead of the ids, dropped whole when expired.
+
+Since migration 0045, ``schedapp_jobrun`` is partitioned by range of ``id`` (ids come from one
+sequence, so they rise with time). A run inserted with an id no partition covers would be
+refused, so partitions are made ahead, never by the insert: ``ensure_partitions`` keeps at
+least ``AHEAD`` partitions' worth of ids above the sequence, each sized to hold about one
+``SCHEDAPP_HISTORY_PARTITION`` (default a day) at the id rate observed over the last such
+period (never under ``MIN_SIZE`` ids). The beats call it as they start and every
+``CHECK_EVERY`` seconds after; two beats serialise on an advisory lock.
+
+``drop_expired_partitions`` drops, oldest first, each partition (below the one the sequence is
+in) whose every run was dispatched before the retention cutoff, unless a run in it still
+holds a lease (its own, a job's through its current token) or waits to be retried. A drop
+is one short transaction: the parent's lock (waiting at most ``LOCK_TIMEOUT``: otherwise the
+next pass tries again), the checks again under it, ``DROP TABLE``. Constant time, whatever
+the partition holds. The housekeeping prune (``schedapp.prune``) calls it before its batched
+DELETE, which still prunes what is left. Every comparison uses the database's clock.
+
+On SQLite, or on a database not yet migrated to 0045, both do nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+
+log = logging.getLogger("schedapp.partitions")
+
+PARENT = "schedapp_jobrun"
+MIN_SIZE = 100_000  # ids: the smallest partition made
+AHEAD = 2  # partitions' worth of ids kept above the sequence
+CHECK_EVERY = 60.0  # seconds between a beat's partition passes
+LOCK_TIMEOUT = "2s"
+# pg_advisory_xact_lock key: ensure_partitions of several beats, one at a time.
+LOCK_KEY = 0x5C4ED_9A47
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    lower: int | None  # None: MINVALUE (the legacy partition, migration 0045)
+    upper: int
+
+
+_BOUND = re.compile(r"FROM \((.+?)\) TO \((.+?)\)")
+
+
+def _value(text: str) -> int | None:
+    text = text.strip("'")
+    return None if text == "MINVALUE" else int(text)
+
+
+def is_partitioned(using: str = "default") -> bool:
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [PARENT])
+        row = cursor.fetchone()
+    return bool(row) and row[0] == "p"
+
+
+def partitions(using: str = "default") -> list[Partition]:
+    """The run table's partitions, lowest ids first."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+            [PARENT],
+        )
+        found = []
+        for name, bound in cursor.fetchall():
+            match = _BOUND.search(bound)
+            if match is None:  # a DEFAULT partition: not ours
+                continue
+            upper = _value(match.group(2))
+            assert upper is not None
+            found.append(Partition(name, _value(match.group(1)), upper))
+    return sorted(found, key=lambda p: -math.inf if p.lower is None else p.lower)
+
+
+def next_id(cursor) -> int:
+    """The id the sequence gives next."""
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [PARENT])
+    sequence = cursor.fetchone()[0]
+    cursor.execute(f"SELECT last_value, is_called FROM {sequence}")
+    last, called = cursor.fetchone()
+    return last + 1 if called else last
+
+
+def partition_size(cursor, period: timedelta, position: int) -> int:
+    """Ids for one ``period``: the rate since the first run dispatched within the last period
+    (its id and age, through the dispatched_at index), at least MIN_SIZE."""
+    cursor.execute(
+        f"SELECT id, extract(epoch FROM now() - dispatched_at) FROM {PARENT} "
+        "WHERE dispatched_at >= now() - %s ORDER BY dispatched_at LIMIT 1",
+        [period],
+    )
+    row = cursor.fetchone()
+    if row is None or row[1] < 10:  # nothing, or too recent to tell a rate
+        return MIN_SIZE
+    rate = max(position - row[0], 0) / float(row[1])
+    return max(MIN_SIZE, math.ceil(rate * period.total_seconds()))
+
+
+def ensure_partitions(period: timedelta | None = None, using: str = "default") -> list[str]:
+    """Make partitions above the last one until ``AHEAD`` partitions' worth of ids are free
+    above the sequence; the names made (none: enough already). Idempotent; callers racing
+    take turns on an advisory lock, and the later finds the work done."""
+    if not is_partitioned(using):
+        return []
+    if period is None:
+        from .conf import get_settings
+
+        period = get_settings().HISTORY_PARTITION
+    made = []
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        existing = partitions(using)
+        position = next_id(cursor)
+        size = partition_size(cursor, period, position)
+        newest = existing[-1]
+        top = newest.upper
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [newest.name])
+        options = cursor.fetchone()[0]
+        with_options = f" WITH ({', '.join(options)})" if options else ""
+        while top - position < AHEAD * size:
+            name = f"{PARENT}_p{top}"
+            cursor.execute(
+                f"CREATE TABLE {name} PARTITION OF {PARENT} "
+                f"FOR VALUES FROM ({top}) TO ({top + size}){with_options}"
+            )
+            # (job, token) is unique per partition; across partitions, the claim's token
+            # increment under the job's row lock keeps each claim's pair new.
+            cursor.execute(
+                f"CREATE UNIQUE INDEX schedapp_run_job_token_p{top} ON {name} (job_id, token)"
+            )
+            made.append(name)
+            top += size
+    if made:
+        log.info(
+            "made run history partition(s) %s (%d ids each)",
+            ", ".join(made),
+            size,
+            extra={"action": "partitions_made", "partitions": made},
+        )
+    return made
+
+
+def drop_expired_partitions(older_than: timedelta, using: str = "default") -> list[str]:
+    """Drop the partitions whose every run was dispatched more than ``older_than`` ago (by
+    the database's clock), oldest first, none the sequence has not passed, none holding a run
+    under a lease or waiting for a retry; the names dropped."""
+    if not is_partitioned(using):
+        return []
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        position = next_id(cursor)
+    dropped = []
+    for partition in partitions(using):
+        if partition.upper > position:
+            break  # the partition being written, and those ahead
+        verdict = _drop_if_expired(partition, older_than, using)
+        if verdict == "young":
+            break  # ids rise with time: the later ones are younger still
+        if verdict == "dropped":
+            dropped.append(partition.name)
+    if dropped:
+        log.info(
+            "dropped expired run history partition(s) %s",
+            ", ".join(dropped),
+            extra={"action": "partitions_dropped", "partitions": dropped},
+        )
+    return dropped
+
+
+def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) -> str:
+    """'dropped', 'young' (a run dispatched since the cutoff), 'held' (a lease or a retry in
+    it) or 'busy' (its lock not had in time); one transaction, the checks under the lock."""
+    name = partition.name
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            cursor.execute(f"LOCK TABLE {PARENT}, {name} IN ACCESS EXCLUSIVE MODE")
+            # The newest dispatch through the partition's dispatched_at index; none: empty.
+            cursor.execute(
+                f"SELECT coalesce(max(dispatched_at) < now() - %s, true) FROM {name}", [older_than]
+            )
+            if not cursor.fetchone()[0]:
+                return "young"
+            cursor.execute(
+                f"SELECT EXISTS (SELECT FROM {name} WHERE lease_expires_at IS NOT NULL) "
+                f"OR EXISTS (SELECT FROM {name} WHERE retry_at IS NOT NULL) "
+                f"OR EXISTS (SELECT FROM schedapp_job j JOIN {name} r "
+                "ON r.job_id = j.id AND r.token = j.token WHERE j.lease_expires_at IS NOT NULL)"
+            )
+            if cursor.fetchone()[0]:
+                return "held"
+            cursor.execute(f"DROP TABLE {name}")
+    except Exception as exc:
+        if "lock timeout" not in str(exc):
+            raise
+        return "busy"
+    return "dropped"
