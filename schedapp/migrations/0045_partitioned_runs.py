@@ -81,9 +81,16 @@ def choose_cut(cursor) -> int:
     last = cursor.fetchone()[0]
     highest = _one(cursor, "SELECT max(id) FROM schedapp_jobrun") or 0
     cut = max(last, highest) + CUT_MARGIN
-    cursor.execute(
-        f"ALTER TABLE schedapp_jobrun ADD CONSTRAINT {CHECK} CHECK (id < {cut}) NOT VALID"
-    )
+    # A catalog change, but under ACCESS EXCLUSIVE: waited for LOCK_TIMEOUT at most (a long
+    # transaction on the table fails the migration here, to be run again, rather than queue
+    # every writer behind it).
+    cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+    try:
+        cursor.execute(
+            f"ALTER TABLE schedapp_jobrun ADD CONSTRAINT {CHECK} CHECK (id < {cut}) NOT VALID"
+        )
+    finally:
+        cursor.execute("RESET lock_timeout")
     return cut
 
 
