@@ -40,6 +40,7 @@ from .lease import (
     release_claims,
     seconds_until_due,
 )
+from .lease.quarantine import no_partition
 from .models import Node
 from .nodes import record_node
 from .notify.delivery import DeliveryLoop
@@ -212,7 +213,7 @@ class LeaseScheduler(Scheduler):
             reset_connection()
             delay = self._backoff()
             metrics.beat_error("unexpected")
-            if "no partition of relation" in str(exc):
+            if no_partition(exc):
                 # A run's id above every partition (they are made ahead: this should not
                 # happen): make them at the next tick, which claims the same jobs again.
                 self._partitions_at = float("-inf")
@@ -273,6 +274,7 @@ class LeaseScheduler(Scheduler):
                 return self._backoff()
             self._broker_down = False
             log.info("broker reachable again", extra={"action": "broker_back"})
+        self._ensure_partitions()  # before the claim that inserts runs
         batch = self.settings.BATCH_SIZE
         # Runs to supersede (cancel_other, terminate_other) are looked for at most once a
         # second: a burst's back-to-back claims do not each pay the statement.
@@ -341,7 +343,6 @@ class LeaseScheduler(Scheduler):
         self._revoke_superseded(result.superseded)
         self._advance_backfills(batch, result.backfilling)
         self._check_deadlines()
-        self._ensure_partitions()
         self._maybe_update_node()
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now

@@ -32,6 +32,7 @@ from .quarantine import (
     first_line,
     in_savepoint_or_quarantine,
     job_label,
+    no_partition,
     quarantine_locked,
     unschedulable,
 )
@@ -177,6 +178,8 @@ def claim_due_jobs(
             beat, limit, rng, message_expiry, supersede, look_for_backfills, next_due, careful=False
         )
     except ROW_ERRORS as exc:
+        if no_partition(exc):
+            raise  # no row's fault: the beat makes the run history's partitions, claims again
         log.warning(
             "a row failed the claim (%s: %s): claiming one row at a time",
             type(exc).__name__,

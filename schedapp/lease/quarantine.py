@@ -44,6 +44,17 @@ ROW_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def no_partition(exc: BaseException) -> bool:
+    """A run whose id no partition of the run history covers (PostgreSQL, schedapp.partitions):
+    the fleet's fault (the beats make partitions ahead), not the row's, so never a reason to
+    quarantine. PostgreSQL says it as a check violation naming no constraint."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) != "23514":
+        return False
+    diag = getattr(cause, "diag", None)
+    return diag is not None and diag.constraint_name is None
+
+
 def in_savepoint_or_quarantine(
     job_id: int, work: Callable[[], Any], quarantined: list[Quarantined], what: str
 ) -> Any:
@@ -54,6 +65,8 @@ def in_savepoint_or_quarantine(
         with transaction.atomic():
             return work()
     except ROW_ERRORS as exc:
+        if no_partition(exc):
+            raise  # the claim fails; the beat makes the partitions and claims again
         reason = f"{what} ({type(exc).__name__}: {first_line(exc)})"
     try:
         with transaction.atomic():

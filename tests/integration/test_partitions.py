@@ -325,3 +325,33 @@ def test_expired_partitions_are_dropped_whole_but_never_one_holding_a_lease(monk
     assert drop_expired_partitions(timedelta(days=30)) == []
     # With a retention longer than their age, nothing is dropped, held or not.
     assert drop_expired_partitions(timedelta(days=45)) == []
+
+
+def test_a_beat_makes_the_partitions_ahead_as_it_starts_and_after_a_missing_one(broker_url):
+    from schedapp import beat
+    from schedapp.celeryapp import celery_app
+
+    ensure_partitions()
+    top = partitions.partitions()[-1]
+    _set_next_id(top.upper - 10)
+    scheduler = beat.LeaseScheduler(celery_app(), lazy=True)
+    try:
+        scheduler.setup_schedule()
+        made = [p for p in partitions.partitions() if p.lower is not None and p.lower >= top.upper]
+        assert made, "the beat started without making partitions ahead"
+        # Ids past every partition (as if no beat had run for days): the claim is refused,
+        # the next tick makes the partitions and claims the job.
+        _set_next_id(partitions.partitions()[-1].upper + 5)
+        job = api_job()
+        scheduler.tick()
+        assert _one("SELECT count(*) FROM schedapp_jobrun WHERE job_id = %s", [job]) == 0
+        scheduler.tick()
+        assert _one("SELECT count(*) FROM schedapp_jobrun WHERE job_id = %s", [job]) == 1
+    finally:
+        scheduler.close()
+
+
+def api_job() -> int:
+    from schedapp import api
+
+    return api.schedule("project.tasks.record", run_at=db_now(), name="after-a-gap").pk
