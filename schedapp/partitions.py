@@ -5,8 +5,9 @@ sequence, so they rise with time). A run inserted with an id no partition covers
 refused, so partitions are made ahead, never by the insert: ``ensure_partitions`` keeps at
 least ``AHEAD`` partitions' worth of ids above the sequence, each sized to hold about one
 ``SCHEDAPP_HISTORY_PARTITION`` (default a day) at the id rate observed over the last such
-period (never under ``MIN_SIZE`` ids). The beats call it as they start and every
-``CHECK_EVERY`` seconds after; two beats serialise on an advisory lock.
+period within a partition (never under ``MIN_SIZE`` ids). The beats call it as they start
+and every ``CHECK_EVERY`` seconds after (before a claim); two beats take turns on an advisory
+lock.
 
 ``drop_expired_partitions`` drops, oldest first, each partition (below the one the sequence is
 in) whose every run was dispatched before the retention cutoff, unless a run in it still
@@ -93,19 +94,29 @@ def next_id(cursor) -> int:
     return last + 1 if called else last
 
 
-def partition_size(cursor, period: timedelta, position: int) -> int:
-    """Ids for one ``period``: the rate since the first run dispatched within the last period
-    (its id and age, through the dispatched_at index), at least MIN_SIZE."""
-    cursor.execute(
-        f"SELECT id, extract(epoch FROM now() - dispatched_at) FROM {PARENT} "
-        "WHERE dispatched_at >= now() - %s ORDER BY dispatched_at LIMIT 1",
-        [period],
-    )
-    row = cursor.fetchone()
-    if row is None or row[1] < 10:  # nothing, or too recent to tell a rate
-        return MIN_SIZE
-    rate = max(position - row[0], 0) / float(row[1])
-    return max(MIN_SIZE, math.ceil(rate * period.total_seconds()))
+def partition_size(
+    cursor, period: timedelta, existing: list[Partition], position: int, look: int = 3
+) -> int:
+    """Ids for one ``period`` at the rate runs were inserted over the last period (at least
+    MIN_SIZE). Read within one partition, the newest with a span of a minute or more (of the
+    ``look`` newest below ``position``), from its newest run and its first dispatched in the
+    period, two probes of its indexes: between partitions the ids may jump (migration 0045's
+    cut), which is no rate."""
+    written = [p for p in existing if p.lower is None or p.lower < position][-look:]
+    for partition in reversed(written):
+        cursor.execute(
+            f"SELECT n.id - o.id, extract(epoch FROM n.dispatched_at - o.dispatched_at) "
+            f"FROM (SELECT id, dispatched_at FROM {partition.name} "
+            "      ORDER BY id DESC LIMIT 1) n, "
+            f"     (SELECT id, dispatched_at FROM {partition.name} "
+            "      WHERE dispatched_at >= now() - %s ORDER BY dispatched_at LIMIT 1) o",
+            [period],
+        )
+        row = cursor.fetchone()
+        if row is not None and row[1] >= 60 and row[0] > 0:
+            rate = row[0] / float(row[1])
+            return max(MIN_SIZE, math.ceil(rate * period.total_seconds()))
+    return MIN_SIZE
 
 
 def ensure_partitions(period: timedelta | None = None, using: str = "default") -> list[str]:
@@ -124,7 +135,7 @@ def ensure_partitions(period: timedelta | None = None, using: str = "default") -
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         existing = partitions(using)
         position = next_id(cursor)
-        size = partition_size(cursor, period, position)
+        size = partition_size(cursor, period, existing, position)
         newest = existing[-1]
         top = newest.upper
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [newest.name])

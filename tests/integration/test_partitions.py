@@ -250,18 +250,43 @@ def test_two_callers_racing_make_the_partitions_once():
     assert sorted(len(r) for r in results)[0] == 0 and sorted(len(r) for r in results)[1] > 0
 
 
-def test_partitions_are_sized_from_the_observed_rate():
+def test_partitions_are_sized_from_the_rate_observed_within_a_partition():
+    ensure_partitions()
     with connection.cursor() as cursor:
-        _job, run = claim_one(interval=60)
-        # One run dispatched an hour ago, 180,000 ids below the sequence: 50 ids a second.
+        position = partitions.next_id(cursor)
+    home = next(p for p in partitions.partitions() if p.lower is not None and p.lower > position)
+    _set_next_id(home.lower)  # both runs at the start of a partition
+    _job, first = claim_one(interval=60)
+    _job, second = claim_one(name="second", interval=60)
+    gap = 3_600
+    assert home.lower <= first.run_id < first.run_id + gap < home.upper
+    with connection.cursor() as cursor:
+        # Two runs `gap` ids and 72 s apart: gap / 72 ids a second, a day of it per partition.
         cursor.execute(
-            "UPDATE schedapp_jobrun SET dispatched_at = now() - interval '1 hour' WHERE id = %s",
-            [run.run_id],
+            "UPDATE schedapp_jobrun SET dispatched_at = now() - interval '72 seconds' "
+            "WHERE id = %s",
+            [first.run_id],
         )
-        size = partitions.partition_size(cursor, timedelta(days=1), run.run_id + 180_000)
-    assert size == pytest.approx(50 * 86_400, rel=0.01)
-    with connection.cursor() as cursor:  # no history in the period: the floor
-        assert partitions.partition_size(cursor, timedelta(seconds=1), 10**12) == (
+        cursor.execute(
+            "UPDATE schedapp_jobrun SET id = %s WHERE id = %s", [first.run_id + gap, second.run_id]
+        )
+        existing = partitions.partitions()
+        size = partitions.partition_size(cursor, timedelta(days=1), existing, 10**15)
+        expected = max(partitions.MIN_SIZE, gap / 72 * 86_400)
+        assert size == pytest.approx(expected, rel=0.01)
+        assert size > partitions.MIN_SIZE
+        # Ids jumping between partitions (as at migration 0045's cut) are no rate: each
+        # partition is read alone; a partition with less than a minute of runs, neither.
+        cursor.execute(
+            "UPDATE schedapp_jobrun SET dispatched_at = now() - interval '30 seconds' "
+            "WHERE id = %s",
+            [first.run_id],
+        )
+        assert partitions.partition_size(cursor, timedelta(days=1), existing, 10**15) == (
+            partitions.MIN_SIZE
+        )
+        # No history within the period: the floor.
+        assert partitions.partition_size(cursor, timedelta(seconds=1), existing, 10**15) == (
             partitions.MIN_SIZE
         )
 
