@@ -13,9 +13,10 @@ lock.
 in) whose every run was dispatched before the retention cutoff, unless a run in it still
 holds a lease (its own, a job's through its current token) or waits to be retried. A drop
 is one short transaction: the parent's lock (waiting at most ``LOCK_TIMEOUT``: otherwise the
-next pass tries again), the checks again under it, ``DROP TABLE``. Constant time, whatever
-the partition holds. The housekeeping prune (``schedapp.prune``) calls it before its batched
-DELETE, which still prunes what is left. Every comparison uses the database's clock.
+next pass tries again), the checks under it, ``DETACH PARTITION``; then ``DROP TABLE`` of the
+detached table, which no writer waits for. Constant time, whatever the partition holds.
+The housekeeping prune (``schedapp.prune``) calls it before its batched DELETE, which still
+prunes what is left. Every comparison uses the database's clock.
 
 On SQLite, or on a database not yet migrated to 0045, both do nothing.
 """
@@ -170,8 +171,8 @@ def drop_expired_partitions(older_than: timedelta, using: str = "default") -> li
     under a lease or waiting for a retry; the names dropped."""
     if not is_partitioned(using):
         return []
-    connection = connections[using]
-    with connection.cursor() as cursor:
+    _drop_detached(using)
+    with connections[using].cursor() as cursor:
         position = next_id(cursor)
     dropped = []
     for partition in partitions(using):
@@ -213,9 +214,26 @@ def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) ->
             )
             if cursor.fetchone()[0]:
                 return "held"
-            cursor.execute(f"DROP TABLE {name}")
+            # Detached under the lock (catalog work), dropped after it: removing the files
+            # of a large partition takes seconds that writers must not wait for.
+            cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
     except Exception as exc:
         if "lock timeout" not in str(exc):
             raise
         return "busy"
+    _drop_detached(using)
     return "dropped"
+
+
+def _drop_detached(using: str) -> None:
+    """Drop the partitions detached by a drop (and left by one interrupted between its two
+    transactions): tables named as partitions that are no partition."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition "
+            "AND (c.relname = %s OR c.relname ~ %s)",
+            [f"{PARENT}_legacy", f"^{PARENT}_p[0-9]+$"],
+        )
+        for (name,) in cursor.fetchall():
+            cursor.execute(f"DROP TABLE IF EXISTS {name}")

@@ -350,6 +350,12 @@ def test_expired_partitions_are_dropped_whole_but_never_one_holding_a_lease(monk
     assert drop_expired_partitions(timedelta(days=30)) == []
     # With a retention longer than their age, nothing is dropped, held or not.
     assert drop_expired_partitions(timedelta(days=45)) == []
+    # A partition detached by a drop interrupted before its DROP TABLE: dropped by the next.
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE schedapp_jobrun DETACH PARTITION {own_lease.name}")
+    drop_expired_partitions(timedelta(days=45))
+    assert _one("SELECT to_regclass(%s) IS NULL", [own_lease.name])
+    assert _one("SELECT to_regclass(%s) IS NOT NULL", [retry.name])
 
 
 def test_a_beat_makes_the_partitions_ahead_as_it_starts_and_after_a_missing_one(broker_url):
