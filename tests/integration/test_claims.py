@@ -3,6 +3,7 @@ portable store's side of the seam is tested by tests/integration/test_store_cont
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -294,7 +295,8 @@ def test_the_claim_reaches_the_rows_it_takes_by_their_key_however_small_the_tabl
         cursor.execute("ANALYZE schedapp_job")
         cursor.execute("EXPLAIN " + query("claim_due_jobs"), {"limit": 500, "beat": "b"})
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "Seq Scan on schedapp_job" not in plan, plan
+    # (schedapp_job itself: an empty partition of schedapp_jobrun may well be read whole)
+    assert not re.search(r"Seq Scan on schedapp_job\b", plan), plan
 
 
 def test_publish_failure_releases_claims_and_fences_the_old_token():
