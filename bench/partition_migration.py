@@ -10,6 +10,11 @@ the legacy table and its indexes kept their files (nothing rebuilt under the loc
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/schedapp_h1big RUNS=10000000 \\
         .venv/bin/python -m bench.partition_migration
 
+``WRITERS=1``: a writer on a connection of its own inserts runs one by one (each its own
+transaction, as claims do) from before the cut to after the swap; reported: how many, the
+longest insert during the validation and during the swap (what the lock costs a writer), and
+that its inserts landed on both sides of the cut.
+
 The database named in DATABASE_URL is dropped and created again. Prints one JSON line. Then,
 on the migrated database, the beats' ``ensure_partitions`` and the prune's
 ``drop_expired_partitions`` (retention one minute, so the legacy partition, its newest run
@@ -24,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -32,7 +38,11 @@ import psycopg
 
 RUNS = int(os.environ.get("RUNS", "1000000"))
 JOBS = int(os.environ.get("JOBS", "1000"))
-CHECKSUM = "SELECT count(*), md5(string_agg(md5(t::text), '' ORDER BY id)) FROM schedapp_jobrun t"
+# The filled rows (the writer's, WRITERS=1, have tokens from 10**9).
+CHECKSUM = (
+    "SELECT count(*), md5(string_agg(md5(t::text), '' ORDER BY id)) FROM schedapp_jobrun t "
+    "WHERE token < 1000000000"
+)
 FILES = (
     "SELECT c.relname, c.relfilenode FROM pg_class c WHERE c.relname = 'schedapp_jobrun' "
     "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'schedapp_jobrun'::regclass)"
@@ -64,6 +74,10 @@ def main() -> None:
         before = conn.execute(CHECKSUM).fetchone()
         files_before = dict(conn.execute(FILES).fetchall())
         migration = importlib.import_module("schedapp.migrations.0045_partitioned_runs")
+        writer = Writer(url) if os.environ.get("WRITERS") == "1" else None
+        if writer:
+            writer.start()
+            time.sleep(1)
         with conn.cursor() as cursor:
             t0 = time.monotonic()
             cut = migration.choose_cut(cursor)
@@ -71,6 +85,7 @@ def main() -> None:
             migration.validate(cursor)
             t2 = time.monotonic()
         figures["cut"] = cut
+        CUT[0] = cut
         figures["cut_s"] = round(t1 - t0, 3)
         figures["validate_s"] = round(t2 - t1, 2)
     # The swap through Django's connection, as the migration runs it.
@@ -82,8 +97,13 @@ def main() -> None:
 
     t3 = time.monotonic()
     migration.swap(connection, cut)
-    figures["lock_s"] = round(time.monotonic() - t3, 3)
+    t4 = time.monotonic()
+    figures["lock_s"] = round(t4 - t3, 3)
     connection.close()
+    if writer:
+        time.sleep(1)
+        writer.stop()
+        figures["writer"] = writer.report(t1, t2, t3, t4)
     with psycopg.connect(url, autocommit=True) as conn:
         after = conn.execute(CHECKSUM).fetchone()
         files_after = dict(
@@ -132,6 +152,61 @@ def _count(table: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {table}")
         return cursor.fetchone()[0]
+
+
+class Writer(threading.Thread):
+    """Runs inserted one by one, each timed (started at, seconds)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.times: list[tuple[float, float]] = []
+        self.ids: list[int] = []
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            job = conn.execute("SELECT min(id) FROM schedapp_job").fetchone()[0]
+            token = 10**9
+            while not self._halt.is_set():
+                token += 1
+                started = time.monotonic()
+                try:
+                    row = conn.execute(
+                        "INSERT INTO schedapp_jobrun (job_id, token, attempt, scheduled_for, "
+                        "due_at, claimed_by, dispatched_at, heartbeats, worker, admission, "
+                        "task_id, status, stale, error, traceback) VALUES (%s, %s, 1, now(), "
+                        "now(), 'w', now(), 0, '', '', 't', 'dispatched', false, '', '') "
+                        "RETURNING id",
+                        [job, token],
+                    ).fetchone()
+                    self.ids.append(row[0])
+                except psycopg.Error as exc:
+                    self.errors.append(str(exc).splitlines()[0])
+                self.times.append((started, time.monotonic() - started))
+                time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def report(self, validate_from: float, validate_to: float, swap_from: float, swap_to: float):
+        def longest(a: float, b: float) -> float:
+            return round(max((d for t, d in self.times if a <= t + d and t <= b), default=0), 3)
+
+        return {
+            "inserts": len(self.ids),
+            "errors": sorted(set(self.errors)),
+            "longest_insert_s": round(max(d for _t, d in self.times), 3),
+            "longest_during_validate_s": longest(validate_from, validate_to),
+            "longest_during_swap_s": longest(swap_from, swap_to),
+            "ids_below_cut": sum(1 for i in self.ids if i < CUT[0]),
+            "ids_from_cut": sum(1 for i in self.ids if i >= CUT[0]),
+        }
+
+
+CUT = [0]
 
 
 def fill(conn: psycopg.Connection) -> None:
