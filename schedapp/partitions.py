@@ -12,11 +12,11 @@ lock.
 ``drop_expired_partitions`` drops, oldest first, each partition (below the one the sequence is
 in) whose every run was dispatched before the retention cutoff, unless a run in it still
 holds a lease (its own, a job's through its current token) or waits to be retried. A drop
-is one short transaction: the parent's lock (waiting at most ``LOCK_TIMEOUT``: otherwise the
-next pass tries again), the checks under it, ``DETACH PARTITION``; then ``DROP TABLE`` of the
-detached table, which no writer waits for. Constant time, whatever the partition holds.
-The housekeeping prune (``schedapp.prune``) calls it before its batched DELETE, which still
-prunes what is left. Every comparison uses the database's clock.
+is one short transaction: the checks (index probes), the parent's lock (waiting at most
+``LOCK_TIMEOUT``: otherwise the next pass tries again), ``DETACH PARTITION``; then ``DROP
+TABLE`` of the detached table, which no writer waits for. Constant time, whatever the
+partition holds. The housekeeping prune (``schedapp.prune``) calls it before its batched
+DELETE, which still prunes what is left. Every comparison uses the database's clock.
 
 On SQLite, or on a database not yet migrated to 0045, both do nothing.
 """
@@ -194,12 +194,15 @@ def drop_expired_partitions(older_than: timedelta, using: str = "default") -> li
 
 def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) -> str:
     """'dropped', 'young' (a run dispatched since the cutoff), 'held' (a lease or a retry in
-    it) or 'busy' (its lock not had in time); one transaction, the checks under the lock."""
+    it) or 'busy' (its lock not had in time); one transaction, the checks before the lock.
+
+    The checks need no lock: in a partition the sequence has passed, none can turn true again.
+    No run gets in (ids come from the sequence, above it); a lease is granted to a new run
+    (a claim, a retry's run), and the door and renewals extend only a lease still valid, so a
+    partition with no lease in it, its own or its job's through its token, gets none."""
     name = partition.name
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            cursor.execute(f"LOCK TABLE {PARENT}, {name} IN ACCESS EXCLUSIVE MODE")
             # The newest dispatch through the partition's dispatched_at index; none: empty.
             cursor.execute(
                 f"SELECT coalesce(max(dispatched_at) < now() - %s, true) FROM {name}", [older_than]
@@ -214,6 +217,8 @@ def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) ->
             )
             if cursor.fetchone()[0]:
                 return "held"
+            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            cursor.execute(f"LOCK TABLE {PARENT}, {name} IN ACCESS EXCLUSIVE MODE")
             # Detached under the lock (catalog work), dropped after it: removing the files
             # of a large partition takes seconds that writers must not wait for.
             cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
