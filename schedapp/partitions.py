@@ -38,6 +38,7 @@ MIN_SIZE = 100_000  # ids: the smallest partition made
 AHEAD = 2  # partitions' worth of ids kept above the sequence
 CHECK_EVERY = 60.0  # seconds between a beat's partition passes
 LOCK_TIMEOUT = "2s"
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout (whatever lc_messages says)
 # pg_advisory_xact_lock key: ensure_partitions of several beats, one at a time.
 LOCK_KEY = 0x5C4ED_9A47
 
@@ -223,7 +224,7 @@ def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) ->
             # of a large partition takes seconds that writers must not wait for.
             cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
     except Exception as exc:
-        if "lock timeout" not in str(exc):
+        if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise
         return "busy"
     _drop_detached(using)

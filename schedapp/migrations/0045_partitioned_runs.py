@@ -109,7 +109,8 @@ def swap(connection, cut: int) -> None:
                 _swap_locked(cursor, cut)
             return
         except OperationalError as exc:
-            if "lock timeout" not in str(exc) or attempt == LOCK_TRIES - 1:
+            timed_out = getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_timeout
+            if not timed_out or attempt == LOCK_TRIES - 1:
                 raise
             time.sleep(1)
 

@@ -386,3 +386,25 @@ def api_job() -> int:
     from schedapp import api
 
     return api.schedule("project.tasks.record", run_at=db_now(), name="after-a-gap").pk
+
+
+def test_a_drop_that_cannot_have_the_lock_in_time_leaves_the_partition_to_the_next(monkeypatch):
+    import psycopg
+
+    ensure_partitions()
+    with connection.cursor() as cursor:
+        position = partitions.next_id(cursor)
+    passed = next(p for p in partitions.partitions() if p.lower is not None and p.lower > position)
+    _set_next_id(passed.upper + 5)  # an empty partition the ids have passed: expired
+    ensure_partitions()
+    monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE schedapp_jobrun IN ACCESS SHARE MODE")  # a long reader
+        assert passed.name not in drop_expired_partitions(timedelta(days=1))
+        assert _one("SELECT to_regclass(%s) IS NOT NULL", [passed.name])
+        other.execute("ROLLBACK")
+        assert passed.name in drop_expired_partitions(timedelta(days=1))
+    finally:
+        other.close()
