@@ -1,8 +1,8 @@
-"""Migration 0045 (run history partitioned) on a populated install: each step timed.
+"""Migration 0046 (run history partitioned) on a populated install: each step timed.
 
 A database of its own is migrated to 0044 (one table of runs), filled with ``RUNS`` runs over
 ``JOBS`` jobs by ``INSERT ... SELECT generate_series`` (then VACUUM ANALYZE, as a live install
-would be), and migrated by 0045's own steps, timed one by one: the cut (a NOT VALID check),
+would be), and migrated by 0046's own steps, timed one by one: the cut (a NOT VALID check),
 the validation (a scan, writers not blocked), the swap (the one transaction under ACCESS
 EXCLUSIVE: the lock's duration). Count and checksum of every row before and after; whether
 the legacy table and its indexes kept their files (nothing rebuilt under the lock)::
@@ -73,7 +73,7 @@ def main() -> None:
         ).fetchone()[0]
         before = conn.execute(CHECKSUM).fetchone()
         files_before = dict(conn.execute(FILES).fetchall())
-        migration = importlib.import_module("schedapp.migrations.0045_partitioned_runs")
+        migration = importlib.import_module("schedapp.migrations.0046_partitioned_runs")
         writer = Writer(url) if os.environ.get("WRITERS") == "1" else None
         if writer:
             writer.start()

@@ -89,7 +89,7 @@ class Settings:
     HOUSEKEEPING_CRON: str = "17 3 * * *"
     RUN_RETENTION: timedelta = timedelta(days=30)
     RESULT_RETENTION: timedelta | None = None
-    # PostgreSQL: run history is partitioned by id (migration 0045); the beats make each new
+    # PostgreSQL: run history is partitioned by id (migration 0046); the beats make each new
     # partition to hold about this long of runs at the observed rate (schedapp.partitions),
     # and retention drops whole partitions.
     HISTORY_PARTITION: timedelta = timedelta(days=1)

@@ -1,6 +1,6 @@
 """Run history's partitions on PostgreSQL: made ahead of the ids, dropped whole when expired.
 
-Since migration 0045, ``schedapp_jobrun`` is partitioned by range of ``id`` (ids come from one
+Since migration 0046, ``schedapp_jobrun`` is partitioned by range of ``id`` (ids come from one
 sequence, so they rise with time). A run inserted with an id no partition covers would be
 refused, so partitions are made ahead, never by the insert: ``ensure_partitions`` keeps at
 least ``AHEAD`` partitions' worth of ids above the sequence, each sized to hold about one
@@ -18,7 +18,7 @@ TABLE`` of the detached table, which no writer waits for. Constant time, whateve
 partition holds. The housekeeping prune (``schedapp.prune``) calls it before its batched
 DELETE, which still prunes what is left. Every comparison uses the database's clock.
 
-On SQLite, or on a database not yet migrated to 0045, both do nothing.
+On SQLite, or on a database not yet migrated to 0046, both do nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ LOCK_KEY = 0x5C4ED_9A47
 @dataclass(frozen=True)
 class Partition:
     name: str
-    lower: int | None  # None: MINVALUE (the legacy partition, migration 0045)
+    lower: int | None  # None: MINVALUE (the legacy partition, migration 0046)
     upper: int
 
 
@@ -102,7 +102,7 @@ def partition_size(
     """Ids for one ``period`` at the rate runs were inserted over the last period (at least
     MIN_SIZE). Read within one partition, the newest with a span of a minute or more (of the
     ``look`` newest below ``position``), from its newest run and its first dispatched in the
-    period, two probes of its indexes: between partitions the ids may jump (migration 0045's
+    period, two probes of its indexes: between partitions the ids may jump (migration 0046's
     cut), which is no rate."""
     written = [p for p in existing if p.lower is None or p.lower < position][-look:]
     for partition in reversed(written):

@@ -1,4 +1,4 @@
-"""Run history partitioned by id on PostgreSQL (migration 0045, schedapp.partitions).
+"""Run history partitioned by id on PostgreSQL (migration 0046, schedapp.partitions).
 
 The migration, applied to a populated one-table install, keeps every row (count and checksum),
 attaches the old table as the first partition without rebuilding or rescanning anything under
@@ -28,8 +28,8 @@ from tests.claiming import claim_one
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
-BEFORE = ("schedapp", "0044_overrun_bound")
-AFTER = ("schedapp", "0045_partitioned_runs")
+BEFORE = ("schedapp", "0045_run_by_id")
+AFTER = ("schedapp", "0046_partitioned_runs")
 CHECKSUM = "SELECT count(*), md5(string_agg(t::text, ',' ORDER BY id)) FROM schedapp_jobrun t"
 
 
@@ -45,7 +45,7 @@ def _one(sql: str, params: list | None = None):
 
 @pytest.fixture
 def unpartitioned() -> Iterator[Apps]:
-    """The database before 0045 (one run table); migrated to the latest again after."""
+    """The database before 0046 (one run table); migrated to the latest again after."""
     executor = MigrationExecutor(connection)
     executor.migrate([BEFORE])
     try:
@@ -275,7 +275,7 @@ def test_partitions_are_sized_from_the_rate_observed_within_a_partition():
         expected = max(partitions.MIN_SIZE, gap / 72 * 86_400)
         assert size == pytest.approx(expected, rel=0.01)
         assert size > partitions.MIN_SIZE
-        # Ids jumping between partitions (as at migration 0045's cut) are no rate: each
+        # Ids jumping between partitions (as at migration 0046's cut) are no rate: each
         # partition is read alone; a partition with less than a minute of runs, neither.
         cursor.execute(
             "UPDATE schedapp_jobrun SET dispatched_at = now() - interval '30 seconds' "

@@ -220,6 +220,6 @@ def backward(apps, schema_editor):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("schedapp", "0044_overrun_bound")]
+    dependencies = [("schedapp", "0045_run_by_id")]
 
     operations = [migrations.RunPython(forward, backward, elidable=False)]
