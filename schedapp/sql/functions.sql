@@ -227,7 +227,9 @@ DECLARE
     runs_renewed bigint[];
 BEGIN
     -- Each held run by its id (a NULL id, from a caller that does not know it, found by its
-    -- claim), so every read of a run below reaches one partition of the history.
+    -- claim). Every read of a run below says "id = ANY (runs)" too: a value known as the
+    -- statement starts, by which it reaches only the runs' partitions of the history (a join's
+    -- condition alone does not prune them).
     runs := ARRAY(
         SELECT coalesce(h.run, (SELECT r.id FROM schedapp_jobrun r
                                 WHERE r.job_id = h.id AND r.token = h.token))
@@ -237,7 +239,7 @@ BEGIN
     SELECT coalesce(array_agg(r.id), '{}') INTO own
     FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
     JOIN schedapp_jobrun r ON r.id = h.run AND r.job_id = h.id AND r.token = h.token
-    WHERE r.own_lease;
+    WHERE r.id = ANY (runs) AND r.own_lease;
     SELECT coalesce(array_agg(l.id), '{}') INTO runs_locked FROM (
         SELECT r.id FROM schedapp_jobrun r WHERE r.id = ANY (own)
         ORDER BY r.id FOR UPDATE SKIP LOCKED
@@ -258,6 +260,7 @@ BEGIN
           AND EXISTS (SELECT FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
                       LEFT JOIN schedapp_jobrun r
                           ON r.id = h.run AND r.job_id = h.id AND r.token = h.token
+                             AND r.id = ANY (runs)
                       WHERE h.id = j.id AND NOT coalesce(r.id = ANY (own), false))
         ORDER BY j.id FOR UPDATE SKIP LOCKED
     ) l;
@@ -272,7 +275,7 @@ BEGIN
     UPDATE schedapp_jobrun r SET heartbeats = r.heartbeats + 1, heartbeat_at = now()
     FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
     WHERE r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
-      AND NOT r.own_lease AND r.status = 'running';
+      AND r.id = ANY (runs) AND NOT r.own_lease AND r.status = 'running';
     -- A new snapshot: a completion that committed a moment ago is seen, so a run that simply
     -- finished is reported as finished, not as a lost lease.
     RETURN QUERY
@@ -292,7 +295,8 @@ BEGIN
                 WHEN r.status IS NOT NULL AND r.started_at IS NULL THEN 'unstarted'
                 ELSE 'lost' END
     FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
-    LEFT JOIN schedapp_jobrun r ON r.id = h.run AND r.job_id = h.id AND r.token = h.token;
+    LEFT JOIN schedapp_jobrun r
+        ON r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.id = ANY (runs);
 END
 $$;
 

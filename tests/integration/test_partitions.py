@@ -408,3 +408,77 @@ def test_a_drop_that_cannot_have_the_lock_in_time_leaves_the_partition_to_the_ne
         assert passed.name in drop_expired_partitions(timedelta(days=1))
     finally:
         other.close()
+
+
+# --- the worker's reads, one partition each --------------------------------------------------
+
+
+def _index_reads() -> dict[str, int]:
+    """Index scans of each run partition made by this transaction so far."""
+    return dict(
+        _rows(
+            "SELECT relname, idx_scan FROM pg_stat_xact_user_tables "
+            "WHERE relname LIKE 'schedapp\\_jobrun\\_%%'"
+        )
+    )
+
+
+def _read_by(calls) -> set[str]:
+    """The partitions whose indexes ``calls`` read, in one transaction rolled back."""
+    with transaction.atomic():
+        before = _index_reads()
+        calls()
+        after = _index_reads()
+        transaction.set_rollback(True)
+    return {name for name, scans in after.items() if scans > before.get(name, 0)}
+
+
+def test_the_worker_reads_its_run_in_one_partition_by_the_id_its_message_carries():
+    """A read of a run by (job, token) cannot be pruned: it visits every partition's unique
+    index, 2x the door's lookup at 20 partitions. With the message's run id (v6 door and
+    renewal, v5 success) each reaches the run's partition only, the tenth call as the first
+    (PL/pgSQL plans a statement anew for its first five calls, then may keep a generic plan,
+    which prunes as it starts)."""
+    from schedapp.dispatch import message_headers
+    from schedapp.message import RunHeaders
+
+    # Given recurring runs in two partitions: an older one, and the one being written
+    ensure_partitions()
+    claim_one(name="older", interval=60)
+    _set_next_id(partitions.partitions()[-1].upper - 10)
+    assert ensure_partitions()  # more partitions, ahead of the ids
+    parts = [p for p in partitions.partitions() if p.lower is not None]
+    _set_next_id(parts[1].lower + 5)
+    _, run = claim_one(name="newer", interval=60)
+    (here,) = [p.name for p in parts if p.lower <= run.run_id < p.upper]
+    key = (run.job_id, run.token)
+    headers = RunHeaders.read(message_headers(run, "test"))
+    assert headers is not None and headers.run_id == run.run_id
+
+    def door(run_id):
+        return lambda: [
+            lease.admit_run(*key, "w1", "adm-1", run_id) is DoorVerdict.ADMITTED for _ in range(10)
+        ]
+
+    def renewal(run_ids):
+        def calls():
+            lease.admit_run(*key, "w1", "adm-1", run.run_id)
+            for _ in range(10):
+                assert lease.renew_leases([key], run_ids).renewed == {key}
+
+        return calls
+
+    # Then the door, with the run's id, reads its partition only; without, every one
+    assert _read_by(door(run.run_id)) == {here}
+    unkeyed = _read_by(door(None))
+    assert here in unkeyed and len(unkeyed) >= len(parts) - 1  # the empty legacy is scanned
+    # and so does the heartbeat
+    assert _read_by(renewal({key: run.run_id})) == {here}
+    assert len(_read_by(renewal({}))) >= len(parts) - 1
+
+    # and the success in one call, with the id its message's headers carry
+    def success():
+        lease.admit_run(*key, "w1", "adm-1", run.run_id)
+        assert lease.complete_run(*key, lease.SUCCEEDED, headers=headers).applied
+
+    assert _read_by(success) == {here}
