@@ -12,11 +12,13 @@ lock.
 ``drop_expired_partitions`` drops, oldest first, each partition (below the one the sequence is
 in) whose every run was dispatched before the retention cutoff, unless a run in it still
 holds a lease (its own, a job's through its current token) or waits to be retried. A drop
-is one short transaction: the checks (index probes), the parent's lock (waiting at most
-``LOCK_TIMEOUT``: otherwise the next pass tries again), ``DETACH PARTITION``; then ``DROP
-TABLE`` of the detached table, which no writer waits for. Constant time, whatever the
-partition holds. The housekeeping prune (``schedapp.prune``) calls it before its batched
-DELETE, which still prunes what is left. Every comparison uses the database's clock.
+is the checks (index probes), ``DETACH PARTITION ... CONCURRENTLY``, then ``DROP TABLE`` of
+the detached table: constant time, whatever the partition holds. Neither making nor dropping
+takes the run table's ACCESS EXCLUSIVE lock; both take the foreign key's lock on the job
+table, waited for at most ``LOCK_TIMEOUT`` (job writes queue behind it meanwhile), and what a
+pass could not do the next one does. The housekeeping prune (``schedapp.prune``) calls it
+before its batched DELETE, which still prunes what is left. Every comparison uses the
+database's clock.
 
 On SQLite, or on a database not yet migrated to 0046, both do nothing.
 """
@@ -26,6 +28,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,7 +41,7 @@ PARENT = "schedapp_jobrun"
 MIN_SIZE = 100_000  # ids: the smallest partition made
 AHEAD = 2  # partitions' worth of ids kept above the sequence
 CHECK_EVERY = 60.0  # seconds between a beat's partition passes
-LOCK_TIMEOUT = "2s"
+LOCK_TIMEOUT = "100ms"  # the longest any claim, door or job write waits behind our DDL
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout (whatever lc_messages says)
 # pg_advisory_xact_lock key: ensure_partitions of several beats, one at a time.
 LOCK_KEY = 0x5C4ED_9A47
@@ -143,19 +147,42 @@ def ensure_partitions(period: timedelta | None = None, using: str = "default") -
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [newest.name])
         options = cursor.fetchone()[0]
         with_options = f" WITH ({', '.join(options)})" if options else ""
-        while top - position < AHEAD * size:
-            name = f"{PARENT}_p{top}"
-            cursor.execute(
-                f"CREATE TABLE {name} PARTITION OF {PARENT} "
-                f"FOR VALUES FROM ({top}) TO ({top + size}){with_options}"
+        try:
+            while top - position < AHEAD * size:
+                name = f"{PARENT}_p{top}"
+                # Made on its own, then attached: ``CREATE TABLE ... PARTITION OF`` would take
+                # the run table's ACCESS EXCLUSIVE lock, queueing every read and write of
+                # runs behind it; the attach takes SHARE UPDATE EXCLUSIVE, which no claim,
+                # door or page conflicts with. Both clone the foreign key, whose lock on the
+                # job table (SHARE ROW EXCLUSIVE) job writes wait for while it is waited for:
+                # hence LOCK_TIMEOUT, short, and another try at the next pass.
+                cursor.execute(
+                    f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS "
+                    f"INCLUDING CONSTRAINTS INCLUDING STORAGE){with_options}"
+                )
+                # (job, token) is unique per partition; across partitions, the claim's token
+                # increment under the job's row lock keeps each claim's pair new.
+                cursor.execute(
+                    f"CREATE UNIQUE INDEX schedapp_run_job_token_p{top} ON {name} (job_id, token)"
+                )
+                cursor.execute(
+                    f"ALTER TABLE {PARENT} ATTACH PARTITION {name} "
+                    f"FOR VALUES FROM ({top}) TO ({top + size})"
+                )
+                made.append(name)
+                top += size
+        except Exception as exc:
+            if not _lock_timeout(exc):
+                raise
+            log.warning(
+                "run history partitions not made this time: a lock was not had within %s; "
+                "the next pass tries again (%d partitions' worth of ids are made ahead)",
+                LOCK_TIMEOUT,
+                AHEAD,
+                extra={"action": "partitions_busy"},
             )
-            # (job, token) is unique per partition; across partitions, the claim's token
-            # increment under the job's row lock keeps each claim's pair new.
-            cursor.execute(
-                f"CREATE UNIQUE INDEX schedapp_run_job_token_p{top} ON {name} (job_id, token)"
-            )
-            made.append(name)
-            top += size
+            transaction.set_rollback(True, using=using)
+            return []
     if made:
         log.info(
             "made run history partition(s) %s (%d ids each)",
@@ -182,6 +209,8 @@ def drop_expired_partitions(older_than: timedelta, using: str = "default") -> li
         verdict = _drop_if_expired(partition, older_than, using)
         if verdict == "young":
             break  # ids rise with time: the later ones are younger still
+        if verdict == "busy":
+            break  # one detach may be pending at a time: the next call finishes it first
         if verdict == "dropped":
             dropped.append(partition.name)
     if dropped:
@@ -200,10 +229,16 @@ def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) ->
     The checks need no lock: in a partition the sequence has passed, none can turn true again.
     No run gets in (ids come from the sequence, above it); a lease is granted to a new run
     (a claim, a retry's run), and the door and renewals extend only a lease still valid, so a
-    partition with no lease in it, its own or its job's through its token, gets none."""
+    partition with no lease in it, its own or its job's through its token, gets none.
+
+    ``DETACH PARTITION ... CONCURRENTLY`` (outside a transaction): it never takes the run
+    table's ACCESS EXCLUSIVE lock, which would queue every read and write of runs behind it;
+    it waits for the transactions that may read the partition, and for its foreign key's lock
+    on the job table, each at most LOCK_TIMEOUT. A detach interrupted there stays pending,
+    and the next call finishes it (``_drop_detached``)."""
     name = partition.name
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        with connections[using].cursor() as cursor:
             # The newest dispatch through the partition's dispatched_at index; none: empty.
             cursor.execute(
                 f"SELECT coalesce(max(dispatched_at) < now() - %s, true) FROM {name}", [older_than]
@@ -218,23 +253,52 @@ def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) ->
             )
             if cursor.fetchone()[0]:
                 return "held"
-            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            cursor.execute(f"LOCK TABLE {PARENT}, {name} IN ACCESS EXCLUSIVE MODE")
-            # Detached under the lock (catalog work), dropped after it: removing the files
-            # of a large partition takes seconds that writers must not wait for.
-            cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name}")
+            with _lock_timeout_set(cursor):
+                cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name} CONCURRENTLY")
     except Exception as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+        if not _lock_timeout(exc):
             raise
         return "busy"
+    # Dropped once detached: removing the files of a large partition takes seconds, which
+    # no writer waits for.
     _drop_detached(using)
     return "dropped"
 
 
+def _lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lock not had within lock_timeout (told by SQLSTATE)."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+
+@contextmanager
+def _lock_timeout_set(cursor) -> Iterator[None]:
+    """LOCK_TIMEOUT for the statements of this block, outside a transaction (SET LOCAL needs
+    one; DETACH ... CONCURRENTLY and FINALIZE refuse to run in one)."""
+    cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+    try:
+        yield
+    finally:
+        cursor.execute("RESET lock_timeout")
+
+
 def _drop_detached(using: str) -> None:
-    """Drop the partitions detached by a drop (and left by one interrupted between its two
-    transactions): tables named as partitions that are no partition."""
-    with connections[using].cursor() as cursor:
+    """Finish the detaches left pending (a concurrent detach interrupted between its two
+    transactions), then drop the tables named as partitions that are no partition (detached,
+    their drop interrupted or refused its lock): each waits LOCK_TIMEOUT at most, and what is
+    left is finished by the next call."""
+    with connections[using].cursor() as cursor, _lock_timeout_set(cursor):
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = %s::regclass AND i.inhdetachpending",
+            [PARENT],
+        )
+
+        for (name,) in cursor.fetchall():
+            try:
+                cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name} FINALIZE")
+            except Exception as exc:
+                if not _lock_timeout(exc):
+                    raise
         cursor.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition "
@@ -242,4 +306,8 @@ def _drop_detached(using: str) -> None:
             [f"{PARENT}_legacy", f"^{PARENT}_p[0-9]+$"],
         )
         for (name,) in cursor.fetchall():
-            cursor.execute(f"DROP TABLE IF EXISTS {name}")
+            try:
+                cursor.execute(f"DROP TABLE IF EXISTS {name}")
+            except Exception as exc:
+                if not _lock_timeout(exc):
+                    raise

@@ -413,22 +413,22 @@ def test_a_drop_that_cannot_have_the_lock_in_time_leaves_the_partition_to_the_ne
 # --- the worker's reads, one partition each --------------------------------------------------
 
 
-def _index_reads() -> dict[str, int]:
-    """Index scans of each run partition made by this transaction so far."""
+def _reads() -> dict[str, int]:
+    """Scans (by index or whole) of each run partition made by this transaction so far."""
     return dict(
         _rows(
-            "SELECT relname, idx_scan FROM pg_stat_xact_user_tables "
-            "WHERE relname LIKE 'schedapp\\_jobrun\\_%%'"
+            "SELECT relname, coalesce(idx_scan, 0) + coalesce(seq_scan, 0) "
+            "FROM pg_stat_xact_user_tables WHERE relname LIKE 'schedapp\\_jobrun\\_%%'"
         )
     )
 
 
 def _read_by(calls) -> set[str]:
-    """The partitions whose indexes ``calls`` read, in one transaction rolled back."""
+    """The partitions ``calls`` read, in one transaction rolled back."""
     with transaction.atomic():
-        before = _index_reads()
+        before = _reads()
         calls()
-        after = _index_reads()
+        after = _reads()
         transaction.set_rollback(True)
     return {name for name, scans in after.items() if scans > before.get(name, 0)}
 
@@ -468,13 +468,13 @@ def test_the_worker_reads_its_run_in_one_partition_by_the_id_its_message_carries
 
         return calls
 
-    # Then the door, with the run's id, reads its partition only; without, every one
+    # Then the door, with the run's id, reads its partition only; without, partition after
+    # partition (in id order, until a lookup finds its row: here the older one too)
     assert _read_by(door(run.run_id)) == {here}
-    unkeyed = _read_by(door(None))
-    assert here in unkeyed and len(unkeyed) >= len(parts) - 1  # the empty legacy is scanned
+    assert len(_read_by(door(None))) > 1
     # and so does the heartbeat
     assert _read_by(renewal({key: run.run_id})) == {here}
-    assert len(_read_by(renewal({}))) >= len(parts) - 1
+    assert len(_read_by(renewal({}))) > 1
 
     # and the success in one call, with the id its message's headers carry
     def success():
