@@ -482,3 +482,27 @@ def test_the_worker_reads_its_run_in_one_partition_by_the_id_its_message_carries
         assert lease.complete_run(*key, lease.SUCCEEDED, headers=headers).applied
 
     assert _read_by(success) == {here}
+
+
+def test_partitions_are_made_and_dropped_while_runs_are_read_and_written():
+    """``CREATE TABLE ... PARTITION OF`` and a plain ``DETACH`` take the run table's ACCESS
+    EXCLUSIVE lock: a long read of the history (an admin page, a report) held them off, and
+    while they waited, every claim, door and page queued behind them. Attached and detached
+    concurrently, neither waits for a reader or a writer of runs."""
+    import psycopg
+
+    ensure_partitions()
+    _set_next_id(partitions.partitions()[-1].upper - 10)
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        # Given a transaction that read runs and wrote one, still open
+        _, run = claim_one(interval=60)
+        other.execute("BEGIN")
+        other.execute("SELECT count(*) FROM schedapp_jobrun")
+        other.execute("UPDATE schedapp_jobrun SET worker = 'w' WHERE id = %s", [run.run_id])
+        # Then partitions are made ahead meanwhile
+        made = ensure_partitions()
+        assert made and all(_one("SELECT to_regclass(%s) IS NOT NULL", [n]) for n in made)
+        other.execute("COMMIT")
+    finally:
+        other.close()
