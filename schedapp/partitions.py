@@ -196,8 +196,18 @@ def ensure_partitions(period: timedelta | None = None, using: str = "default") -
 def drop_expired_partitions(older_than: timedelta, using: str = "default") -> list[str]:
     """Drop the partitions whose every run was dispatched more than ``older_than`` ago (by
     the database's clock), oldest first, none the sequence has not passed, none holding a run
-    under a lease or waiting for a retry; the names dropped."""
+    under a lease or waiting for a retry; the names dropped. Outside a transaction only
+    (autocommit, as a task or a command runs): inside one it drops nothing, and says so."""
     if not is_partitioned(using):
+        return []
+    if connections[using].in_atomic_block:
+        # DETACH ... CONCURRENTLY refuses to run in a transaction, and a plain DETACH would
+        # hold the run table's ACCESS EXCLUSIVE lock until the caller's commit: none here.
+        log.warning(
+            "expired run history partitions are dropped outside a transaction only: none "
+            "dropped by this call (the prune's batched DELETE still removes expired runs)",
+            extra={"action": "partitions_drop_in_transaction"},
+        )
         return []
     _drop_detached(using)
     with connections[using].cursor() as cursor:

@@ -277,7 +277,8 @@ BEGIN
     WHERE r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.job_id = ANY (renewed)
       AND r.id = ANY (runs) AND NOT r.own_lease AND r.status = 'running';
     -- A new snapshot: a completion that committed a moment ago is seen, so a run that simply
-    -- finished is reported as finished, not as a lost lease.
+    -- finished is reported as finished, not as a lost lease. In the order the leases came
+    -- (a join's order is its plan's: over a partitioned history it came out otherwise).
     RETURN QUERY
     SELECT h.id, h.token,
            CASE WHEN coalesce(r.id = ANY (own), false) THEN
@@ -294,9 +295,10 @@ BEGIN
                 WHEN r.status IN ('succeeded', 'failed') AND NOT r.stale THEN 'finished'
                 WHEN r.status IS NOT NULL AND r.started_at IS NULL THEN 'unstarted'
                 ELSE 'lost' END
-    FROM unnest(p_jobs, p_tokens, runs) AS h (id, token, run)
+    FROM unnest(p_jobs, p_tokens, runs) WITH ORDINALITY AS h (id, token, run, n)
     LEFT JOIN schedapp_jobrun r
-        ON r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.id = ANY (runs);
+        ON r.id = h.run AND r.job_id = h.id AND r.token = h.token AND r.id = ANY (runs)
+    ORDER BY h.n;
 END
 $$;
 

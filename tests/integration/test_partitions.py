@@ -506,3 +506,19 @@ def test_partitions_are_made_and_dropped_while_runs_are_read_and_written():
         other.execute("COMMIT")
     finally:
         other.close()
+
+
+def test_a_drop_asked_inside_a_transaction_drops_nothing_and_leaves_it_usable(caplog):
+    ensure_partitions()
+    with connection.cursor() as cursor:
+        position = partitions.next_id(cursor)
+    _set_next_id(partitions.partitions()[-1].upper - 10)
+    ensure_partitions()
+    _set_next_id(partitions.partitions()[-1].lower + 5)
+    expired = [p.name for p in partitions.partitions() if p.upper <= position]
+    assert expired
+    with transaction.atomic():
+        assert drop_expired_partitions(timedelta(days=1)) == []
+        assert _one("SELECT 1") == 1  # the caller's transaction goes on
+    assert "outside a transaction only" in caplog.text
+    assert set(expired) <= set(drop_expired_partitions(timedelta(days=1)))
