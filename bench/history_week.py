@@ -427,7 +427,9 @@ def admin_pages(
         reads = [
             q["sql"]
             for q in captured.captured_queries
-            if f'"{PARENT}"' in q["sql"] and q["sql"].lstrip().upper().startswith("SELECT")
+            # the ORM's quoted name, or the raw SQL's bare one (schedapp/sql/queries.sql)
+            if re.search(rf"\b{PARENT}\b", q["sql"])
+            and q["sql"].lstrip().upper().startswith(("SELECT", "WITH"))
         ]
         for k, sql in enumerate(reads[:6]):
             explains[f"{label}: run-table query {k + 1}"] = {**explain(conn, sql), "sql": sql}
