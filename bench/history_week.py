@@ -40,10 +40,10 @@ writes, the admin) and retention costs a constant, not a DELETE proportional to 
 Run from the repository root (PostgreSQL at BENCH_PG, default 127.0.0.1:5432, user postgres)::
 
     .venv/bin/python -m bench.history_week [--sizes 1000000 10000000 30000000] \\
-        [--db schedapp_bench_history_week] [--repeat 5] [--keep]
+        [--db schedapp_bench_history_week] [--repeat 5] [--keep] [--tag TAG]
 
 It prints one markdown row per size and writes every figure, plans included, to
-``bench/results/history-week-<date>.txt`` (and ``.json``).
+``bench/results/history-week-<date>[-<tag>].txt`` (and ``.json``).
 """
 
 from __future__ import annotations
@@ -616,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default=common.bench_db("history_week"))
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the last size's database")
+    parser.add_argument("--tag", default="", help="results as history-week-<date>-<tag>.txt")
     args = parser.parse_args(argv)
     if not args.db.startswith("schedapp_"):
         parser.error("--db must name a scratch database (schedapp_...)")
@@ -633,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     machine = common.machine()
     results = []
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
     path = common.RESULTS / f"history-week-{stamp}.txt"
     try:
         for n in args.sizes:
