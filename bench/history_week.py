@@ -1,7 +1,7 @@
 """History at volume (issue 32, parts 1-2): a simulated week of run history, partitioned by day.
 
 For each size N in ``--sizes`` the script makes a scratch database (``--db``), migrates it (so
-``schedapp_jobrun`` is partitioned by migration 0045, the real one), adds 10,000 jobs (the
+``schedapp_jobrun`` is partitioned by migration 0046, the real one), adds 10,000 jobs (the
 admin bench's rows, ``project/admin_data.py``) and 1,000 one-off jobs due now, then:
 
 * partitions: the migration's first, empty partition is dropped and one partition per
@@ -20,8 +20,9 @@ admin bench's rows, ``project/admin_data.py``) and 1,000 one-off jobs due now, t
 * the claim (bench/scale.py's way): ``claim_due_jobs`` of the 1,000 due jobs, each rolled back
   after its deferred foreign-key checks ran, ``--repeat`` times, median;
 * the worker's statements on runs of the newest partition (300 claimed and committed):
-  the door ``schedapp_admit_run_v5``, one renewal ``schedapp_renew_leases_v5`` and the common
-  success ``schedapp_succeed_run_v4``, each its own autocommit round trip, median us; and
+  the door, one renewal and the common success (``admit_run``, ``renew_leases`` and
+  ``succeed_run`` of ``schedapp/sql/queries.sql``, with the run's id as a worker sends it),
+  each its own autocommit round trip, median us; and
   EXPLAIN (ANALYZE, BUFFERS) of the (job, token) lookup those functions make, which names no
   id and so cannot be pruned to one partition;
 * the admin pages of bench/admin_changelist.py (runs changelist, page 2, status=failed, the
@@ -333,6 +334,7 @@ def worker_statements(conn: psycopg.Connection, explains: dict[str, Any]) -> dic
     from django.db import transaction
 
     from schedapp.lease import claim_due_jobs
+    from schedapp.sql import query
 
     with transaction.atomic():
         claimed = claim_due_jobs("bench-history", WORKER_RUNS).runs
@@ -340,22 +342,30 @@ def worker_statements(conn: psycopg.Connection, explains: dict[str, Any]) -> dic
     for run in claimed:
         t0 = time.perf_counter()
         (verdict,) = conn.execute(
-            "SELECT schedapp_admit_run_v5(%s, %s, %s, %s)",
-            [run.job_id, run.token, "bench@host", uuid.uuid4().hex],
+            query("admit_run"), [run.job_id, run.token, "bench@host", uuid.uuid4().hex, run.run_id]
         ).fetchone()
         doors.append(time.perf_counter() - t0)
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
     for run in claimed:
         t0 = time.perf_counter()
-        conn.execute(
-            "SELECT * FROM schedapp_renew_leases_v5(%s, %s)", [[run.job_id], [run.token]]
-        ).fetchall()
+        conn.execute(query("renew_leases"), [[run.job_id], [run.token], [run.run_id]]).fetchall()
         renewals.append(time.perf_counter() - t0)
     for run in claimed:
         t0 = time.perf_counter()
         (ok,) = conn.execute(
-            "SELECT schedapp_succeed_run_v4(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            [run.job_id, run.token, run.scheduled_for, None, True, "", "UTC", None, None],
+            query("succeed_run"),
+            [
+                run.job_id,
+                run.token,
+                run.scheduled_for,
+                None,
+                True,
+                "",
+                "UTC",
+                None,
+                None,
+                run.run_id,
+            ],
         ).fetchone()
         successes.append(time.perf_counter() - t0)
         applied += bool(ok)
