@@ -1,6 +1,6 @@
 """Migration 0046 (run history partitioned) on a populated install: each step timed.
 
-A database of its own is migrated to 0044 (one table of runs), filled with ``RUNS`` runs over
+A database of its own is migrated to 0045 (one table of runs), filled with ``RUNS`` runs over
 ``JOBS`` jobs by ``INSERT ... SELECT generate_series`` (then VACUUM ANALYZE, as a live install
 would be), and migrated by 0046's own steps, timed one by one: the cut (a NOT VALID check),
 the validation (a scan, writers not blocked), the swap (the one transaction under ACCESS
@@ -61,7 +61,7 @@ def main() -> None:
         conn.execute(f"CREATE DATABASE {name}")
     env = dict(os.environ)
     manage = [sys.executable, "manage.py", "migrate", "-v0"]
-    subprocess.run([*manage, "schedapp", "0044"], check=True, env=env)
+    subprocess.run([*manage, "schedapp", "0045"], check=True, env=env)
     subprocess.run([*manage, "django_celery_results"], check=False, env=env)
     figures: dict[str, object] = {"runs": RUNS, "jobs": JOBS}
     with psycopg.connect(url, autocommit=True) as conn:
