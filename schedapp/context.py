@@ -86,8 +86,13 @@ def run_lease(request: Any) -> float | None:
 def run_id_of(request: Any) -> int | None:
     """The id of the run schedapp dispatched a task request for (None if it did not): the
     door and the heartbeat read the run by its key."""
+    return as_run_id(_header(request, HEADER_RUN) if request is not None else None)
+
+
+def as_run_id(value: Any) -> int | None:
+    """A run id header's value as an int; None if absent or unreadable (an older or foreign
+    message), so the lease functions find the run by its claim instead."""
     try:
-        value = _header(request, HEADER_RUN) if request is not None else None
         return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None

@@ -18,6 +18,7 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from .. import metrics
+from ..context import as_run_id
 from ..lease import renew_leases
 from ..message import HEADER_LEASE, HEADER_RUN, parse_task_id
 from .board import DoorBoard
@@ -78,7 +79,7 @@ class HeldLeases:
             return
         headers = _request_headers(request)
         lease = float(headers.get(HEADER_LEASE) or 60)
-        run_id = _int_or_none(headers.get(HEADER_RUN))
+        run_id = as_run_id(headers.get(HEADER_RUN))
         now = time.monotonic()
         with self.lock:
             self.held[claim] = Held(task_id, lease, now, now, request, run_id)  # type: ignore[arg-type]
@@ -211,13 +212,6 @@ def live_task_ids(consumer: Any = None) -> set[str] | None:
         except RuntimeError:  # changed size during iteration
             continue
     return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 def _request_headers(request: Any) -> dict[str, Any]:

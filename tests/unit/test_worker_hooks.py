@@ -14,7 +14,7 @@ from billiard.process import current_process
 from celery.worker import state as worker_state
 from kombu.utils.limits import TokenBucket
 
-from schedapp.message import HEADER_LEASE, task_id_for
+from schedapp.message import HEADER_LEASE, HEADER_RUN, task_id_for
 from schedapp.worker import DoorBoard, HeldLeases, Outcome, WorkerHooks, completions, door, leases
 from schedapp.worker.completions import FAILED, SUCCEEDED
 
@@ -46,6 +46,19 @@ def received(held: HeldLeases) -> Request:
     request = Request(task_id_for(*CLAIM))
     held.on_task_received(request=request)
     return request
+
+
+@pytest.mark.parametrize(
+    "header, run_id", [("41", 41), (41, 41), (None, None), ("", None), ("forty-one", None)]
+)
+def test_a_held_run_keeps_the_id_its_message_carries_or_none_if_unreadable(held, header, run_id):
+    """An unreadable id (a foreign or older message) is None, so the renewal finds the run by
+    its claim instead of failing the heartbeat."""
+    request = Request(task_id_for(*CLAIM))
+    if header is not None:
+        request.request_dict[HEADER_RUN] = header
+    held.on_task_received(request=request)
+    assert held.held[CLAIM].run_id == run_id
 
 
 def test_a_run_executing_is_still_renewed_after_a_redelivered_copy_of_its_message_ended(held):
