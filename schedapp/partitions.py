@@ -234,7 +234,8 @@ def drop_expired_partitions(older_than: timedelta, using: str = "default") -> li
 
 def _drop_if_expired(partition: Partition, older_than: timedelta, using: str) -> str:
     """'dropped', 'young' (a run dispatched since the cutoff), 'held' (a lease or a retry in
-    it) or 'busy' (its lock not had in time); one transaction, the checks before the lock.
+    it) or 'busy' (its lock not had in time). Each statement commits on its own (autocommit):
+    the checks, then ``DETACH ... CONCURRENTLY``, which refuses to run inside a transaction.
 
     The checks need no lock: in a partition the sequence has passed, none can turn true again.
     No run gets in (ids come from the sequence, above it); a lease is granted to a new run
@@ -302,13 +303,8 @@ def _drop_detached(using: str) -> None:
             "WHERE i.inhparent = %s::regclass AND i.inhdetachpending",
             [PARENT],
         )
-
         for (name,) in cursor.fetchall():
-            try:
-                cursor.execute(f"ALTER TABLE {PARENT} DETACH PARTITION {name} FINALIZE")
-            except Exception as exc:
-                if not _lock_timeout(exc):
-                    raise
+            _unless_locked(cursor, f"ALTER TABLE {PARENT} DETACH PARTITION {name} FINALIZE")
         cursor.execute(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition "
@@ -316,8 +312,14 @@ def _drop_detached(using: str) -> None:
             [f"{PARENT}_legacy", f"^{PARENT}_p[0-9]+$"],
         )
         for (name,) in cursor.fetchall():
-            try:
-                cursor.execute(f"DROP TABLE IF EXISTS {name}")
-            except Exception as exc:
-                if not _lock_timeout(exc):
-                    raise
+            _unless_locked(cursor, f"DROP TABLE IF EXISTS {name}")
+
+
+def _unless_locked(cursor, sql: str) -> None:
+    """Run ``sql``, unless its lock is not had within the lock timeout: the next pass tries
+    again. Any other error is raised."""
+    try:
+        cursor.execute(sql)
+    except Exception as exc:
+        if not _lock_timeout(exc):
+            raise
