@@ -552,20 +552,32 @@ def sampled(cases: list[Case], class_of: Callable[[Case], Any]) -> list[Any]:
 BY_KEY = pytest.mark.parametrize("keyed", [True, False], ids=["by run id", "by claim"])
 
 
-def run_id_of(job_id: int, token: int) -> int:
-    found = JobRun.objects.filter(job_id=job_id, token=token).values_list("id", flat=True)
-    return found.first() or 0
+def run_ids() -> Callable[[int, int], int]:
+    """A run's id by its claim, as the message carries it (0 for a case without a run): the
+    sweep's runs read in one query at the first call (the test's database holds only them;
+    the calls change no run's id or claim)."""
+    known: dict[tuple[int, int], int] = {}
+
+    def run_id_of(job_id: int, token: int) -> int:
+        if not known:
+            rows = JobRun.objects.values_list("job_id", "token", "id")
+            known.update(((job, token), run) for job, token, run in rows)
+        return known.get((job_id, token), 0)
+
+    return run_id_of
 
 
 def keyed_admit(admit: Callable[..., Any], keyed: bool) -> Callable[..., Any]:
     if not keyed:
         return admit
+    run_id_of = run_ids()
     return lambda job_id, token, *rest: admit(job_id, token, *rest, run_id_of(job_id, token))
 
 
 def keyed_renew(renew: Callable[..., Any], keyed: bool) -> Callable[..., Any]:
     if not keyed:
         return renew
+    run_id_of = run_ids()
     return lambda held: renew(held, {(j, t): run_id_of(j, t) for j, t in held})
 
 
@@ -727,26 +739,24 @@ def test_the_portable_renewal_of_runs_with_their_own_lease_decides_as_the_table(
 # --- completions ------------------------------------------------------------------------------
 
 
-def success_args(job_id: int, case: Case, keyed: bool = True) -> list[Any]:
+def all_success_args(ids: list[int], cases: list[Case], keyed: bool = True) -> list[list[Any]]:
+    """``success_args`` of each case, its jobs and runs read in two queries."""
+    jobs = Job.objects.in_bulk(ids)
+    run_id_of = run_ids()
+    return [
+        success_args(jobs[i], c, run_id_of(i, c.token) if keyed else None)
+        for i, c in zip(ids, cases, strict=True)
+    ]
+
+
+def success_args(job: Job, case: Case, run_id: int | None) -> list[Any]:
     """``schedapp_succeed_run``'s arguments for a success of the interval job ``build`` made,
     as the claim saw it (or, in a case without the same schedule, an occurrence earlier), with
-    the run's id as a worker sends it (``keyed``) or NULL."""
-    job = Job.objects.get(pk=job_id)
+    the run's id as a worker sends it, or NULL."""
     seen = job.scheduled_for if case.same_schedule else job.scheduled_for - timedelta(seconds=60)
     # An occurrence in the past came due during the run (the template's is a minute ahead).
     nxt = db_now() - timedelta(seconds=1) if case.next_passed else seen + job.interval
-    return [
-        job_id,
-        case.token,
-        seen,
-        nxt,
-        False,
-        "",
-        "",
-        job.interval,
-        job.interval_anchor,
-        run_id_of(job_id, case.token) if keyed else None,
-    ]
+    return [job.pk, case.token, seen, nxt, False, "", "", job.interval, job.interval_anchor, run_id]
 
 
 class Since:
@@ -806,8 +816,7 @@ def test_the_postgresql_success_applies_as_the_table(now, keyed):
     store = PostgreSQLStore()
 
     def call(ids: list[int]) -> list[Any]:
-        args = [success_args(i, c, keyed) for i, c in zip(ids, SUCCESS_CASES, strict=True)]
-        return [attempt(store.succeed_run, a) for a in args]
+        return [attempt(store.succeed_run, a) for a in all_success_args(ids, SUCCESS_CASES, keyed)]
 
     problems = sweep(SUCCESS_CASES, now, call, expect_success(now, fast=True), {})
     assert not problems, report(problems, len(SUCCESS_CASES))
@@ -819,8 +828,7 @@ def test_the_postgresql_success_leaves_what_the_end_of_a_run_decides(now):
     store = PostgreSQLStore()
 
     def call(ids: list[int]) -> list[Any]:
-        args = [success_args(i, c) for i, c in zip(ids, END_CASES, strict=True)]
-        return [attempt(store.succeed_run, a) for a in args]
+        return [attempt(store.succeed_run, a) for a in all_success_args(ids, END_CASES)]
 
     problems = sweep(END_CASES, now, call, expect_success(now, fast=True), {})
     assert not problems, report(problems, len(END_CASES))
