@@ -507,15 +507,20 @@ def sent_events(publish: Any) -> list[dict]:
     receives them: Celery's event exchange is Redis pub/sub, on channels of every database."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     db = client.connection_pool.connection_kwargs.get("db", 0)
+    end = f"/{db}.celeryev/task.end-of-test"
     with client.pubsub() as pubsub:
         pubsub.psubscribe(f"/{db}.celeryev/task.*")  # kombu's keyprefix_fanout
         pubsub.get_message(timeout=1)  # the subscription's confirmation
         publish()
+        # Published after publish() returned, so delivered after every event it sent.
+        client.publish(end, "")
         events = []
-        while (message := pubsub.get_message(timeout=0.5)) is not None:
+        while (message := pubsub.get_message(timeout=5)) is not None:
+            if message["channel"].decode() == end:
+                return events
             payload = json.loads(message["data"])
             events.append(json.loads(base64.b64decode(payload["body"])))
-    return events
+    raise AssertionError("the end-of-test marker never arrived")
 
 
 @pytest.mark.parametrize("fast", [True, False])
