@@ -547,9 +547,16 @@ def sampled(cases: list[Case], class_of: Callable[[Case], Any]) -> list[Any]:
 
 
 # The worker's functions take the run's id (the message's header) with its job and token, and
-# read the run by it; without it (NULL) they find it by job and token. Each PostgreSQL sweep
-# runs both ways. A case without a run is called with an id no run has.
+# read the run by it; without it (NULL: an older worker's message) they find it by job and
+# token first, then decide as with it. Each PostgreSQL sweep runs both ways: the door's by
+# claim in the default run, the others' by claim with the long tail (``exhaustive``). A case
+# without a run is called with an id no run has.
 BY_KEY = pytest.mark.parametrize("keyed", [True, False], ids=["by run id", "by claim"])
+BY_KEY_CLAIM_EXHAUSTIVE = pytest.mark.parametrize(
+    "keyed",
+    [True, pytest.param(False, marks=pytest.mark.exhaustive)],
+    ids=["by run id", "by claim"],
+)
 
 
 def run_ids() -> Callable[[int, int], int]:
@@ -591,7 +598,7 @@ def door_sweep(store_admit: Callable[..., Any], cases: list[Case], now: datetime
     return sweep(cases, now, call, expect_door(now), {})
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_door_of_a_run_with_its_own_lease_decides_as_the_table(now, keyed):
     problems = door_sweep(keyed_admit(PostgreSQLStore().admit, keyed), OWN_DOOR_CASES, now)
     assert not problems, report(problems, len(OWN_DOOR_CASES))
@@ -632,7 +639,7 @@ def test_the_portable_door_decides_as_the_table(now, cases):
     assert not problems, report(problems, len(cases))
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_door_refuses_a_late_run_as_the_table(now, keyed):
     problems = door_sweep(keyed_admit(PostgreSQLStore().admit, keyed), LATE_DOOR_CASES, now)
     assert not problems, report(problems, len(LATE_DOOR_CASES))
@@ -647,7 +654,7 @@ def test_the_portable_door_refuses_a_late_run_as_the_table(now, cases):
     assert not problems, report(problems, len(cases))
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_door_of_a_run_with_its_own_lease_refuses_a_late_run_as_the_table(
     now, keyed
 ):
@@ -705,7 +712,7 @@ def renew_all(
     return call
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_renewal_decides_as_the_table(now, keyed):
     call = renew_all(keyed_renew(PostgreSQLStore().renew, keyed))
     problems = sweep(RENEW_CASES, now, call, expect_renewal(now), {})
@@ -722,7 +729,7 @@ def test_the_portable_renewal_decides_as_the_table(now):
 MIXED_RENEW_CASES = OWN_RENEW_CASES + RENEW_CASES
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_renewal_of_runs_with_their_own_lease_decides_as_the_table(now, keyed):
     call = renew_all(keyed_renew(PostgreSQLStore().renew, keyed), MIXED_RENEW_CASES)
     problems = sweep(MIXED_RENEW_CASES, now, call, expect_renewal(now), {})
@@ -811,7 +818,7 @@ def expect_success(now: datetime, fast: bool) -> Callable:
     return expect
 
 
-@BY_KEY
+@BY_KEY_CLAIM_EXHAUSTIVE
 def test_the_postgresql_success_applies_as_the_table(now, keyed):
     store = PostgreSQLStore()
 
