@@ -72,3 +72,22 @@ def test_the_migrated_database_holds_exactly_the_functions_in_schedapp_sql():
         assert migrated[signature] == text, "\n".join(diff)
     # And every other schedapp function in the database is one the next release drops
     assert set(migrated) - set(written) == RETIRED_FUNCTIONS
+
+
+def test_the_door_and_the_successes_run_generic_plans():
+    """Over the partitioned run history PL/pgSQL's own choice stayed on custom plans, planning
+    each statement against the partitioned table on every call (bench/README.md, "Generic
+    plans for the worker's functions"); a generic plan prunes to the run's partition. The
+    renewal keeps that choice: a generic plan cannot prune by its array of run ids
+    (test_partitions.py's test of the worker's reads fails with it generic)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT proname, proconfig FROM pg_catalog.pg_proc "
+            "WHERE proname LIKE 'schedapp\\_%%' AND pronamespace = current_schema()::regnamespace"
+        )
+        configs = dict(cursor.fetchall())
+    generic = ["plan_cache_mode=force_generic_plan"]
+    assert configs["schedapp_admit_run_v6"] == generic
+    assert configs["schedapp_succeed_run_v5"] == generic
+    assert configs["schedapp_succeed_runs_v4"] == generic
+    assert configs["schedapp_renew_leases_v6"] is None
