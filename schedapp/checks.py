@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
@@ -26,6 +27,7 @@ def register() -> None:
     checks.register(check_crash_safety, "schedapp")
     checks.register(check_worker_pool, "schedapp")
     checks.register(check_leases, "schedapp")
+    checks.register(check_history_partitions, "schedapp")
     checks.register(check_result_backend, "schedapp")
     checks.register(check_beat_scheduler, "schedapp")
     checks.register(check_dependencies, "schedapp")
@@ -339,6 +341,37 @@ def check_leases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             hint="Keep every lease at least three heartbeats long: raise lease_seconds "
             "(SCHEDAPP_DEFAULT_LEASE_SECONDS for new jobs) or lower SCHEDAPP_LEASE_HEARTBEAT.",
             id="schedapp.W006",
+        )
+    ]
+
+
+# Past this many partitions of run history each door and success costs more with every
+# partition (bench/README.md, "Generic plans for the worker's functions").
+MAX_HISTORY_PARTITIONS = 100
+
+
+def check_history_partitions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A run retention that keeps more than MAX_HISTORY_PARTITIONS partitions: the door's and
+    the success's plans cover every partition (each is locked as the plan starts, then pruned
+    to the run's), so their PostgreSQL CPU grows with the count past a few dozen."""
+    s = get_settings()
+    retention, width = s.RUN_RETENTION, s.HISTORY_PARTITION
+    if connections["default"].vendor != "postgresql" or not all(
+        isinstance(v, timedelta) and v > timedelta(0) for v in (retention, width)
+    ):
+        return []  # one table; or schedapp.E030 says what is wrong with them
+    kept = retention / width
+    if kept <= MAX_HISTORY_PARTITIONS:
+        return []
+    return [
+        checks.Warning(
+            f"SCHEDAPP_RUN_RETENTION ({retention}) keeps about {kept:.0f} partitions of run "
+            f"history of SCHEDAPP_HISTORY_PARTITION ({width}) each. Every door and success "
+            "of a worker plans over all of them, and costs more with each one past a few "
+            "dozen (twice the PostgreSQL CPU at 200 as at 30).",
+            hint=f"Keep at most {MAX_HISTORY_PARTITIONS} partitions: set "
+            f"SCHEDAPP_HISTORY_PARTITION to {retention / MAX_HISTORY_PARTITIONS} or more.",
+            id="schedapp.W016",
         )
     ]
 

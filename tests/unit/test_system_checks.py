@@ -558,6 +558,8 @@ def test_deploy_warns_that_the_metrics_port_takes_no_token():
         assert "schedapp.W014" not in check_ids()
         found = message("schedapp.W014", deploy=True)
     assert "9100" in found.msg and "SCHEDAPP_METRICS_TOKEN does not protect it" in found.msg
+
+
 def test_the_checks_celerys_django_fixup_runs_ask_nothing_of_the_database():
     """Celery's Django fixup runs every system check (``run_checks()``, no database named) in
     each beat and worker as it loads the tasks modules. Django 6.1 then hands the checks every
@@ -601,3 +603,16 @@ def test_celerys_run_of_every_check_from_inside_one_goes_no_deeper(monkeypatch):
     django.core.checks.run_checks()
     assert deepest[0] == 2  # the fixup's runs, one level down, and none below them
     assert runs[0] <= 5
+
+
+@pytest.mark.postgresql
+def test_a_retention_of_more_than_100_partitions_is_a_warning_with_the_width_to_set():
+    assert "schedapp.W016" not in check_ids()  # 30 days of one day
+    with override_settings(SCHEDAPP_RUN_RETENTION=timedelta(days=365)):
+        found = message("schedapp.W016")
+    assert "about 365 partitions" in found.msg
+    assert "SCHEDAPP_HISTORY_PARTITION to 3 days, 15:36:00 or more" in found.hint
+    with override_settings(
+        SCHEDAPP_RUN_RETENTION=timedelta(days=365), SCHEDAPP_HISTORY_PARTITION=timedelta(days=4)
+    ):
+        assert "schedapp.W016" not in check_ids()
