@@ -1,8 +1,13 @@
 """Changelist plumbing that keeps the admin fast with millions of jobs and runs.
 
 * ``LargeTablePaginator`` never counts a whole big table: without filters it reads the
-  planner's row estimate (``pg_class.reltuples``, kept fresh by autovacuum); with filters it
-  counts at most ``COUNT_CAP`` rows, and the page says "10,000+".
+  planner's row estimate (``pg_class.reltuples``, kept fresh by autovacuum; on a partitioned
+  table the sum of its partitions', as autovacuum never analyses the parent); with filters it
+  counts at most ``COUNT_CAP`` rows, and the page says "10,000+". On a partitioned table (run
+  history) a filter counts only among the newest ``RECENT_IDS`` ids, so that a rare status
+  reads the newest partitions, never all history; the page then says what it counted
+  ("37 recent", since which run), and lists those runs only. A filter an index serves (the
+  runs of one job, a task id) is counted over all history, at most ``COUNT_CAP`` index entries.
 * Deep pages read their ids first (``ORDER BY ... OFFSET`` over the primary key index alone),
   then only those rows, with their joins: page 5,000 does not join 500,000 rows to skip them.
 * The task and queue filters never run ``SELECT DISTINCT`` over the job table (there is no
@@ -17,16 +22,23 @@ from functools import cached_property
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Lookup, Model, Q, QuerySet
+from django.db.models.sql.where import AND, OR, WhereNode
 from django.http import HttpRequest
+from django.utils import timezone as django_tz
 
 from .. import api
 from ..db import is_postgresql
 from ..models import Job
 
 COUNT_CAP = 10_000
+# A filtered count on a partitioned table reads the newest this many ids at most: a filter
+# matching 1 % of runs or more still reaches COUNT_CAP within them ("10,000+", as everywhere),
+# and a rarer one (failed, lost) reads a million rows at most, never all history.
+RECENT_IDS = COUNT_CAP * 100
 # Below this many estimated rows an exact count is cheap, and better.
 ESTIMATE_ABOVE = 50_000
 RECENT_SAMPLE = 5_000
@@ -35,37 +47,124 @@ DEFERRED_JOIN_FROM = 1_000
 
 
 def estimated_rows(table: str) -> int | None:
-    """The planner's estimate of a table's rows; None if unknown (never analysed)."""
+    """The planner's estimate of a table's rows; None if unknown (never analysed).
+
+    A partitioned table's own estimate is kept by nobody (autovacuum analyses its partitions,
+    never the parent): its rows are the sum of its partitions' estimates, those never analysed
+    left out (None if none was)."""
     if not is_postgresql():
         return None
     with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
+        cursor.execute(
+            "SELECT CASE WHEN c.relkind = 'p' THEN (SELECT sum(p.reltuples) FROM pg_inherits i "
+            "  JOIN pg_class p ON p.oid = i.inhrelid "
+            "  WHERE i.inhparent = c.oid AND NOT i.inhdetachpending AND p.reltuples >= 0) "
+            "WHEN c.reltuples >= 0 THEN c.reltuples END::bigint "
+            "FROM pg_class c WHERE c.oid = %s::regclass",
+            [table],
+        )
         row = cursor.fetchone()
-    if row is None or row[0] is None or row[0] < 0:
+    if row is None or row[0] is None:
         return None
     return int(row[0])
 
 
+def recent_window(model: type[Model]) -> int | None:
+    """The id above which a filtered count of ``model`` reads: on a partitioned table holding
+    more than ``RECENT_IDS`` ids, the newest ``RECENT_IDS`` of them (a bound the planner
+    prunes older partitions by); None (everything) otherwise. Ids rise with time (one
+    sequence), and a bound in ids bounds what is read however large a partition is."""
+    if not is_postgresql():
+        return None
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    with connection.cursor() as cursor:
+        # min and max walk the primary key's ends, and only on a partitioned table.
+        cursor.execute(
+            f"SELECT CASE WHEN c.relkind = 'p' THEN (SELECT min({pk}) FROM {table}) END, "
+            f"CASE WHEN c.relkind = 'p' THEN (SELECT max({pk}) FROM {table}) END "
+            "FROM pg_class c WHERE c.oid = %s::regclass",
+            [model._meta.db_table],
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[1] - row[0] < RECENT_IDS:
+        return None
+    return int(row[1]) - RECENT_IDS
+
+
+def index_served(queryset: QuerySet) -> bool:
+    """Whether every condition of ``queryset`` is an equality (or IN) on the first column of
+    one of its model's indexes, such as the runs of one job or a task id: counting up to the
+    cap then reads at most ``COUNT_CAP`` index entries (and a probe per partition), however
+    old the matches are."""
+    meta = queryset.model._meta
+    leading = {index.fields[0].lstrip("-") for index in meta.indexes if index.condition is None}
+    leading.update(c.fields[0] for c in meta.constraints if getattr(c, "fields", None))
+    leading.add(meta.pk.name)
+
+    def served(node: Any) -> bool:
+        if isinstance(node, WhereNode):
+            return (
+                not node.negated
+                and node.connector in (AND, OR)
+                and bool(node.children)
+                and all(served(child) for child in node.children)
+            )
+        target = getattr(getattr(node, "lhs", None), "target", None)
+        return (
+            isinstance(node, Lookup)
+            and node.lookup_name in ("exact", "in")
+            and target is not None
+            and target.name in leading
+        )
+
+    return served(queryset.query.where)
+
+
 class LargeTablePaginator(Paginator):
     """A paginator whose count costs one cheap query whatever the table size."""
+
+    # A field whose value at the oldest counted row says, in time, where a count among the
+    # newest ids began (None: the id alone).
+    since_field: str | None = None
 
     @cached_property
     def count(self) -> int:  # type: ignore[override]
         queryset = self.object_list
         self.count_is_exact = True
         self.count_is_estimate = False
-        if isinstance(queryset, QuerySet) and not queryset.query.where:
+        self.counted_after: int | None = None  # a count among the ids above this one only
+        self.counted_since: Any = None
+        if not isinstance(queryset, QuerySet):
+            return len(queryset)
+        if queryset.query.is_empty():
+            return 0
+        after = None
+        if not queryset.query.where:
             estimate = estimated_rows(queryset.model._meta.db_table)
             if estimate is not None and estimate >= ESTIMATE_ABOVE:
                 self.count_is_exact = False
                 self.count_is_estimate = True
                 return estimate
-        if isinstance(queryset, QuerySet):
-            capped = queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
-            if capped > COUNT_CAP:
-                self.count_is_exact = False
-            return capped
-        return len(queryset)
+        elif not index_served(queryset):
+            after = recent_window(queryset.model)
+            if after is not None:
+                # The pages list what was counted: the newest matches, newest first.
+                queryset = self.object_list = queryset.filter(pk__gt=after)
+        capped = queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+        if capped > COUNT_CAP:
+            self.count_is_exact = False
+        elif after is not None:
+            self.count_is_exact = False
+            self.counted_after = after
+            if self.since_field:
+                self.counted_since = (
+                    queryset.model._default_manager.filter(pk__gt=after)
+                    .order_by("pk")
+                    .values_list(self.since_field, flat=True)
+                    .first()
+                )
+        return capped
 
     def page(self, number: Any) -> Any:
         queryset = self.object_list
@@ -80,9 +179,40 @@ class LargeTablePaginator(Paginator):
         count = self.count
         if self.count_is_estimate:
             return f"about {count:,}"
+        if self.counted_after is not None:
+            return f"{count:,} recent"
         if not self.count_is_exact:
             return f"{COUNT_CAP:,}+"
         return f"{count:,}"
+
+    def count_note(self) -> str:
+        """What a count among the newest ids left out, in words ("" when it left out nothing)."""
+        _ = self.count  # sets counted_after
+        if self.counted_after is None:
+            return ""
+        since = ""
+        if self.counted_since is not None:
+            local = django_tz.localtime(self.counted_since)
+            since = f", since {local:%Y-%m-%d %H:%M %Z}"
+        return (
+            f"(counted among the newest {RECENT_IDS:,} ids: above {self.counted_after:,}"
+            f"{since}; older ones are not counted or listed)"
+        )
+
+
+class CountedChangeList(ChangeList):
+    """A changelist that lists what its paginator counted. Django lists the whole filtered
+    queryset when it fits on one page (or "show all"): after a count among the newest ids
+    only, that would read, and list, every match of the history."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        paginator = self.paginator
+        if getattr(paginator, "counted_after", None) is None:
+            return
+        if (self.show_all and self.can_show_all) or not self.multi_page:
+            # The newest ``count`` matches: none, and no query, when the count found none.
+            self.result_list = paginator.object_list[: self.result_count]
 
 
 def _recent_values(request: HttpRequest) -> list[tuple[str, str]]:

@@ -26,7 +26,7 @@ from ..display import (
 )
 from ..models import Job, JobRun, Node
 from ..overview import NODE_FRESH_SECONDS
-from .filters import LargeTablePaginator, RunJobFilter
+from .filters import CountedChangeList, LargeTablePaginator, RunJobFilter
 
 COLOURS = {
     # job states
@@ -83,9 +83,7 @@ def runs_summary(job: Job) -> str:
             "finished_at",
             "attempt",
             "worker",
-        )[
-            :RECENT_RUNS_ON_JOB_PAGE
-        ]
+        )[:RECENT_RUNS_ON_JOB_PAGE]
     )
     rows = format_html_join(
         "",
@@ -121,6 +119,12 @@ def runs_summary(job: Job) -> str:
     )
 
 
+class RunPaginator(LargeTablePaginator):
+    """Says when a count among the newest runs began, in the time they were dispatched."""
+
+    since_field = "dispatched_at"
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -150,7 +154,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     search_help_text = "Part of a job's name, or an exact Celery task id (e.g. schedapp:42:7)"
     sortable_by = ("id",)
     list_per_page = 100
-    paginator = LargeTablePaginator
+    paginator = RunPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     fields = (
@@ -175,6 +179,9 @@ class JobRunAdmin(ReadOnlyAdmin):
         "traceback_text",
     )
     readonly_fields = fields
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[CountedChangeList]:
+        return CountedChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = (
