@@ -36,9 +36,10 @@ from ..models import Job
 
 COUNT_CAP = 10_000
 # A filtered count on a partitioned table reads the newest this many ids at most: a filter
-# matching 1 % of runs or more still reaches COUNT_CAP within them ("10,000+", as everywhere),
-# and a rarer one (failed, lost) reads a million rows at most, never all history.
-RECENT_IDS = COUNT_CAP * 100
+# matching 5 % of runs or more still reaches COUNT_CAP within them ("10,000+", as everywhere),
+# and a rarer one (failed, lost) reads 200,000 rows at most (about 70 MB of heap, what the
+# default shared_buffers holds), never all history. A million read from disk cost 4x as much.
+RECENT_IDS = COUNT_CAP * 20
 # Below this many estimated rows an exact count is cheap, and better.
 ESTIMATE_ABOVE = 50_000
 RECENT_SAMPLE = 5_000
