@@ -70,11 +70,12 @@ def estimated_rows(table: str) -> int | None:
     return int(row[0])
 
 
-def recent_window(model: type[Model]) -> int | None:
+def recent_window(model: type[Model], below: int | None = None) -> int | None:
     """The id above which a filtered count of ``model`` reads: on a partitioned table holding
-    more than ``RECENT_IDS`` ids, the newest ``RECENT_IDS`` of them (a bound the planner
-    prunes older partitions by); None (everything) otherwise. Ids rise with time (one
-    sequence), and a bound in ids bounds what is read however large a partition is."""
+    more than ``RECENT_IDS`` ids (up to ``below``, when the page looks further back), the
+    newest ``RECENT_IDS`` of them (a bound the planner prunes older partitions by); None
+    (everything) otherwise. Ids rise with time (one sequence), and a bound in ids bounds what
+    is read however large a partition is."""
     if not is_postgresql():
         return None
     table = connection.ops.quote_name(model._meta.db_table)
@@ -83,14 +84,30 @@ def recent_window(model: type[Model]) -> int | None:
         # min and max walk the primary key's ends, and only on a partitioned table.
         cursor.execute(
             f"SELECT CASE WHEN c.relkind = 'p' THEN (SELECT min({pk}) FROM {table}) END, "
-            f"CASE WHEN c.relkind = 'p' THEN (SELECT max({pk}) FROM {table}) END "
+            f"CASE WHEN c.relkind = 'p' THEN (SELECT max({pk}) FROM {table} "
+            f"  WHERE %s::bigint IS NULL OR {pk} <= %s) END "
             "FROM pg_class c WHERE c.oid = %s::regclass",
-            [model._meta.db_table],
+            [below, below, model._meta.db_table],
         )
         row = cursor.fetchone()
     if row is None or row[0] is None or row[1] - row[0] < RECENT_IDS:
         return None
     return int(row[1]) - RECENT_IDS
+
+
+def upper_bound(queryset: QuerySet) -> int | None:
+    """The highest id ``queryset`` admits by a condition on its primary key (``id__lte``, the
+    "older" link of a count among the newest ids), None if it has none."""
+    pk = queryset.model._meta.pk
+    bounds = []
+    for node in queryset.query.where.children if queryset.query.where.connector == AND else []:
+        target = getattr(getattr(node, "lhs", None), "target", None)
+        if isinstance(node, Lookup) and target == pk and isinstance(node.rhs, int):
+            if node.lookup_name == "lte":
+                bounds.append(node.rhs)
+            elif node.lookup_name == "lt":
+                bounds.append(node.rhs - 1)
+    return min(bounds, default=None)
 
 
 def index_served(queryset: QuerySet) -> bool:
@@ -148,7 +165,7 @@ class LargeTablePaginator(Paginator):
                 self.count_is_estimate = True
                 return estimate
         elif not index_served(queryset):
-            after = recent_window(queryset.model)
+            after = recent_window(queryset.model, upper_bound(queryset))
             if after is not None:
                 # The pages list what was counted: the newest matches, newest first.
                 queryset = self.object_list = queryset.filter(pk__gt=after)
@@ -206,11 +223,17 @@ class CountedChangeList(ChangeList):
     queryset when it fits on one page (or "show all"): after a count among the newest ids
     only, that would read, and list, every match of the history."""
 
+    # The query string of the same filters one window further back (None: nothing older).
+    older_query: str | None = None
+
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         paginator = self.paginator
         if getattr(paginator, "counted_after", None) is None:
             return
+        self.older_query = self.get_query_string(
+            {f"{self.model._meta.pk.name}__lte": paginator.counted_after}
+        )
         if (self.show_all and self.can_show_all) or not self.multi_page:
             # The newest ``count`` matches: none, and no query, when the count found none.
             self.result_list = paginator.object_list[: self.result_count]

@@ -189,3 +189,34 @@ def test_an_unpartitioned_table_counts_exactly_up_to_the_cap(admin_client, monke
     _response, text, _counts = _page(admin_client, url + "?state__exact=scheduled")
     assert "50+ jobs match" in text
     assert "recent" not in text
+
+
+@pytest.mark.postgresql
+def test_count_further_back_counts_the_window_below_the_last(
+    admin_client, monkeypatch, two_partitions
+):
+    old, _new = two_partitions
+    monkeypatch.setattr(filters, "RECENT_IDS", 2_000, raising=False)
+    (top_of_old,) = _rows(
+        "SELECT max(id) FROM schedapp_jobrun WHERE id < %s", [partitions.partitions()[1].lower]
+    )[0]
+    # Given lost runs in the old partition only: the newest window holds none
+    url = RUNS + "?status__exact=lost"
+    seen = []
+    for _ in range(3):
+        response, text, counts = _page(admin_client, url)
+        seen.append(re.search(r"(\d[\d,]*) recent job runs? match", text).group(1))
+        link = re.search(r'<a href="(\?[^"]+)" class="schedapp-older">count further back</a>', text)
+        assert link is not None, text
+        url = RUNS + link.group(1).replace("&amp;", "&")
+    # Then each link counts the 2,000 ids below the last window, the filter kept: the third
+    # window reaches the old partition's newest 2,000 runs, and its lost ones
+    (lost,) = _rows(
+        "SELECT count(*) FROM schedapp_jobrun WHERE status = 'lost' AND id > %s AND id <= %s",
+        [top_of_old - 2_000, top_of_old],
+    )[0]
+    assert lost > 0
+    assert seen == ["0", "0", f"{lost:,}"]
+    assert {r.status for r in response.context["cl"].result_list} == {"lost"}
+    assert len(response.context["cl"].result_list) == min(lost, 100)
+    assert _partitions_read(counts[0]) == {old}
