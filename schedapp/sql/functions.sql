@@ -12,9 +12,9 @@
 -- over the run history partitioned by id, PL/pgSQL's own choice stayed on custom plans, which
 -- plan each statement again on every call, against the partitioned table. A generic plan
 -- prunes at run time to the one partition the run's id names. A door-like function
--- (bench/README.md, "Generic plans for the worker's functions") cost 0.44-0.57 ms of
--- PostgreSQL CPU a call with custom plans over 2 to 60 partitions, 0.28-0.41 ms with generic
--- ones, 0.25-0.31 ms on one table. The renewal keeps PL/pgSQL's choice: it reads its runs by
+-- (bench/README.md, "Generic plans for the worker's functions") cost 0.52-0.62 ms of
+-- PostgreSQL CPU a call with custom plans over 2 to 60 partitions, 0.28-0.43 ms with generic
+-- ones, 0.26-0.28 ms on one table. The renewal keeps PL/pgSQL's choice: it reads its runs by
 -- an array of ids (id = ANY (runs)), which only a plan made for the values prunes by, and it
 -- runs once a third of a lease per worker, not once per execution.
 --
