@@ -329,6 +329,7 @@ def test_the_command_delivers_once_and_refuses_bad_settings():
             call_command("schedapp_notify", "--once")
 
 
+@pytest.mark.exhaustive  # at scale; test_many_events_go_out_as_one_message_... keeps the rule
 def test_a_storm_of_500_events_makes_few_messages_and_lists_or_counts_every_event():
     """The bound: one message per channel per group interval (the first after group_wait).
     With the defaults (10 s, 60 s) 500 events in one minute are two messages; here the
