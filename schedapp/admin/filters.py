@@ -30,7 +30,7 @@ from django.db.models.sql.where import AND, OR, WhereNode
 from django.http import HttpRequest
 from django.utils import timezone as django_tz
 
-from .. import api
+from .. import api, partitions
 from ..db import is_postgresql
 from ..models import Job
 
@@ -71,23 +71,22 @@ def estimated_rows(table: str) -> int | None:
 
 
 def recent_window(model: type[Model], below: int | None = None) -> int | None:
-    """The id above which a filtered count of ``model`` reads: on a partitioned table holding
-    more than ``RECENT_IDS`` ids (up to ``below``, when the page looks further back), the
-    newest ``RECENT_IDS`` of them (a bound the planner prunes older partitions by); None
+    """The id above which a filtered count of ``model`` reads: on the run table, when it is
+    partitioned (no other table is, and none costs a catalog query) and holds more than
+    ``RECENT_IDS`` ids (up to ``below``, when the page looks further back), the newest
+    ``RECENT_IDS`` of them (a bound the planner prunes older partitions by); None
     (everything) otherwise. Ids rise with time (one sequence), and a bound in ids bounds what
     is read however large a partition is."""
-    if not is_postgresql():
+    if model._meta.db_table != partitions.PARENT or not partitions.is_partitioned():
         return None
     table = connection.ops.quote_name(model._meta.db_table)
     pk = connection.ops.quote_name(model._meta.pk.column)
     with connection.cursor() as cursor:
-        # min and max walk the primary key's ends, and only on a partitioned table.
+        # min and max walk the primary key's ends.
         cursor.execute(
-            f"SELECT CASE WHEN c.relkind = 'p' THEN (SELECT min({pk}) FROM {table}) END, "
-            f"CASE WHEN c.relkind = 'p' THEN (SELECT max({pk}) FROM {table} "
-            f"  WHERE %s::bigint IS NULL OR {pk} <= %s) END "
-            "FROM pg_class c WHERE c.oid = %s::regclass",
-            [below, below, model._meta.db_table],
+            f"SELECT (SELECT min({pk}) FROM {table}), (SELECT max({pk}) FROM {table} "
+            f"  WHERE %s::bigint IS NULL OR {pk} <= %s)",
+            [below, below],
         )
         row = cursor.fetchone()
     if row is None or row[0] is None or row[1] - row[0] < RECENT_IDS:
