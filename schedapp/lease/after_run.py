@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
 from .. import job_calendars, ledger, policies
@@ -21,14 +21,22 @@ def job_schedule(job: Job) -> Schedule:
     return job.schedule
 
 
-def lock_job_and_run(job_id: int, token: int) -> tuple[Job | None, dict[str, Any] | None]:
+def run_of(job_id: int, token: int, run_id: int | None = None) -> QuerySet[JobRun]:
+    """A claim's run: by its id as well when the caller knows it (a worker, from its message's
+    headers), so that on partitioned history it is read in its own partition only; by
+    (job, token) alone, one probe of each partition's unique index, otherwise."""
+    runs = JobRun.objects.filter(job_id=job_id, token=token)
+    return runs.filter(pk=run_id) if run_id is not None else runs
+
+
+def lock_job_and_run(
+    job_id: int, token: int, run_id: int | None = None
+) -> tuple[Job | None, dict[str, Any] | None]:
     """The job row, locked first as everywhere, then what an outcome reads of its run."""
     # The database's now() read with the lock: what the overlap policy compares the next
     # occurrence with (``job_facts``), in the same round trip.
     job = Job.objects.select_for_update().annotate(database_now=Now()).filter(id=job_id).first()
-    run = JobRun.objects.filter(job_id=job_id, token=token).values(
-        "status", "scheduled_for", "own_lease"
-    )
+    run = run_of(job_id, token, run_id).values("status", "scheduled_for", "own_lease")
     return job, run.first()
 
 

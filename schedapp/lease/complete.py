@@ -36,7 +36,7 @@ from ..models import (
 )
 from ..schedules import Interval, Schedule, next_fire_time, parse_cron
 from ..store import DoorVerdict, get_store
-from .after_run import EXPIRED, job_facts, lock_job_and_run, notify_dead, write_after_run
+from .after_run import EXPIRED, job_facts, lock_job_and_run, notify_dead, run_of, write_after_run
 from .quarantine import (
     ERROR_CHARS,
     ROW_ERRORS,
@@ -85,6 +85,7 @@ def complete_run(
     allow_unstarted: bool = False,
     only_unstarted: bool = False,
     rng: policies.Rng = random.random,
+    run_id: int | None = None,
 ) -> CompletionResult:
     """Record a run's outcome and move its job on.
 
@@ -95,7 +96,7 @@ def complete_run(
     it started). ``only_unstarted`` is for an outcome about a copy of the message that never
     reached a door (its task is not registered on the worker that received it, it arrived
     expired): it applies only while no door admitted the run, since another copy may be
-    executing elsewhere.
+    executing elsewhere. ``run_id`` (or the headers') finds the run in its own partition.
     """
     if outcome == SUCCEEDED and headers is not None:
         if _succeed_fast(job_id, token, headers):
@@ -109,6 +110,7 @@ def complete_run(
         retry_delay=retry_delay,
         accepted=UNSTARTED_ONLY if only_unstarted else ANY if allow_unstarted else STARTED,
         rng=rng,
+        run_id=headers.run_id if run_id is None and headers is not None else run_id,
     )
 
 
@@ -213,8 +215,9 @@ def _success_results(
             retry_delay=None,
             accepted=STARTED,
             rng=rng,
+            run_id=headers.run_id,
         )
-        for i, (job_id, token, _h) in enumerate(items)
+        for i, (job_id, token, headers) in enumerate(items)
     ]
 
 
@@ -228,6 +231,7 @@ def _complete(
     retry_delay: timedelta | None,
     accepted: frozenset[str],
     rng: policies.Rng,
+    run_id: int | None = None,
 ) -> CompletionResult:
     try:
         return _complete_locked(
@@ -239,10 +243,18 @@ def _complete(
             retry_delay=retry_delay,
             accepted=accepted,
             rng=rng,
+            run_id=run_id,
         )
     except ROW_ERRORS as exc:  # the job row cannot be read or written as it is
         return _complete_and_quarantine(
-            job_id, token, outcome, error=error, traceback=traceback, accepted=accepted, exc=exc
+            job_id,
+            token,
+            outcome,
+            error=error,
+            traceback=traceback,
+            accepted=accepted,
+            exc=exc,
+            run_id=run_id,
         )
 
 
@@ -255,6 +267,7 @@ def _complete_and_quarantine(
     traceback: str,
     accepted: frozenset[str],
     exc: BaseException,
+    run_id: int | None,
 ) -> CompletionResult:
     """An outcome whose job row could not be read or written (a value written behind the
     API's back): the run's outcome is recorded as usual, and the job, if the run was still
@@ -262,13 +275,14 @@ def _complete_and_quarantine(
     every claim writes are read here."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).values("token", "state").first()
-        run = JobRun.objects.filter(job_id=job_id, token=token).values("status").first()
+        runs = run_of(job_id, token, run_id)
+        run = runs.values("status").first()
         lease_job = LeaseJob(job["state"], job["token"]) if job is not None else None
         verdict = completion(lease_job, run and run["status"], token, accepted)
         if verdict is Completion.ALREADY_RECORDED:
             return CompletionResult(verdict)
         fresh = verdict is Completion.APPLIED
-        JobRun.objects.filter(job_id=job_id, token=token).update(
+        runs.update(
             status=outcome,
             finished_at=Now(),
             error=storable(error, ERROR_CHARS),
@@ -304,12 +318,13 @@ def _complete_locked(
     retry_delay: timedelta | None,
     accepted: frozenset[str],
     rng: policies.Rng,
+    run_id: int | None,
 ) -> CompletionResult:
     with transaction.atomic():
-        job, run = lock_job_and_run(job_id, token)
+        job, run = lock_job_and_run(job_id, token, run_id)
         if run is not None and run["own_lease"]:
             return _complete_own_lease(
-                job, job_id, token, outcome, error, traceback, accepted, retry_delay, rng
+                job, job_id, token, outcome, error, traceback, accepted, retry_delay, rng, run_id
             )
         lease_job = LeaseJob(job.state, job.token) if job is not None else None
         verdict = completion(lease_job, run and run["status"], token, accepted)
@@ -318,7 +333,7 @@ def _complete_locked(
         assert run is not None
         fresh = verdict is Completion.APPLIED
         error, traceback = storable(error, ERROR_CHARS), storable(traceback, TRACEBACK_CHARS)
-        JobRun.objects.filter(job_id=job_id, token=token).update(
+        run_of(job_id, token, run_id).update(
             status=outcome, finished_at=Now(), error=error, traceback=traceback, stale=not fresh
         )
         if not fresh:
@@ -374,13 +389,14 @@ def _complete_own_lease(
     accepted: frozenset[str],
     retry_delay: timedelta | None,
     rng: policies.Rng,
+    run_id: int | None,
 ) -> CompletionResult:
     """The outcome of a run with its own lease (allow_all), inside the caller's transaction,
     the job row locked: the run row is locked and decides (``rules.run_completion``); its job
     moved on at the claim, so only the job's own record changes (``record_own_lease_outcome``).
     A stale outcome (the reaper marked the run lost) is kept on the run only; a retried one
     changes nothing."""
-    runs = JobRun.objects.filter(job_id=job_id, token=token)
+    runs = run_of(job_id, token, run_id)
     run = runs.select_for_update().values("status", "attempt", "scheduled_for", "kind").first()
     verdict = run_completion(job is not None, run and run["status"], accepted)
     if verdict is Completion.ALREADY_RECORDED:
@@ -501,15 +517,16 @@ def next_token(job_id: int) -> int:
     return (low or 0) - 1
 
 
-def record_expired(job_id: int, token: int) -> CompletionResult | None:
+def record_expired(job_id: int, token: int, run_id: int | None = None) -> CompletionResult | None:
     """Celery discarded a schedapp message past its ``expires``, as it does any task's: the
     run is ``skipped`` and its occurrence dropped (``policies.plan_after_expiry``). A run a
     door already admitted (another copy is executing) is left alone. Returns the completion
     when the job moved on, None when only the run was closed or nothing changed."""
     with transaction.atomic():
-        job, run = lock_job_and_run(job_id, token)
+        job, run = lock_job_and_run(job_id, token, run_id)
+        runs = run_of(job_id, token, run_id)
         if run is not None and run["own_lease"]:  # its job moved on at the claim: the run only
-            JobRun.objects.filter(job_id=job_id, token=token, status=RunStatus.DISPATCHED).update(
+            runs.filter(status=RunStatus.DISPATCHED).update(
                 status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED, lease_expires_at=None
             )
             return None
@@ -517,9 +534,7 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
         verdict = completion(lease_job, run and run["status"], token, UNSTARTED_ONLY)
         if verdict is Completion.ALREADY_RECORDED:
             return None
-        JobRun.objects.filter(job_id=job_id, token=token).update(
-            status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED
-        )
+        runs.update(status=RunStatus.SKIPPED, finished_at=Now(), error=EXPIRED)
         if verdict is Completion.STALE:  # closed, and the run only: the job moved on
             return None
         assert job is not None and run is not None
@@ -532,7 +547,9 @@ def record_expired(job_id: int, token: int) -> CompletionResult | None:
     return CompletionResult(Completion.APPLIED)
 
 
-def record_cancelled(job_id: int, token: int, *, terminated: bool) -> CompletionResult | None:
+def record_cancelled(
+    job_id: int, token: int, *, terminated: bool, run_id: int | None = None
+) -> CompletionResult | None:
     """A schedapp task was revoked. After ``api.cancel`` (which bumped the token) only the run
     is closed; a revoke from elsewhere (``celery control revoke``) counts as a failed attempt,
     so the job is retried or dead-lettered instead of waiting for its lease to expire.
@@ -557,15 +574,16 @@ def record_cancelled(job_id: int, token: int, *, terminated: bool) -> Completion
             error=f"task {how}: {why}",
             allow_unstarted=terminated,
             only_unstarted=not terminated,
+            run_id=run_id,
         )
         if result.applied:
             with transaction.atomic():
                 Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
-                JobRun.objects.filter(job_id=job_id, token=token).update(status=RunStatus.CANCELLED)
+                run_of(job_id, token, run_id).update(status=RunStatus.CANCELLED)
         return result
     with transaction.atomic():
         Job.objects.select_for_update().filter(id=job_id).values_list("id").first()
-        JobRun.objects.filter(job_id=job_id, token=token, status__in=ACTIVE_RUN_STATUSES).update(
+        run_of(job_id, token, run_id).filter(status__in=ACTIVE_RUN_STATUSES).update(
             status=RunStatus.CANCELLED,
             finished_at=Now(),
             error=f"cancelled ({how})",

@@ -20,7 +20,7 @@ from celery import states
 
 from .. import metrics
 from ..conf import get_settings
-from ..context import run_headers, run_lease
+from ..context import run_headers, run_id_of, run_lease
 from ..db import db_now, with_retries
 from ..lease import (
     FAILED,
@@ -121,6 +121,7 @@ class Completions:
             traceback=str(getattr(einfo, "traceback", "") or ""),
             retry_delay=retry_delay(getattr(retry, "when", None)) if retry else None,
             lease=run_lease(request),
+            run_id=run_id_of(request),
         )
 
     def on_task_retry(
@@ -144,6 +145,7 @@ class Completions:
             traceback=str(getattr(einfo, "traceback", "") or ""),
             retry_delay=retry_delay(getattr(reason, "when", None)),
             lease=run_lease(request),
+            run_id=run_id_of(request),
         )
 
     def on_task_postrun(
@@ -168,8 +170,9 @@ class Completions:
             outcome, error = FAILED, f"rejected by the task{requeued}: {reason}"
         else:
             return
+        request = getattr(sender, "request", None)
         self.complete(
-            task_id, outcome, error=error, lease=run_lease(getattr(sender, "request", None))
+            task_id, outcome, error=error, lease=run_lease(request), run_id=run_id_of(request)
         )
 
     def unknown_task(self, task_id: str | None, name: str | None, host: str) -> None:
@@ -202,7 +205,7 @@ class Completions:
         if expired and not terminated:
             _expired_early(claim, getattr(request, "expires", None))
             result = with_retries(
-                lambda: record_expired(claim[0], claim[1]),
+                lambda: record_expired(*claim, run_id_of(request)),
                 what="expired",
                 attempts=3,
                 attempt_timeout=statement_wait(None),
@@ -211,7 +214,7 @@ class Completions:
                 metrics.run_finished("skipped")
             return
         result = with_retries(
-            lambda: record_cancelled(claim[0], claim[1], terminated=terminated),
+            lambda: record_cancelled(*claim, terminated=terminated, run_id=run_id_of(request)),
             what="revoked",
             attempts=3,
             attempt_timeout=statement_wait(None),

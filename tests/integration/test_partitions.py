@@ -488,6 +488,61 @@ def test_the_worker_reads_its_run_in_one_partition_by_the_id_its_message_carries
     assert _read_by(success) == {here}
 
 
+@pytest.mark.parametrize("end", ["failure", "retry", "expired", "revoked", "own lease"])
+def test_a_run_ending_otherwise_is_read_in_its_partition_by_the_id_its_message_carries(end):
+    """Failures, retries, expiries, revokes and the runs with their own lease take the general
+    completion path (the ORM, the job row locked): it too finds the run by the id the
+    message carries, not by (job, token), which probes every partition."""
+    from types import SimpleNamespace
+
+    from celery.exceptions import Retry
+
+    from schedapp.message import HEADER_RUN
+    from schedapp.models import JobRun
+    from schedapp.worker.completions import Completions
+
+    # Given a run in the newer of two partitions, admitted
+    ensure_partitions()
+    claim_one(name="older", interval=60)
+    _set_next_id(partitions.partitions()[-1].upper - 10)
+    assert ensure_partitions()
+    parts = [p for p in partitions.partitions() if p.lower is not None]
+    _set_next_id(parts[1].lower + 5)
+    _, run = claim_one(
+        name="newer", interval=60, overlap="allow_all" if end == "own lease" else "skip"
+    )
+    (here,) = [p.name for p in parts if p.lower <= run.run_id < p.upper]
+    key = (run.job_id, run.token)
+
+    def ends(run_id):
+        request = SimpleNamespace(id=run.task_id, headers={HEADER_RUN: run_id} if run_id else {})
+        task = SimpleNamespace(request=request)
+
+        def calls():
+            if end != "expired":
+                lease.admit_run(*key, "w1", "adm-1", run.run_id)
+            completions = Completions()
+            if end == "retry":
+                completions.on_task_retry(request=request, reason=Retry(exc=KeyError("k")))
+            elif end == "expired":
+                completions.on_task_revoked(request=request, expired=True)
+            elif end == "revoked":
+                completions.on_task_revoked(request=request, terminated=True)
+            else:
+                completions.on_task_failure(
+                    sender=task, task_id=run.task_id, exception=KeyError("k")
+                )
+            status = JobRun.objects.filter(pk=run.run_id).values_list("status", flat=True).get()
+            assert status == {"expired": "skipped", "revoked": "cancelled"}.get(end, "failed")
+
+        return calls
+
+    # Then the worker's outcome reads and writes the run in its partition only; without the
+    # id, partition after partition
+    assert _read_by(ends(run.run_id)) == {here}
+    assert len(_read_by(ends(None))) > 1
+
+
 def test_partitions_are_made_and_dropped_while_runs_are_read_and_written():
     """``CREATE TABLE ... PARTITION OF`` and a plain ``DETACH`` take the run table's ACCESS
     EXCLUSIVE lock: a long read of the history (an admin page, a report) held them off, and

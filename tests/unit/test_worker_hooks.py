@@ -268,7 +268,7 @@ def test_a_message_discarded_as_expired_by_a_clock_ahead_of_the_databases_raises
     from datetime import UTC, datetime, timedelta
 
     recorded: list[tuple[int, int]] = []
-    monkeypatch.setattr(completions, "record_expired", lambda j, t: recorded.append((j, t)))
+    monkeypatch.setattr(completions, "record_expired", lambda j, t, run_id: recorded.append((j, t)))
     host_now = datetime.now(UTC)
     database_now = host_now - timedelta(seconds=ahead)
     monkeypatch.setattr(completions, "db_now", lambda: database_now)
