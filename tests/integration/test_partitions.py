@@ -9,14 +9,17 @@ database's clock.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.apps.registry import Apps
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
@@ -174,6 +177,78 @@ def test_the_migration_keeps_every_row_and_rebuilds_nothing_under_its_lock(unpar
     assert lease.complete_run(run.job_id, run.token, lease.SUCCEEDED).applied
     with pytest.raises(IntegrityError, match="schedapp_run_job_token_p"), transaction.atomic():
         _copy_run(job.id, run.token, first.lower + 1_000)
+
+
+def _holding_the_run_table():  # type: ignore[no-untyped-def]
+    """Another connection in a transaction that read the run table (a long report, an admin
+    page): its ACCESS SHARE lock stands between the migration and its ACCESS EXCLUSIVE one."""
+    import psycopg
+
+    other = psycopg.connect(**connection.get_connection_params())
+    other.execute("BEGIN")
+    other.execute("SELECT count(*) FROM schedapp_jobrun")
+    return other
+
+
+def test_the_swap_waits_out_a_long_transaction_by_trying_again(unpartitioned, monkeypatch):
+    """Step 3 waits at most ``LOCK_TIMEOUT`` for its lock, so that a long transaction on the
+    run table cannot queue every claim and door behind the migration, and then tries again:
+    a transaction ending within its tries delays the swap, and fails nothing."""
+    migration = importlib.import_module("schedapp.migrations.0046_partitioned_runs")
+    monkeypatch.setattr(migration, "LOCK_TIMEOUT", "100ms")
+    waits: list[float] = []
+    monkeypatch.setattr(
+        migration, "time", SimpleNamespace(sleep=lambda s: (waits.append(s), time.sleep(0.05)))
+    )
+    _fill(unpartitioned, jobs=2, runs_per_job=10)
+    before = _rows(CHECKSUM)[0]
+    with connection.cursor() as cursor:
+        cut = migration.choose_cut(cursor)
+        migration.validate(cursor)
+    # Given a transaction holding the table as the swap begins, ending a moment later
+    other = _holding_the_run_table()
+    ending = threading.Timer(0.5, other.execute, ["COMMIT"])
+    ending.start()
+    try:
+        migration.swap(connection, cut)
+    finally:
+        ending.join()
+        other.close()
+    # Then the swap tried again until it had the lock, and made the partitions
+    assert waits, "the swap never waited for its lock"
+    assert _one("SELECT relkind FROM pg_class WHERE relname = 'schedapp_jobrun'") == "p"
+    assert partitions.partitions()[0].upper == cut
+    assert _rows(CHECKSUM)[0] == before
+
+
+def test_a_swap_out_of_tries_leaves_one_table_and_a_second_run_takes_up_its_cut(
+    unpartitioned, monkeypatch
+):
+    migration = importlib.import_module("schedapp.migrations.0046_partitioned_runs")
+    monkeypatch.setattr(migration, "LOCK_TIMEOUT", "100ms")
+    monkeypatch.setattr(migration, "LOCK_TRIES", 2)
+    monkeypatch.setattr(migration, "time", SimpleNamespace(sleep=lambda s: None))
+    _fill(unpartitioned, jobs=2, runs_per_job=10)
+    before = _rows(CHECKSUM)[0]
+    with connection.cursor() as cursor:
+        cut = migration.choose_cut(cursor)
+        migration.validate(cursor)
+    # Given a transaction holding the table through every try
+    other = _holding_the_run_table()
+    try:
+        with pytest.raises(OperationalError, match="lock timeout"):
+            migration.swap(connection, cut)
+        # Then nothing is half-made: one table, every row, the check and its cut kept
+        assert _one("SELECT relkind FROM pg_class WHERE relname = 'schedapp_jobrun'") == "r"
+        assert _one("SELECT to_regclass('schedapp_jobrun_legacy')") is None
+        assert _rows(CHECKSUM)[0] == before
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    # and the migration run again once the table is free takes up the cut it chose
+    MigrationExecutor(connection).migrate([AFTER])
+    assert partitions.partitions()[0].upper == cut
+    assert _rows(CHECKSUM)[0] == before
 
 
 def _copy_run(job_id: int, token: int, new_id: int) -> None:
