@@ -95,7 +95,7 @@ class LeaseScheduler(Scheduler):
         self._failures = 0
         self._superseded_at = float("-inf")  # when the last claim looked for runs to supersede
         self._deadlines_at = float("-inf")  # when the last deadline pass ran
-        self._partitions_at = float("-inf")  # when the last run history partition pass ran
+        self._partitions_at = float("-inf")  # when the last partition pass ran
         self._backfills_at = float("-inf")  # when the last look for running backfills was
         self._backfill_wait: float | None = None  # None: none was running at the last look
         self._broker_down = False  # a publish failed: probe the broker before claiming again
@@ -154,7 +154,7 @@ class LeaseScheduler(Scheduler):
         if not self.embedded:  # its worker's port: taken first, the worker would serve none
             metrics.start_metrics_server()
         self._sync_declared_jobs()
-        self._ensure_partitions()  # before the first claim inserts a run
+        self._ensure_partitions()  # before the first claim inserts a run or a record
         self._dispatcher = Dispatcher(self.app, origin=f"schedapp-beat@{self.beat_id}")
         if self.settings.NOTIFY_IN_BEAT and self._notifier is None and configured_channels():
             # Never in the tick: a slow webhook must not delay a claim.
@@ -214,8 +214,9 @@ class LeaseScheduler(Scheduler):
             delay = self._backoff()
             metrics.beat_error("unexpected")
             if no_partition(exc):
-                # A run's id above every partition (they are made ahead: this should not
-                # happen): make them at the next tick, which claims the same jobs again.
+                # A run's or a ledger record's id above every partition (they are made ahead:
+                # this should not happen): make them at the next tick, which claims the same
+                # jobs again.
                 self._partitions_at = float("-inf")
             log.exception(
                 "beat tick failed: %s; retrying in %.1fs",
@@ -274,7 +275,7 @@ class LeaseScheduler(Scheduler):
                 return self._backoff()
             self._broker_down = False
             log.info("broker reachable again", extra={"action": "broker_back"})
-        self._ensure_partitions()  # before the claim that inserts runs
+        self._ensure_partitions()  # before the claim that inserts runs and records
         batch = self.settings.BATCH_SIZE
         # Runs to supersede (cancel_other, terminate_other) are looked for at most once a
         # second: a burst's back-to-back claims do not each pay the statement.
@@ -471,20 +472,25 @@ class LeaseScheduler(Scheduler):
                 )
 
     def _ensure_partitions(self) -> None:
-        """Run history partitions made ahead of the ids (``schedapp.partitions``), at the
-        start and every ``CHECK_EVERY`` seconds after; on PostgreSQL only. Its failure is
-        logged and never holds up the claims: partitions are made a day's worth ahead."""
+        """Partitions of the run history and of the occurrence ledger made ahead of their ids
+        (``schedapp.partitions``), at the start and every ``CHECK_EVERY`` seconds after; on
+        PostgreSQL only. A failure is logged and never holds up the claims (partitions are
+        made a day's worth ahead), nor the other table's pass."""
         if time.monotonic() - self._partitions_at < partitions.CHECK_EVERY:
             return
         self._partitions_at = time.monotonic()
-        try:
-            partitions.ensure_partitions(self.settings.HISTORY_PARTITION)
-        except CONNECTION_ERRORS:
-            raise  # the tick's own handling: reset the connection, back off
-        except Exception as exc:
-            log.exception(
-                "partition pass failed: %s", exc, extra={"action": "partition_pass_failed"}
-            )
+        for table in partitions.TABLES:
+            try:
+                partitions.ensure_partitions(self.settings.HISTORY_PARTITION, table=table)
+            except CONNECTION_ERRORS:
+                raise  # the tick's own handling: reset the connection, back off
+            except Exception as exc:
+                log.exception(
+                    "partition pass failed (%s): %s",
+                    table.what,
+                    exc,
+                    extra={"action": "partition_pass_failed", "table": table.parent},
+                )
 
     @property
     def _sleep_ceiling(self) -> float:

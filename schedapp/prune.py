@@ -1,6 +1,8 @@
 """Delete old run history (and the ledger's records of occurrences that did not run) in small
 batches, so pruning never holds long locks.
 
+On PostgreSQL whole expired partitions of both tables go first (``schedapp.partitions``:
+dropped in constant time each, outside a transaction); the batches delete what is left.
 Each batch is its own short transaction: select up to ``batch_size`` ids of finished runs
 older than the cutoff (an index range on ``finished_at``), delete exactly those ids, commit.
 Beats and workers keep inserting and updating runs meanwhile; only the rows being deleted are
@@ -20,7 +22,7 @@ from django.db.models import QuerySet
 
 from .db import db_now
 from .models import ACTIVE_RUN_STATUSES, JobRun, Occurrence
-from .partitions import drop_expired_partitions
+from .partitions import LEDGER, drop_expired_partitions
 
 log = logging.getLogger("schedapp.prune")
 
@@ -48,7 +50,8 @@ class PruneResult:
     batches: int
     cutoff: str
     seconds: float
-    # PostgreSQL: partitions dropped whole (their runs are not counted in ``deleted``)
+    # PostgreSQL: partitions of runs and of ledger records dropped whole (their rows are not
+    # counted in ``deleted``)
     dropped_partitions: tuple[str, ...] = ()
 
 
@@ -79,9 +82,11 @@ def prune_runs(
     if dry_run:
         count = old.count() + Occurrence.objects.filter(recorded_at__lt=cutoff).count()
         return PruneResult(count, 0, cutoff.isoformat(), time.monotonic() - started)
-    # PostgreSQL: whole partitions of expired runs dropped first, in constant time each
-    # (schedapp.partitions); the batches below delete what is left, in the partitions kept.
+    # PostgreSQL: whole partitions of expired runs, then of expired ledger records, dropped
+    # first, in constant time each (schedapp.partitions); the batches below delete what is
+    # left, in the partitions kept.
     dropped = drop_expired_partitions(older_than)
+    dropped += drop_expired_partitions(older_than, table=LEDGER)
     # The conditions again with the ids: a run that changed meanwhile is left alone.
     # JobRun has no dependants, so each batch is one DELETE ... WHERE id IN (...).
     deleted, batches = _delete_in_batches(old, "dispatched_at", batch_size, max_batches, pause)
