@@ -5,6 +5,9 @@ attempt); one that did not is an ``Occurrence`` record (a range with an exact co
 why. ``explain(job, at)`` answers "what happened at 08:00?", ``timeline`` lists a job's
 occurrences newest first, ``not_run`` is the fleet's view of what did not run lately. The
 admin's timeline and fleet pages and ``manage.py schedapp_explain`` show these, nothing more.
+Every read of the records goes through ``ledger.first_records``: of an occurrence recorded
+twice (across two partitions of the ledger, PostgreSQL), the first decision is the one told
+and counted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from django.db.models import Count, Sum
 from .conf import get_settings
 from .db import db_now
 from .display import WAITING, run_status
+from .ledger import first_records
 from .models import (
     ACTIVE_RUN_STATUSES,
     BackfillFate,
@@ -247,7 +251,7 @@ def timeline(
         ]
     other = [f for f in fates if f != RAN]
     if not fates or other:
-        records = Occurrence.objects.filter(job=job).order_by("-scheduled_for")
+        records = first_records(Occurrence.objects.filter(job=job)).order_by("-scheduled_for")
         if other:
             records = records.filter(fate__in=other)
         if since is not None:
@@ -357,7 +361,7 @@ def explain(job: Job | int | str, at: datetime) -> Answer:
     runs = JobRun.objects.filter(job=job, scheduled_for=at).only(*_RUN_FIELDS)
     attempts = _attempts(runs).get(at)
     record = (
-        Occurrence.objects.filter(job=job, scheduled_for__lte=at, last__gte=at)
+        first_records(Occurrence.objects.filter(job=job, scheduled_for__lte=at, last__gte=at))
         .order_by("-scheduled_for")
         .first()
     )
@@ -497,8 +501,12 @@ def _ran_text(job: Job, entry: Entry) -> str:
 def _moved_here(job: Job, at: datetime) -> str:
     """Where a calendar's roll moved the run at ``at`` from: the occurrences recorded merged
     "moved to" it (``policies.calendar_ranges``), so a moved run names what it stands for."""
-    moved = Occurrence.objects.filter(
-        job=job, fate=Fate.MERGED, detail__startswith=f"moved to {at.astimezone(UTC).isoformat()} "
+    moved = first_records(
+        Occurrence.objects.filter(
+            job=job,
+            fate=Fate.MERGED,
+            detail__startswith=f"moved to {at.astimezone(UTC).isoformat()} ",
+        )
     ).order_by("scheduled_for")
     said = [
         f"{_local(job, o.scheduled_for)} ({o.detail.split(' by ', 1)[-1].split(';')[0]})"
@@ -565,7 +573,7 @@ def not_run(since: datetime | None = None, limit: int = 200) -> FleetView:
     day), counted by fate, and the runs that ended otherwise than succeeded, by status. Reads
     the records' time index and the runs' dispatch index: never the whole history."""
     since = since or db_now() - timedelta(days=1)
-    records = Occurrence.objects.filter(recorded_at__gte=since)
+    records = first_records(Occurrence.objects.filter(recorded_at__gte=since))
     by_fate = {
         row["fate"]: row["n"] or 0
         for row in records.values("fate").annotate(n=Sum("count")).order_by()
@@ -592,9 +600,9 @@ def unaccounted(job: Job | int | str, start: datetime, end: datetime) -> list[da
         .distinct()
     )
     ranges = list(
-        Occurrence.objects.filter(job=job, last__gte=start, scheduled_for__lte=end).values_list(
-            "scheduled_for", "last"
-        )
+        first_records(
+            Occurrence.objects.filter(job=job, last__gte=start, scheduled_for__lte=end)
+        ).values_list("scheduled_for", "last")
     )
     return [
         t

@@ -1,7 +1,8 @@
 """The occurrence ledger's writes: what did not run, and why, recorded in the transaction that
 decided it (the claim's misfires, a resume, a cancel, a quarantine). What ran is its runs.
 
-Reading it back as answers ("what happened at 08:00?") is ``schedapp.explain``.
+Reading it back as answers ("what happened at 08:00?") is ``schedapp.explain``, through
+``first_records``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Exists, OuterRef, QuerySet
 
 from .models import Occurrence
 from .policies import MissedRange
@@ -49,3 +51,17 @@ def record_one(
 ) -> None:
     """One occurrence that will not run (a cancel, a quarantine, a run refused late)."""
     record([(job_id, MissedRange(at, at, 1, fate, detail))], decided_by, using)
+
+
+def first_records(records: QuerySet[Occurrence]) -> QuerySet[Occurrence]:
+    """``records`` less any that a record of the same (job, scheduled_for) with a lower id
+    precedes: the first decision stands for its readers too. On PostgreSQL the ledger is
+    partitioned by id and (job, scheduled_for) is unique within a partition only, so a
+    decision repeated across a partition boundary (a claim repeating itself after a lost
+    reply, a resume and the claim after it: seconds apart) writes a second record, which
+    ``ON CONFLICT DO NOTHING`` keeps out within one. Each record costs an index probe (the
+    partitions' unique indexes, those below its id only)."""
+    earlier = Occurrence.objects.filter(
+        job_id=OuterRef("job_id"), scheduled_for=OuterRef("scheduled_for"), id__lt=OuterRef("id")
+    )
+    return records.filter(~Exists(earlier))

@@ -886,7 +886,13 @@ class Occurrence(models.Model):
     transaction that made it, a range with its exact count (a job back after a year of
     minutes is one row, not half a million). An occurrence that ran is its runs instead
     (``JobRun`` rows with its ``scheduled_for``); ``schedapp.explain`` reads both as one
-    ledger. Unique by its first occurrence: a decision made twice keeps the first record."""
+    ledger. Unique by its first occurrence: a decision made twice keeps the first record.
+
+    On PostgreSQL the table is partitioned by range of id (migration 0048, as the runs are;
+    ``schedapp.partitions``) so that retention drops whole partitions; SQLite keeps one
+    table. The unique (job, scheduled_for) is then an index per partition: a decision repeated
+    across a partition boundary can write a second record, which the readers leave out
+    (``ledger.first_records``: the lowest id counts)."""
 
     job = models.ForeignKey(
         Job, on_delete=models.CASCADE, related_name="occurrences", db_index=False
