@@ -89,9 +89,9 @@ class Settings:
     HOUSEKEEPING_CRON: str = "17 3 * * *"
     RUN_RETENTION: timedelta = timedelta(days=30)
     RESULT_RETENTION: timedelta | None = None
-    # PostgreSQL: run history is partitioned by id (migration 0046); the beats make each new
-    # partition to hold about this long of runs at the observed rate (schedapp.partitions),
-    # and retention drops whole partitions.
+    # PostgreSQL: run history and the occurrence ledger are partitioned by id (migrations 0046,
+    # 0048); the beats make each new partition to hold about this long of rows at the rate
+    # observed (schedapp.partitions), and retention drops whole partitions.
     HISTORY_PARTITION: timedelta = timedelta(days=1)
     # Record every change to a job in the audit trail (schedapp.audit, the JobChange table).
     AUDIT: bool = True
