@@ -7,7 +7,7 @@ occurrences newest first, ``not_run`` is the fleet's view of what did not run la
 admin's timeline and fleet pages and ``manage.py schedapp_explain`` show these, nothing more.
 Every read of the records goes through ``ledger.first_records``: of an occurrence recorded
 twice (across two partitions of the ledger, PostgreSQL), the first decision is the one told
-and counted.
+and counted (``not_run`` looks for the first within its window only).
 """
 
 from __future__ import annotations
@@ -571,9 +571,13 @@ NOT_SUCCEEDED = (RunStatus.FAILED, RunStatus.LOST, RunStatus.SKIPPED, RunStatus.
 def not_run(since: datetime | None = None, limit: int = 200) -> FleetView:
     """The fleet's occurrences that did not run, recorded since ``since`` (default: the last
     day), counted by fate, and the runs that ended otherwise than succeeded, by status. Reads
-    the records' time index and the runs' dispatch index: never the whole history."""
+    the records' time index and the runs' dispatch index: never the whole history. An
+    occurrence recorded twice in the window counts once, as first decided; one whose first
+    record is older than the window counts as its second (none is looked for there)."""
     since = since or db_now() - timedelta(days=1)
-    records = first_records(Occurrence.objects.filter(recorded_at__gte=since))
+    # The first of a decision recorded twice among the window's records: looking further
+    # back for each would read the whole ledger (ledger.first_records).
+    records = first_records(Occurrence.objects.filter(recorded_at__gte=since), since)
     by_fate = {
         row["fate"]: row["n"] or 0
         for row in records.values("fate").annotate(n=Sum("count")).order_by()

@@ -53,15 +53,24 @@ def record_one(
     record([(job_id, MissedRange(at, at, 1, fate, detail))], decided_by, using)
 
 
-def first_records(records: QuerySet[Occurrence]) -> QuerySet[Occurrence]:
+def first_records(
+    records: QuerySet[Occurrence], recorded_since: datetime | None = None
+) -> QuerySet[Occurrence]:
     """``records`` less any that a record of the same (job, scheduled_for) with a lower id
     precedes: the first decision stands for its readers too. On PostgreSQL the ledger is
     partitioned by id and (job, scheduled_for) is unique within a partition only, so a
     decision repeated across a partition boundary (a claim repeating itself after a lost
-    reply, a resume and the claim after it: seconds apart) writes a second record, which
-    ``ON CONFLICT DO NOTHING`` keeps out within one. Each record costs an index probe (the
-    partitions' unique indexes, those below its id only)."""
+    reply, a resume and the claim after it) writes a second record, which ``ON CONFLICT DO
+    NOTHING`` keeps out within one.
+
+    Each record costs an index probe of the job's records (of the partitions below its id),
+    cheap for one job's reads; a read of the whole fleet's records over a window would make
+    it a scan of the whole ledger. ``recorded_since`` looks for the earlier records among
+    those recorded since then only (the window read), at the cost of counting a second
+    record whose first was recorded before it."""
     earlier = Occurrence.objects.filter(
         job_id=OuterRef("job_id"), scheduled_for=OuterRef("scheduled_for"), id__lt=OuterRef("id")
     )
+    if recorded_since is not None:
+        earlier = earlier.filter(recorded_at__gte=recorded_since)
     return records.filter(~Exists(earlier))
