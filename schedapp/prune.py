@@ -22,7 +22,7 @@ from django.db.models import QuerySet
 
 from .db import db_now
 from .models import ACTIVE_RUN_STATUSES, JobRun, Occurrence
-from .partitions import LEDGER, drop_expired_partitions
+from .partitions import TABLES, drop_expired_partitions
 
 log = logging.getLogger("schedapp.prune")
 
@@ -85,8 +85,9 @@ def prune_runs(
     # PostgreSQL: whole partitions of expired runs, then of expired ledger records, dropped
     # first, in constant time each (schedapp.partitions); the batches below delete what is
     # left, in the partitions kept.
-    dropped = drop_expired_partitions(older_than)
-    dropped += drop_expired_partitions(older_than, table=LEDGER)
+    dropped = [
+        name for table in TABLES for name in drop_expired_partitions(older_than, table=table)
+    ]
     # The conditions again with the ids: a run that changed meanwhile is left alone.
     # JobRun has no dependants, so each batch is one DELETE ... WHERE id IN (...).
     deleted, batches = _delete_in_batches(old, "dispatched_at", batch_size, max_batches, pause)

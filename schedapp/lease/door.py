@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from ..models import Job, JobRun
+from ..models import Job
 from ..store import DoorVerdict, get_store
+from .after_run import run_of
 from .rules import LeaseJob, LeaseRun, replacement_door
 
 # --- worker side -----------------------------------------------------------------------------
@@ -54,7 +55,7 @@ def admit_replacement(
             .values("token", "state", "lease_expires_at")
             .first()
         )
-        runs = JobRun.objects.filter(job_id=job_id, token=token)
+        runs = run_of(job_id, token)
         run = runs.values("status", "admission").first()
         decision = replacement_door(
             LeaseJob(**job) if job is not None else None,
