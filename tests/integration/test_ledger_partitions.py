@@ -23,17 +23,13 @@ from schedapp.db import db_now
 from schedapp.models import Fate, Job, Occurrence
 from schedapp.partitions import LEDGER, drop_expired_partitions, ensure_partitions
 from schedapp.prune import prune_runs
+from tests.migrating import files, migrate_noting
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
 BEFORE = ("schedapp", "0047_generic_plans")
 AFTER = ("schedapp", "0048_partitioned_ledger")
 CHECKSUM = "SELECT count(*), md5(string_agg(t::text, ',' ORDER BY id)) FROM schedapp_occurrence t"
-FILES = """
-SELECT c.relname, c.relfilenode FROM pg_class c
-WHERE c.oid = %s::regclass
-   OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)
-"""
 EIGHT = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)  # an occurrence of "0 8 * * *" long past
 
 
@@ -131,27 +127,12 @@ def test_the_migration_keeps_every_record_and_rebuilds_nothing_under_its_lock(un
     job_ids = _fill(unpartitioned)
     before = _rows(CHECKSUM)[0]
     assert before[0] == 2000
-    files_before = dict(_rows(FILES, ["schedapp_occurrence", "schedapp_occurrence"]))
+    files_before = files("schedapp_occurrence")
     fk_before = _one(
         "SELECT oid FROM pg_constraint WHERE conrelid = 'schedapp_occurrence'::regclass "
         "AND contype = 'f'"
     )
-    notices: list[str] = []
-    connection.ensure_connection()
-    raw = connection.connection
-
-    def handler(diagnostic) -> None:
-        notices.append(diagnostic.message_primary or "")
-
-    raw.add_notice_handler(handler)
-    with connection.cursor() as cursor:
-        cursor.execute("SET client_min_messages = debug1")
-    try:
-        MigrationExecutor(connection).migrate([AFTER])
-    finally:
-        raw.remove_notice_handler(handler)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET client_min_messages")
+    notices = migrate_noting(AFTER)
 
     # The same records, column by column, read through the partitioned table.
     assert _rows(CHECKSUM)[0] == before
@@ -167,7 +148,7 @@ def test_the_migration_keeps_every_record_and_rebuilds_nothing_under_its_lock(un
         for n in notices
     ), notices
     # ...no rewrite and no index built: the table and each index kept its file.
-    files_after = dict(_rows(FILES, ["schedapp_occurrence_legacy", "schedapp_occurrence_legacy"]))
+    files_after = files("schedapp_occurrence_legacy")
     renamed = {
         "schedapp_occurrence": "schedapp_occurrence_legacy",
         "schedapp_occurrence_pkey": "schedapp_occurrence_legacy_pkey",

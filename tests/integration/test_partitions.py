@@ -28,6 +28,7 @@ from schedapp.db import db_now
 from schedapp.lease import DoorVerdict
 from schedapp.partitions import drop_expired_partitions, ensure_partitions
 from tests.claiming import claim_one
+from tests.migrating import files, migrate_noting
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -92,38 +93,16 @@ def _fill(apps: Apps, jobs: int = 20, runs_per_job: int = 150) -> list[int]:
     return [job.id for job in made]
 
 
-FILES = """
-SELECT c.relname, c.relfilenode FROM pg_class c
-WHERE c.oid = %s::regclass
-   OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)
-"""
-
-
 def test_the_migration_keeps_every_row_and_rebuilds_nothing_under_its_lock(unpartitioned):
     job_ids = _fill(unpartitioned)
     before = _rows(CHECKSUM)[0]
     assert before[0] == 3000
-    files_before = dict(_rows(FILES, ["schedapp_jobrun", "schedapp_jobrun"]))
+    files_before = files("schedapp_jobrun")
     fk_before = _one(
         "SELECT oid FROM pg_constraint WHERE conrelid = 'schedapp_jobrun'::regclass "
         "AND contype = 'f'"
     )
-    notices: list[str] = []
-    connection.ensure_connection()
-    raw = connection.connection
-
-    def handler(diagnostic) -> None:
-        notices.append(diagnostic.message_primary or "")
-
-    raw.add_notice_handler(handler)
-    with connection.cursor() as cursor:
-        cursor.execute("SET client_min_messages = debug1")
-    try:
-        MigrationExecutor(connection).migrate([AFTER])
-    finally:
-        raw.remove_notice_handler(handler)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET client_min_messages")
+    notices = migrate_noting(AFTER)
 
     # The same rows, column by column, read through the partitioned table.
     assert _rows(CHECKSUM)[0] == before
@@ -138,7 +117,7 @@ def test_the_migration_keeps_every_row_and_rebuilds_nothing_under_its_lock(unpar
         'partition constraint for table "schedapp_jobrun_legacy" is implied' in n for n in notices
     ), notices
     # ...no rewrite and no index built: the table and each index kept its file.
-    files_after = dict(_rows(FILES, ["schedapp_jobrun_legacy", "schedapp_jobrun_legacy"]))
+    files_after = files("schedapp_jobrun_legacy")
     renamed = {
         "schedapp_jobrun": "schedapp_jobrun_legacy",
         "schedapp_jobrun_pkey": "schedapp_jobrun_legacy_pkey",
@@ -190,21 +169,28 @@ def _holding_the_run_table():  # type: ignore[no-untyped-def]
     return other
 
 
-def test_the_swap_waits_out_a_long_transaction_by_trying_again(unpartitioned, monkeypatch):
-    """Step 3 waits at most ``LOCK_TIMEOUT`` for its lock, so that a long transaction on the
-    run table cannot queue every claim and door behind the migration, and then tries again:
-    a transaction ending within its tries delays the swap, and fails nothing."""
+def _cut_and_validated(apps: Apps, monkeypatch, sleep):  # type: ignore[no-untyped-def]
+    """Migration 0046 (its lock waited for 100 ms at most, ``sleep`` between its tries) on a
+    few runs, through its steps 1 and 2; the module, its cut, and the rows' checksum."""
     migration = importlib.import_module("schedapp.migrations.0046_partitioned_runs")
     monkeypatch.setattr(migration, "LOCK_TIMEOUT", "100ms")
-    waits: list[float] = []
-    monkeypatch.setattr(
-        migration, "time", SimpleNamespace(sleep=lambda s: (waits.append(s), time.sleep(0.05)))
-    )
-    _fill(unpartitioned, jobs=2, runs_per_job=10)
+    monkeypatch.setattr(migration, "time", SimpleNamespace(sleep=sleep))
+    _fill(apps, jobs=2, runs_per_job=10)
     before = _rows(CHECKSUM)[0]
     with connection.cursor() as cursor:
         cut = migration.choose_cut(cursor)
         migration.validate(cursor)
+    return migration, cut, before
+
+
+def test_the_swap_waits_out_a_long_transaction_by_trying_again(unpartitioned, monkeypatch):
+    """Step 3 waits at most ``LOCK_TIMEOUT`` for its lock, so that a long transaction on the
+    run table cannot queue every claim and door behind the migration, and then tries again:
+    a transaction ending within its tries delays the swap, and fails nothing."""
+    waits: list[float] = []
+    migration, cut, before = _cut_and_validated(
+        unpartitioned, monkeypatch, sleep=lambda s: (waits.append(s), time.sleep(0.05))
+    )
     # Given a transaction holding the table as the swap begins, ending a moment later
     other = _holding_the_run_table()
     ending = threading.Timer(0.5, other.execute, ["COMMIT"])
@@ -224,15 +210,8 @@ def test_the_swap_waits_out_a_long_transaction_by_trying_again(unpartitioned, mo
 def test_a_swap_out_of_tries_leaves_one_table_and_a_second_run_takes_up_its_cut(
     unpartitioned, monkeypatch
 ):
-    migration = importlib.import_module("schedapp.migrations.0046_partitioned_runs")
-    monkeypatch.setattr(migration, "LOCK_TIMEOUT", "100ms")
+    migration, cut, before = _cut_and_validated(unpartitioned, monkeypatch, sleep=lambda s: None)
     monkeypatch.setattr(migration, "LOCK_TRIES", 2)
-    monkeypatch.setattr(migration, "time", SimpleNamespace(sleep=lambda s: None))
-    _fill(unpartitioned, jobs=2, runs_per_job=10)
-    before = _rows(CHECKSUM)[0]
-    with connection.cursor() as cursor:
-        cut = migration.choose_cut(cursor)
-        migration.validate(cursor)
     # Given a transaction holding the table through every try
     other = _holding_the_run_table()
     try:
