@@ -99,3 +99,20 @@ def _fill(sql: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         sql = sql.replace("{" + key + "}", value)
     return sql
+
+
+# The job table's CHECK constraints that PostgreSQL holds in a shorter form than Django's, as
+# they are today (checks.sql's header says why). Migrations apply frozen copies.
+CHECKS_FILE = Path(__file__).parent / "checks.sql"
+
+
+@cache
+def job_checks() -> dict[str, str]:
+    """Each constraint's name and condition, as checks.sql writes them (comments left out)."""
+    parts = _NAME.split(CHECKS_FILE.read_text())[1:]
+    return {
+        name: "\n".join(
+            line for line in body.splitlines() if line.strip() and not line.startswith("--")
+        )
+        for name, body in zip(parts[::2], parts[1::2], strict=True)
+    }
