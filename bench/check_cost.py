@@ -7,13 +7,16 @@ PostgreSQL parses every CHECK constraint of a table again (``stringToNode`` of i
 expression, then ``ExecPrepareExpr``) each time a statement that writes the table starts
 (``ExecRelCheck`` builds them per result relation, per execution), cached plan or not. The
 success rewrites its job row in a statement of its own (``schedapp_succeed_run_v5``), so each
-execution pays for all of the job table's constraints, 51 of them today (about 45 KB of
-stored node trees: Django's range checks on every integer, timestamp and interval field, the
-choices, the schedule's shape). A claim pays once per batch.
+execution pays for all of the job table's constraints: 51 of them, about 45 KB of stored
+node trees in the form Django writes them (range checks on every integer, timestamp and
+interval field, the choices, the schedule's shape), 27 KB since migration 0049 holds 31 of
+them in a shorter form of the same rules (``schedapp/sql/checks.sql``). A claim pays once
+per batch.
 
-Without ``--overhead``: ``bench.door_cost``'s ``hooks`` and ``sql`` paths, alternately on a
-fresh database with the job table's CHECK constraints kept and with every one of them
-dropped (bench only: nothing in schedapp drops them), ``--pairs`` times. With
+Without ``--overhead``: ``bench.door_cost``'s ``hooks`` and ``sql`` paths on a fresh database,
+in turn with the job table's CHECK constraints as migrated (``compact``), with those 31 put
+back in Django's form as before 0049 (``django``), and with every one of them dropped
+(``none``; bench only: nothing in schedapp drops them), ``--pairs`` times. With
 ``--overhead``: ``bench.overhead`` (its arguments after ``--overhead``) with them dropped, to
 read beside a run of ``bench.overhead`` as it is.
 """
@@ -21,6 +24,7 @@ read beside a run of ``bench.overhead`` as it is.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Any
 
@@ -38,13 +42,36 @@ def drop_checks(db: str, table: str = "schedapp_job") -> int:
     return len(names)
 
 
-def _door_and_success(n: int, drop: bool) -> dict[str, Any]:
+def django_forms(db: str, table: str = "schedapp_job") -> int:
+    """Put the constraints migration 0049 shortened back in Django's form, as before it."""
+    forms = importlib.import_module("schedapp.migrations.0049_compact_job_checks").DJANGO
+    with common.connect(db) as conn:
+        for name, condition in forms.items():
+            conn.execute(
+                f"ALTER TABLE {table} DROP CONSTRAINT {name}, "
+                f"ADD CONSTRAINT {name} CHECK ({condition})"
+            )
+    return len(forms)
+
+
+ARMS = ("compact", "django", "none")
+
+
+def _door_and_success(n: int, arm: str) -> dict[str, Any]:
     from django.db import connection
 
     overhead.setup()
-    dropped = drop_checks(overhead.DB) if drop else 0
+    if arm == "none":
+        changed = drop_checks(overhead.DB)
+    else:
+        changed = django_forms(overhead.DB) if arm == "django" else 0
+    with common.connect(overhead.DB) as conn:
+        (size,) = conn.execute(
+            "SELECT coalesce(sum(length(conbin::text)), 0) FROM pg_constraint "
+            "WHERE contype = 'c' AND conrelid = 'schedapp_job'::regclass"
+        ).fetchone()
     connection.close()
-    results: dict[str, Any] = {"checks_dropped": dropped}
+    results: dict[str, Any] = {"arm": arm, "changed": changed, "check_trees_bytes": size}
     results.update(door_cost.through_hooks(n))
     results.update(door_cost.as_raw_sql(n))
     return results
@@ -65,16 +92,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=4000)
-    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=2, help="rounds of the three arms")
     args = parser.parse_args(argv)
     rounds = []
     for _ in range(args.pairs):
-        for drop in (False, True):
-            r = _door_and_success(args.n, drop)
+        for arm in ARMS:
+            r = _door_and_success(args.n, arm)
             rounds.append(r)
-            side = f"checks dropped ({r['checks_dropped']})" if drop else "checks kept"
+            side = f"{arm} ({r['check_trees_bytes'] / 1000:.1f} KB)"
             print(
-                f"{side:21s} "
+                f"{side:18s} "
                 + " | ".join(
                     f"{k}: wall {r[k]['wall_ms']:.3f} ms, client CPU {r[k]['client_ms']:.3f} ms, "
                     f"PostgreSQL CPU {r[k]['backend_ms']:.3f} ms"
