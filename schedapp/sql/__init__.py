@@ -70,14 +70,7 @@ RETIRED_FUNCTIONS = frozenset(
 def queries() -> dict[str, str]:
     """Every named query, its comments stripped and ``{due_levels}``, ``{claim_rows}``, the
     priority bounds, the dispatch wait's cap and run_recent's lateness filled in."""
-    text = (Path(__file__).parent / "queries.sql").read_text()
-    parts = _NAME.split(text)[1:]
-    raw = {
-        name: "\n".join(
-            line for line in body.splitlines() if line.strip() and not line.startswith("--")
-        )
-        for name, body in zip(parts[::2], parts[1::2], strict=True)
-    }
+    raw = _blocks((Path(__file__).parent / "queries.sql").read_text())
     constants = {
         "MAX_PRIORITY": str(MAX_PRIORITY),
         "MIN_PRIORITY": str(MIN_PRIORITY),
@@ -95,6 +88,17 @@ def query(name: str) -> str:
     return queries()[name]
 
 
+def _blocks(text: str) -> dict[str, str]:
+    """A file's "-- name: <name>" blocks, each without its comment and blank lines."""
+    parts = _NAME.split(text)[1:]
+    return {
+        name: "\n".join(
+            line for line in body.splitlines() if line.strip() and not line.startswith("--")
+        )
+        for name, body in zip(parts[::2], parts[1::2], strict=True)
+    }
+
+
 def _fill(sql: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         sql = sql.replace("{" + key + "}", value)
@@ -109,10 +113,4 @@ CHECKS_FILE = Path(__file__).parent / "checks.sql"
 @cache
 def job_checks() -> dict[str, str]:
     """Each constraint's name and condition, as checks.sql writes them (comments left out)."""
-    parts = _NAME.split(CHECKS_FILE.read_text())[1:]
-    return {
-        name: "\n".join(
-            line for line in body.splitlines() if line.strip() and not line.startswith("--")
-        )
-        for name, body in zip(parts[::2], parts[1::2], strict=True)
-    }
+    return _blocks(CHECKS_FILE.read_text())
