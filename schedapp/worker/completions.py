@@ -5,13 +5,15 @@ the main process for lost pool processes and hard time limits), ``task_postrun``
 that raised ``Ignore`` or ``Reject``), ``task_revoked`` and an unknown task (main process)
 each become an ``Outcome``, written fenced by token and idempotent, and retried through a
 database outage for as long as the run's lease may be alive. A plain success waits in the
-pool process (``PendingSuccesses``) for its next door to carry it; the rest are written as
-they happen.
+pool process (``PendingSuccesses``) for its next door to carry it, unless its task's body
+waited (``body_waited``): the process's thread then writes it while the next body runs. The
+rest are written as they happen.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +46,13 @@ log = logging.getLogger("schedapp.worker")
 # The request attribute that holds the Retry of a ``self.retry(throw=False)`` call (set by
 # the door's ``retried_quietly``, read when the task ends).
 QUIET_RETRY = "schedapp_quiet_retry"
+# The request attribute where the door notes when the task's body started: (monotonic clock,
+# the thread's CPU clock).
+BODY_STARTED = "schedapp_body_started"
+# A body that spent at least this long off the CPU (a sleep, I/O) marks its success to be
+# written by the pool process's thread during the next body, which is likely to wait too,
+# rather than carried by the next door, whose time is the worker's (``Door.check``).
+WAITED = 0.002
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class Outcome:
     state: str  # SUCCEEDED, FAILED or SKIPPED
     retry_for: float  # how long its write may be retried: at least the run's lease
     fields: dict[str, Any] = field(default_factory=dict)  # ``complete_run``'s keywords
+    waited: bool = False  # a success whose task's body waited (``body_waited``)
 
     @property
     def carries_headers(self) -> bool:
@@ -84,10 +94,11 @@ class Completions:
         """The successes waiting, for a door to carry (none when nothing waits here)."""
         return self.pending.take() if self.pending is not None else []
 
-    def give_back(self, outcomes: list[Outcome]) -> None:
-        """Successes a door took and could not write: the linger thread writes them."""
+    def write_soon(self, outcomes: list[Outcome]) -> None:
+        """Successes the process's thread writes at once: those a door took and could not
+        write, and those of a task that waited, which the door leaves to it."""
         if self.pending is not None:
-            self.pending.give_back(outcomes)
+            self.pending.write_soon(outcomes)
 
     # --- Celery's signals --------------------------------------------------------------
 
@@ -102,6 +113,7 @@ class Completions:
             SUCCEEDED,
             headers=run_headers(request),
             lease=run_lease(request),
+            waited=body_waited(request),
         )
 
     def on_task_failure(
@@ -224,7 +236,12 @@ class Completions:
     # --- writing -----------------------------------------------------------------------
 
     def complete(
-        self, task_id: str | None, state: str, lease: float | None = None, **fields: Any
+        self,
+        task_id: str | None,
+        state: str,
+        lease: float | None = None,
+        waited: bool = False,
+        **fields: Any,
     ) -> None:
         """Record an outcome, retried through a database outage for at least the run's lease
         (``lease``: the one it was dispatched with; schedapp's default if unknown)."""
@@ -232,7 +249,7 @@ class Completions:
         if claim is None:
             return
         outcome = Outcome(
-            claim, state, lease or get_settings().DEFAULT_LEASE_SECONDS, fields=fields
+            claim, state, lease or get_settings().DEFAULT_LEASE_SECONDS, fields, waited
         )
         if self.pending is not None and outcome.carries_headers:
             self.pending.add(outcome, outcome.retry_for)
@@ -304,6 +321,16 @@ def count_outcome(result: CompletionResult | None, state: str) -> None:
             dead=result.dead,
             carried_on=result.carried_on,
         )
+
+
+def body_waited(request: Any) -> bool:
+    """Whether the task's body, since the door admitted it, spent ``WAITED`` seconds or more
+    off the CPU of the thread that ran it."""
+    started = getattr(request, BODY_STARTED, None)
+    if started is None:
+        return False
+    wall, cpu = started
+    return (time.monotonic() - wall) - (time.thread_time() - cpu) >= WAITED
 
 
 def _expired_early(claim: tuple[int, int], expires: Any) -> None:

@@ -4,7 +4,8 @@ It runs in the process or thread that executes the task (the task's ``before_sta
 by ``install_door``): the run starts only if its claim is still the job's current one and its
 lease has not expired; admission extends the lease. A refused run raises ``Refused``, so
 Celery acknowledges the message without running the task. The successes this process
-recorded since its last door ride with it, in the same statement (``Completions``). The door
+recorded since its last door ride with it, in the same statement (``Completions``), except
+those of tasks that waited, which the process's thread writes while the next body runs. The door
 also hands a run over to a task's replacement (``Task.replace``), notes a retry asked for
 without raising (``retry(throw=False)``), and fails every run admitted on a green pool.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -32,7 +34,7 @@ from ..lease import (
 )
 from ..message import HEADER_ADMISSION, parse_task_id
 from .board import DoorBoard
-from .completions import QUIET_RETRY, Completions, Outcome, count_outcome
+from .completions import BODY_STARTED, QUIET_RETRY, Completions, Outcome, count_outcome
 from .pools import green_pool_problem
 from .refusals import Refused
 from .waits import door_retries, statement_wait
@@ -100,6 +102,7 @@ class Door:
             if self.green_pool is not None:
                 self._decline_on_green_pool(task, claim, worker)
             setattr(task.request, HEADER_ADMISSION, admission)  # for a replacement to carry
+            setattr(task.request, BODY_STARTED, (time.monotonic(), time.thread_time()))
             return
         metrics.door_skipped(verdict.value)
         log.warning(
@@ -122,36 +125,46 @@ class Door:
         run_id: int | None = None,
     ) -> DoorVerdict:
         """The door's database work: one round trip, carrying the successes this process
-        recorded since its last one. If that fails, they go back to the linger thread and
-        the door is tried alone, for as long as the run's ``lease`` may be alive."""
+        recorded since its last one. If that fails, they go back to the thread and the door
+        is tried alone, for as long as the run's ``lease`` may be alive.
+
+        The success of a task whose body waited is not carried: the thread writes it once the
+        door has answered, while the body it admitted runs. A backlog of such tasks then pays
+        for the admission alone between two bodies, at the price of a second commit per
+        execution; a backlog of tasks that keep the CPU busy (no time to write in) carries
+        them, one commit per execution."""
         lease = lease or get_settings().DEFAULT_LEASE_SECONDS
         pending = self.completions.take_pending()
-        if pending:
-            successes = [(*o.claim, o.fields["headers"]) for o in pending]
-            try:
-                verdict, results = with_retries(
-                    lambda: admit_run_after_successes(
-                        successes, job_id, token, worker, admission, run_id=run_id
-                    ),
-                    what="door",
-                    attempts=3,
-                    attempt_timeout=statement_wait(lease),
-                )
-            except BaseException as exc:  # the linger thread writes them, with its retries
-                # (a stop landing here, SystemExit: the process's exit writes them; if the
-                # door's commit landed after all, writing them again changes nothing)
-                self.completions.give_back(pending)
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                for result in results:
-                    count_outcome(result, SUCCEEDED)
-                return verdict
-        return with_retries(
-            lambda: admit_run(job_id, token, worker, admission, run_id),
-            what="door",
-            **door_retries(lease),
-        )
+        carried = [o for o in pending if not o.waited]
+        try:
+            if carried:
+                successes = [(*o.claim, o.fields["headers"]) for o in carried]
+                try:
+                    verdict, results = with_retries(
+                        lambda: admit_run_after_successes(
+                            successes, job_id, token, worker, admission, run_id=run_id
+                        ),
+                        what="door",
+                        attempts=3,
+                        attempt_timeout=statement_wait(lease),
+                    )
+                except BaseException as exc:  # the thread writes them, with its retries
+                    # (a stop landing here, SystemExit: the process's exit writes them; if
+                    # the door's commit landed after all, writing them again changes nothing)
+                    self.completions.write_soon(carried)
+                    if not isinstance(exc, Exception):
+                        raise
+                else:
+                    for result in results:
+                        count_outcome(result, SUCCEEDED)
+                    return verdict
+            return with_retries(
+                lambda: admit_run(job_id, token, worker, admission, run_id),
+                what="door",
+                **door_retries(lease),
+            )
+        finally:
+            self.completions.write_soon([o for o in pending if o.waited])
 
     def _decline_on_green_pool(self, task: Any, claim: tuple[int, int], worker: str) -> None:
         """A run the door admitted on a worker whose pool is green fails there and then,

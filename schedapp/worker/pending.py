@@ -7,6 +7,7 @@ success) instead of two, for a process working through a backlog.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,8 @@ class PendingSuccesses:
     A pool process working through a backlog then makes one database round trip and one
     commit per execution (the door of the next run with the completions of the previous
     ones) instead of two. A success that no door takes within ``linger`` seconds is written
-    by this object's thread, so an idle process records its completions at once. A process
+    by this object's thread, so an idle process records its completions at once; so is one
+    the door hands back to it (``write_soon``), which the thread writes at once. A process
     on its way out (recycled by ``max_tasks_per_child`` or ``max_memory_per_child``, shrunk
     by the autoscaler, shut down) writes what is left and waits for what its thread is
     writing, through a database outage, for as long as those writes may be retried (their
@@ -66,13 +68,15 @@ class PendingSuccesses:
             items, self._items = self._items, []
         return [item for _, item in items]
 
-    def give_back(self, items: list[Any]) -> None:
-        """Items a door took and could not write: the thread writes them at its next tick."""
+    def write_soon(self, items: list[Any]) -> None:
+        """Items the thread writes at once: those a door took and could not write, and
+        those a door left for it (``Completions.write_soon``)."""
+        if not items:
+            return
         with self._lock:
-            self._items[:0] = [(0.0, item) for item in items]
-            wake, self._idle = self._idle, False
-        if wake:
-            self._wake.set()
+            self._items[:0] = [(-math.inf, item) for item in items]  # due whatever the clock
+            self._idle = False
+        self._wake.set()  # cuts a tick short, or wakes an idle thread
 
     def close(self) -> None:
         """Write what waits, once the thread is done with what it is writing. The wait is
@@ -87,12 +91,13 @@ class PendingSuccesses:
             self._write(items)
 
     def _run(self) -> None:
-        """Tick every ``linger`` while anything waits; write what waited that long."""
+        """Write what waited ``linger`` (or was handed over by ``write_soon``), ticking every
+        ``linger`` while anything waits; idle, wait to be woken."""
         try:
             while not self._stop.is_set():
                 self._wake.wait()
                 self._wake.clear()
-                while not self._stop.wait(self.linger):
+                while not self._stop.is_set():
                     with self._lock:
                         cutoff = time.monotonic() - self.linger
                         due = [item for t, item in self._items if t <= cutoff]
@@ -100,12 +105,13 @@ class PendingSuccesses:
                         if not due and not self._items:
                             self._idle = True
                             break
-                    if due:
-                        try:
-                            self._write(due)
-                        except Exception:  # the writer logs its own failures; keep the thread
-                            log.exception(
-                                "completion writer failed", extra={"action": "writer_error"}
-                            )
+                    if not due:
+                        self._wake.wait(self.linger)  # a tick; write_soon and close cut it short
+                        self._wake.clear()
+                        continue
+                    try:
+                        self._write(due)
+                    except Exception:  # the writer logs its own failures; keep the thread
+                        log.exception("completion writer failed", extra={"action": "writer_error"})
         finally:
             reset_connection()  # this thread's own connection

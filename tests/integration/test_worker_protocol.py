@@ -632,12 +632,12 @@ def pool_hooks(linger: float = 3600.0):
     return hooks
 
 
-def succeeded_in(hooks, name: str = "every-minute") -> lease.ClaimedRun:
+def succeeded_in(hooks, name: str = "every-minute", waited: bool = False) -> lease.ClaimedRun:
     """A recurring run admitted and succeeded in the pool process of ``hooks``: its success
-    waits there for the process's next door."""
+    waits there for the process's next door (``waited``: its task's body waited)."""
     _, run = claim_one(name=name, interval=60)
     admit_run(run.job_id, run.token, "w1", f"admission-{name}")
-    hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run))
+    hooks.completions.complete(run.task_id, lease.SUCCEEDED, headers=headers_of(run), waited=waited)
     return run
 
 
@@ -682,6 +682,38 @@ def test_a_door_carrying_successes_is_one_statement(successes, function_calls):
     assert len(function_calls) == 1, function_calls  # one round trip and one commit for all
     assert {_run_status(r) for r in done} == {RunStatus.SUCCEEDED}
     assert _run_status(nxt) == RunStatus.RUNNING
+    hooks.completions.close_pending()
+
+
+def test_a_door_leaves_the_success_of_a_task_that_waited_to_the_thread(monkeypatch):
+    from schedapp.worker import door
+
+    carried = []
+    admit_after = door.admit_run_after_successes
+
+    def carrying(successes, *args, **kwargs):
+        carried.extend((job_id, token) for job_id, token, _ in successes)
+        return admit_after(successes, *args, **kwargs)
+
+    monkeypatch.setattr(door, "admit_run_after_successes", carrying)
+    # Given two successes waiting in a pool process whose thread never writes on its own
+    # (an hour's linger): one of a task that kept the CPU busy, one of a task that waited
+    hooks = pool_hooks()
+    busy = succeeded_in(hooks, "busy")
+    waited = succeeded_in(hooks, "waited", waited=True)
+    _, nxt = claim_one(name="next")
+    # When the process admits its next run
+    hooks.door.admit(_Task(), nxt.task_id)
+    # Then the door carried the busy task's success only
+    assert carried == [(busy.job_id, busy.token)]
+    assert _run_status(busy) == RunStatus.SUCCEEDED
+    assert _run_status(nxt) == RunStatus.RUNNING
+    # and the thread wrote the other once the door had answered, not after its linger
+    assert _status_within(waited, RunStatus.SUCCEEDED) == RunStatus.SUCCEEDED
+    assert Job.objects.get(pk=waited.job_id).scheduled_for == waited.scheduled_for + timedelta(
+        seconds=60
+    )
+    assert hooks.completions.take_pending() == []
     hooks.completions.close_pending()
 
 

@@ -42,6 +42,7 @@ def test_an_object_replaced_on_the_hooks_after_they_were_connected_gets_the_sign
     # completions replaced: the bench's seam
     replacement = Recorder()
     monkeypatch.setattr(hooks, "completions", replacement)
+
     # When Celery sends a task's success
     class Task:  # a signal's sender must be hashable
         request = SimpleNamespace(id=task_id_for(*CLAIM))
@@ -102,6 +103,70 @@ def test_a_success_with_headers_waits_for_a_door_and_any_other_outcome_is_writte
         assert waiting.carries_headers
     finally:
         done.close_pending()
+
+
+def test_the_thread_writes_at_once_what_a_door_hands_it_whatever_its_linger():
+    from schedapp.worker.pending import PendingSuccesses
+
+    written: list[list] = []
+    wrote = threading.Event()
+
+    def write(items: list) -> None:
+        written.append(items)
+        wrote.set()
+
+    pending = PendingSuccesses(write, linger=3600.0)  # never on its own within this test
+    try:
+        pending.add("carried by a door", 60.0)
+        pending.write_soon(["left to the thread"])
+        assert wrote.wait(10.0), "the thread did not write what it was handed"
+        assert written == [["left to the thread"]]
+        assert pending.take() == ["carried by a door"]  # the rest still waits for a door
+    finally:
+        pending.close()
+
+
+@pytest.mark.parametrize(
+    ("wall", "cpu", "waited"),
+    [
+        (0.005, 0.0001, True),  # a 5 ms sleep
+        (0.005, 0.0045, False),  # 5 ms of computing, half a millisecond of waiting
+        (0.0015, 0.0, False),  # a wait shorter than WAITED
+        (0.5, 0.49, True),  # a long computation that also waited 10 ms
+    ],
+)
+def test_a_body_waited_when_its_time_off_the_cpu_reached_the_threshold(
+    monkeypatch, wall, cpu, waited
+):
+    clocks = {"monotonic": 100.0, "thread_time": 7.0}
+    monkeypatch.setattr(
+        completions,
+        "time",
+        SimpleNamespace(
+            monotonic=lambda: clocks["monotonic"], thread_time=lambda: clocks["thread_time"]
+        ),
+    )
+    request = SimpleNamespace(**{completions.BODY_STARTED: (100.0, 7.0)})
+    clocks["monotonic"] += wall
+    clocks["thread_time"] += cpu
+    assert completions.body_waited(request) is waited
+    assert completions.body_waited(SimpleNamespace()) is False  # no door admitted it
+
+
+def test_a_success_says_whether_its_body_waited(monkeypatch):
+    monkeypatch.setattr(completions, "body_waited", lambda request: request.slept)
+    monkeypatch.setattr(completions, "run_headers", lambda request: {"h": 1})
+    monkeypatch.setattr(completions, "run_lease", lambda request: 30.0)
+    done = Completions()
+    done.open_pending(linger=60.0)
+    try:
+        for job_id, slept in ((7, True), (8, False)):
+            request = SimpleNamespace(id=task_id_for(job_id, 1), slept=slept)
+            done.on_task_success(sender=SimpleNamespace(request=request))
+        waiting = done.take_pending()
+    finally:
+        done.close_pending()
+    assert [(o.claim, o.waited) for o in waiting] == [((7, 1), True), ((8, 1), False)]
 
 
 def test_the_node_row_is_written_at_most_every_node_heartbeat_unless_forced(monkeypatch):
