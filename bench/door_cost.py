@@ -12,10 +12,12 @@ in Redis), then taken in order, each through:
   run's success) and ``on_task_success``, as a prefork pool process runs them;
 
 and, on a second staging, ``sql``: the same door and success as one raw statement on a
-plain psycopg connection (no Django, no hooks). The CPU of the one backend serving the loop
-is read from /proc, as ``bench.overhead`` reads it. Nothing here runs concurrently, so the
-figures are what a door costs without contention; ``bench.overhead`` measures it inside a
-worker.
+plain psycopg connection (no Django, no hooks); on a third, ``sql door`` and ``sql success``:
+every door alone, then every success alone, as a pool process writes them after a task that
+waited (the door in the slot, the success by its thread during the next body). The CPU of
+the one backend serving the loop is read from /proc, as ``bench.overhead`` reads it. Nothing
+here runs concurrently, so the figures are what a door costs without contention;
+``bench.overhead`` measures it inside a worker.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     results = {"n": n, "machine": common.machine()}
     results.update(through_hooks(n))
     results.update(as_raw_sql(n))
-    for name in ("select 1", "hooks", "sql"):
+    results.update(apart(n))
+    for name in ("select 1", "hooks", "sql", "sql door", "sql success"):
         r = results[name]
         print(f"{name:9s} wall {r['wall_ms']:.3f} ms, client CPU {r['client_ms']:.3f} ms, "
               f"PostgreSQL CPU {r['backend_ms']:.3f} ms per execution")
@@ -123,6 +126,26 @@ def as_raw_sql(n: int) -> dict[str, Any]:
         out = {"sql": _timed(rows, door, conn.info.backend_pid)}
         conn.execute(query("succeed_run"), _one_off_success(*previous.pop()))
     _check(n, out, "sql")
+    return out
+
+
+def apart(n: int) -> dict[str, Any]:
+    """Each door alone, then each success alone, timed apart."""
+    from schedapp.sql import query
+
+    _stage(n)
+    with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT r.job_id, r.token, j.scheduled_for, r.id FROM schedapp_jobrun r "
+            "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
+        pid = conn.info.backend_pid
+        out = {
+            "sql door": _timed(rows, lambda row: conn.execute(
+                query("admit_run"), [row[0], row[1], "bench@door", "a", row[3]]), pid),
+            "sql success": _timed(rows, lambda row: conn.execute(
+                query("succeed_run"), _one_off_success(*row)), pid),
+        }
+    _check(n, out, "sql door")
     return out
 
 

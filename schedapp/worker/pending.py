@@ -31,7 +31,8 @@ class PendingSuccesses:
     by the autoscaler, shut down) writes what is left and waits for what its thread is
     writing, through a database outage, for as long as those writes may be retried (their
     runs' lease; ``close``). A pool process killed outright loses the successes still
-    waiting (at most ``linger`` old, or those of the run before a door in flight), whose
+    waiting (at most ``linger`` old, those of the run before a door in flight, or one a
+    door handed to the thread a moment before, not yet written), whose
     leases then expire like those of any killed worker: the occurrence runs again.
     Failures are not held here: they are written as they happen.
     """
