@@ -20,6 +20,11 @@ from typing import Any
 
 from celery import states
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 from .. import metrics
 from ..conf import get_settings
 from ..context import run_headers, run_id_of, run_lease
@@ -46,13 +51,13 @@ log = logging.getLogger("schedapp.worker")
 # The request attribute that holds the Retry of a ``self.retry(throw=False)`` call (set by
 # the door's ``retried_quietly``, read when the task ends).
 QUIET_RETRY = "schedapp_quiet_retry"
-# The request attribute where the door notes when the task's body started: (monotonic clock,
-# the thread's CPU clock).
+# The request attribute where the door notes when the task's body started (``body_clocks``).
 BODY_STARTED = "schedapp_body_started"
-# A body that spent at least this long off the CPU (a sleep, I/O) marks its success to be
-# written by the pool process's thread during the next body, which is likely to wait too,
-# rather than carried by the next door, whose time is the worker's (``Door.check``).
+# A body that blocked (a sleep, I/O) and spent at least this long off the CPU marks its
+# success to be written by the pool process's thread during the next body, which is likely to
+# wait too, rather than carried by the next door, whose time is the worker's (``Door.check``).
 WAITED = 0.002
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
 
 
 @dataclass(frozen=True)
@@ -323,13 +328,30 @@ def count_outcome(result: CompletionResult | None, state: str) -> None:
         )
 
 
+def body_clocks() -> tuple[float, float, int]:
+    """What ``body_waited`` compares: the wall clock, this thread's CPU clock and its
+    voluntary context switches (-1 where the platform does not count them per thread)."""
+    return time.monotonic(), time.thread_time(), _blocked()
+
+
+def _blocked() -> int:
+    """This thread's voluntary context switches: each time it blocked (a sleep, I/O, a lock),
+    as opposed to being descheduled by a busy machine, which is involuntary."""
+    if _RUSAGE_THREAD is None:
+        return -1
+    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
+
+
 def body_waited(request: Any) -> bool:
-    """Whether the task's body, since the door admitted it, spent ``WAITED`` seconds or more
-    off the CPU of the thread that ran it."""
+    """Whether the task's body, since the door admitted it (``body_clocks``), blocked and
+    spent ``WAITED`` seconds or more off the CPU of the thread that ran it. A body that never
+    blocked did not wait, however long a busy machine kept it off the CPU."""
     started = getattr(request, BODY_STARTED, None)
     if started is None:
         return False
-    wall, cpu = started
+    wall, cpu, switches = started
+    if switches >= 0 and _blocked() == switches:
+        return False
     return (time.monotonic() - wall) - (time.thread_time() - cpu) >= WAITED
 
 

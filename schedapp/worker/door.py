@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 import uuid
 from typing import Any
 
@@ -34,7 +33,7 @@ from ..lease import (
 )
 from ..message import HEADER_ADMISSION, parse_task_id
 from .board import DoorBoard
-from .completions import BODY_STARTED, QUIET_RETRY, Completions, Outcome, count_outcome
+from .completions import BODY_STARTED, QUIET_RETRY, Completions, Outcome, body_clocks, count_outcome
 from .pools import green_pool_problem
 from .refusals import Refused
 from .waits import door_retries, statement_wait
@@ -102,7 +101,7 @@ class Door:
             if self.green_pool is not None:
                 self._decline_on_green_pool(task, claim, worker)
             setattr(task.request, HEADER_ADMISSION, admission)  # for a replacement to carry
-            setattr(task.request, BODY_STARTED, (time.monotonic(), time.thread_time()))
+            setattr(task.request, BODY_STARTED, body_clocks())
             return
         metrics.door_skipped(verdict.value)
         log.warning(

@@ -4,6 +4,7 @@ only through the whole ``WorkerHooks`` before it was split (issue 27, item 5).""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -127,18 +128,20 @@ def test_the_thread_writes_at_once_what_a_door_hands_it_whatever_its_linger():
 
 
 @pytest.mark.parametrize(
-    ("wall", "cpu", "waited"),
+    ("wall", "cpu", "blocked", "waited"),
     [
-        (0.005, 0.0001, True),  # a 5 ms sleep
-        (0.005, 0.0045, False),  # 5 ms of computing, half a millisecond of waiting
-        (0.0015, 0.0, False),  # a wait shorter than WAITED
-        (0.5, 0.49, True),  # a long computation that also waited 10 ms
+        (0.005, 0.0001, 1, True),  # a 5 ms sleep
+        (0.005, 0.0045, 1, False),  # 5 ms of computing, half a millisecond of waiting
+        (0.0015, 0.0, 1, False),  # a wait shorter than WAITED
+        (0.5, 0.49, 3, True),  # a long computation that also waited 10 ms
+        (0.005, 0.0001, 0, False),  # never blocked: descheduled by a busy machine
+        (0.005, 0.0001, None, True),  # a platform that does not count its switches
     ],
 )
-def test_a_body_waited_when_its_time_off_the_cpu_reached_the_threshold(
-    monkeypatch, wall, cpu, waited
+def test_a_body_waited_when_it_blocked_and_its_time_off_the_cpu_reached_the_threshold(
+    monkeypatch, wall, cpu, blocked, waited
 ):
-    clocks = {"monotonic": 100.0, "thread_time": 7.0}
+    clocks = {"monotonic": 100.0, "thread_time": 7.0, "switches": 40}
     monkeypatch.setattr(
         completions,
         "time",
@@ -146,11 +149,23 @@ def test_a_body_waited_when_its_time_off_the_cpu_reached_the_threshold(
             monotonic=lambda: clocks["monotonic"], thread_time=lambda: clocks["thread_time"]
         ),
     )
-    request = SimpleNamespace(**{completions.BODY_STARTED: (100.0, 7.0)})
+    monkeypatch.setattr(
+        completions, "_blocked", lambda: clocks["switches"] if blocked is not None else -1
+    )
+    request = SimpleNamespace(**{completions.BODY_STARTED: completions.body_clocks()})
     clocks["monotonic"] += wall
     clocks["thread_time"] += cpu
+    clocks["switches"] += blocked or 0
     assert completions.body_waited(request) is waited
     assert completions.body_waited(SimpleNamespace()) is False  # no door admitted it
+
+
+def test_a_sleep_is_a_voluntary_switch_on_this_machine():
+    """The real clocks ``body_waited`` reads: a task that sleeps blocked (where counted)."""
+    start = completions.body_clocks()
+    time.sleep(0.01)
+    slept = completions.body_clocks()
+    assert slept[2] > start[2] or slept[2] == -1
 
 
 def test_a_success_says_whether_its_body_waited(monkeypatch):
