@@ -104,18 +104,28 @@ def _one_off_success(job: int, token: int, scheduled_for: Any, run: int) -> list
     return [job, token, scheduled_for, None, True, "", "", None, None, run]
 
 
+def _staged_runs(conn: psycopg.Connection) -> list[Any]:
+    """The staged runs as (job, token, scheduled_for, run id), in queue order."""
+    return conn.execute(
+        "SELECT r.job_id, r.token, j.scheduled_for, r.id FROM schedapp_jobrun r "
+        "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
+
+
+def _door_args(row: Any) -> list[Any]:
+    """``schedapp_admit_run``'s arguments for a staged run."""
+    return [row[0], row[1], "bench@door", "a", row[3]]
+
+
 def as_raw_sql(n: int) -> dict[str, Any]:
     from schedapp.sql import query
 
     _stage(n)
     with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT r.job_id, r.token, j.scheduled_for, r.id FROM schedapp_jobrun r "
-            "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
+        rows = _staged_runs(conn)
         previous: list[Any] = []
 
         def door(row: Any) -> None:
-            admit = [row[0], row[1], "bench@door", "a", row[3]]
+            admit = _door_args(row)
             if previous:
                 conn.execute(query("succeed_run_then_admit"),
                              [*_one_off_success(*previous.pop()), *admit])
@@ -135,13 +145,11 @@ def apart(n: int) -> dict[str, Any]:
 
     _stage(n)
     with psycopg.connect(common.db_url(overhead.DB), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT r.job_id, r.token, j.scheduled_for, r.id FROM schedapp_jobrun r "
-            "JOIN schedapp_job j ON j.id = r.job_id ORDER BY r.id").fetchall()
+        rows = _staged_runs(conn)
         pid = conn.info.backend_pid
         out = {
-            "sql door": _timed(rows, lambda row: conn.execute(
-                query("admit_run"), [row[0], row[1], "bench@door", "a", row[3]]), pid),
+            "sql door": _timed(rows, lambda row: conn.execute(query("admit_run"), _door_args(row)),
+                               pid),
             "sql success": _timed(rows, lambda row: conn.execute(
                 query("succeed_run"), _one_off_success(*row)), pid),
         }
