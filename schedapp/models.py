@@ -823,6 +823,9 @@ class JobRun(models.Model):
         indexes = [
             models.Index(fields=["task_id"], name="schedapp_run_task_id"),
             models.Index(fields=["job", "-id"], name="schedapp_run_job_recent"),
+            # The runs of one occurrence ("did 08:00 run?", a backfill's range), however long
+            # the job's history. scheduled_for is written once, at insert (migration 0050).
+            models.Index(fields=["job", "scheduled_for"], name="schedapp_run_occurrence"),
             # Pruning walks this. Nothing indexes a column that admission or completion
             # writes (status, started_at, finished_at...): those updates stay heap-only, in
             # the room the table's fillfactor leaves (migration 0005).
