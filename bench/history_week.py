@@ -25,6 +25,11 @@ admin bench's rows, ``project/admin_data.py``) and 1,000 one-off jobs due now, t
   each its own autocommit round trip, median us; and
   EXPLAIN (ANALYZE, BUFFERS) of the (job, token) lookup those functions make, which names no
   id and so cannot be pruned to one partition;
+* "did it run?": ``schedapp.explain`` of one occurrence of a job in mid-week (the job has
+  N/10,000 runs), and the claim again, each with the runs' occurrence index (migration 0050)
+  and without it (the lookups: the index dropped in a transaction rolled back, the same rows in
+  the same sitting; the claim: the index dropped, then built again, timed); the index's size;
+  EXPLAIN of the lookup;
 * the admin pages of bench/admin_changelist.py (runs changelist, page 2, status=failed, the
   runs of one job, a job's page, the overview) through Django's test client: one warm-up, then
   ``--repeat`` requests, median; EXPLAIN (ANALYZE, BUFFERS) of the runs changelist's main query
@@ -72,6 +77,7 @@ from project import admin_data  # noqa: E402
 
 PARENT = "schedapp_jobrun"
 JOBS = 10_000  # the jobs the history's runs belong to (project/admin_data.py's rows)
+BUSY_SHARE = 10  # one run in ten is the busy job's (its last): a job that fires every second
 DUE = 1_000  # one-off jobs due now, for the claim
 WORKER_RUNS = 300  # runs claimed and committed for the worker's statements
 DAYS = 7
@@ -177,8 +183,10 @@ def rows(cut: int, n: int, start: int, stop: int, week_start: float, first_job: 
     step = WEEK / n
     out = []
     for i in range(start, stop):
-        job = first_job + i % JOBS
-        token = i // JOBS + 1
+        if i % BUSY_SHARE == 3:  # the busy job; its tokens above its own (a held lease)
+            job, token = first_job + JOBS - 1, n // JOBS + 3 + i // BUSY_SHARE
+        else:
+            job, token = first_job + i % JOBS, i // JOBS + 1
         t = week_start + i * step
         due = stamp(t - 0.002)
         dispatched = stamp(t)
@@ -447,6 +455,121 @@ def admin_pages(
     return out
 
 
+OCCURRENCE_INDEX = "schedapp_run_occurrence"  # runs by (job, scheduled_for): migration 0050
+
+
+def occurrence_lookups(
+    conn: psycopg.Connection, first_job: int, repeat: int, explains: dict[str, Any]
+) -> dict[str, Any]:
+    """ "Did it run?" (``schedapp.explain``) of one occurrence in mid-week, of a job like most
+    (N/10,000 runs) and of the busy one (N/10), the whole call and its read of the runs alone,
+    and the claim, each timed with the runs' occurrence index and without it: the index is
+    dropped in a transaction rolled back, so both arms read the same rows in the same sitting;
+    three rounds, the arms in turn. The claim: with the index, then without it (dropped), then
+    the index built again (timed: a plain build, not the migration's concurrent one), three
+    rounds. Also the index's size on disk, every partition's."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from schedapp.explain import RAN
+    from schedapp.explain import explain as did_it_run
+
+    jobs = {"a job like most": first_job + JOBS // 2, "the busy job": first_job + JOBS - 1}
+    asked = {}
+    for label, job in jobs.items():
+        (count,) = conn.execute(
+            f"SELECT count(*) FROM {PARENT} WHERE job_id = %s", [job]
+        ).fetchone()
+        (at,) = conn.execute(
+            f"SELECT scheduled_for FROM {PARENT} WHERE job_id = %s ORDER BY id OFFSET %s LIMIT 1",
+            [job, count // 2],
+        ).fetchone()
+        with CaptureQueriesContext(connection) as captured:
+            answer = did_it_run(job, at)
+        assert answer.entry is not None and answer.entry.fate == RAN, answer.text
+        (sql,) = [q["sql"] for q in captured.captured_queries if f'"{PARENT}"' in q["sql"]]
+        asked[label] = {"job": job, "job_runs": count, "at": at, "sql": sql}
+    index_bytes = one(
+        conn,
+        "SELECT coalesce(sum(pg_relation_size(i.inhrelid)), 0) FROM pg_inherits i "
+        "WHERE i.inhparent = %s::regclass",
+        [OCCURRENCE_INDEX],
+    )
+
+    def timed(fn: Any) -> float:
+        fn()  # a warm-up
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1000
+
+    def read(sql: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            cursor.fetchall()
+
+    def arm() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for label, a in asked.items():
+            out[f"{label}: explain_ms"] = timed(lambda a=a: did_it_run(a["job"], a["at"]))
+            out[f"{label}: runs read_ms"] = timed(lambda a=a: read(a["sql"]))
+        return out
+
+    arms: dict[str, list[dict[str, Any]]] = {"with_index": [], "without_index": []}
+    for _ in range(3):
+        arms["with_index"].append(arm())
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP INDEX {OCCURRENCE_INDEX}")
+            arms["without_index"].append(arm())
+            for label, a in asked.items():
+                explains[f"did it run, {label}, without the occurrence index"] = explain_in(
+                    a["sql"]
+                )
+            transaction.set_rollback(True)
+    for label, a in asked.items():
+        explains[f"did it run, {label}: the runs of one occurrence"] = explain(conn, a["sql"])
+    # The claim's cost of the index (an insert into it per run): timed with the index there
+    # and after it was dropped for good, then built again (in a transaction rolled back, the
+    # claim's savepoints under the DROP's locks cost more than the index itself)
+    for _ in range(3):
+        arms["with_index"][_]["claim_ms"] = time_claims(repeat)["claim_median_ms"]
+        conn.execute(f"DROP INDEX {OCCURRENCE_INDEX}")
+        arms["without_index"][_]["claim_ms"] = time_claims(repeat)["claim_median_ms"]
+        t0 = time.perf_counter()
+        conn.execute(f"CREATE INDEX {OCCURRENCE_INDEX} ON {PARENT} (job_id, scheduled_for)")
+        arms["with_index"][_]["index_build_ms"] = (time.perf_counter() - t0) * 1000
+    medians = {
+        name: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        for name, rounds in arms.items()
+    }
+    return {
+        "asked": {k: {**v, "at": str(v["at"])} for k, v in asked.items()},
+        "index_bytes": index_bytes,
+        "rounds": arms,
+        **medians,
+    }
+
+
+def explain_in(sql: str) -> dict[str, Any]:
+    """``explain`` on Django's connection, inside its transaction (the index dropped there)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
+        plan = "\n".join(r[0] for r in cursor.fetchall())
+    return {
+        "plan": plan,
+        "partition_nodes": 0,
+        "partitions_named": len(set(re.findall(rf" on ({PARENT}_(?:p\d+|legacy))\b", plan))),
+        "never_executed": plan.count("never executed"),
+        "subplans_removed": sum(int(m) for m in re.findall(r"Subplans Removed: (\d+)", plan)),
+        "execution_ms": float(re.search(r"Execution Time: ([\d.]+)", plan).group(1)),
+    }
+
+
 def drop_day(conn: psycopg.Connection, days: list[tuple[str, int, int]]) -> dict[str, Any]:
     """Six of the seven days dropped, oldest first, alternating the two ways: days 1, 3 and
     5 by ``drop_expired_partitions`` with a retention under which exactly that day has
@@ -518,6 +641,9 @@ def one_size(db: str, n: int, repeat: int) -> dict[str, Any]:
             f" us, succeed {worker['succeed_median_us']:.0f} us",
             flush=True,
         )
+        lookups = occurrence_lookups(conn, first_job, repeat, explains)
+        for arm in ("with_index", "without_index"):
+            print(f"  {arm}: " + ", ".join(f"{k} {v:.2f}" for k, v in lookups[arm].items()))
         pages = admin_pages(repeat, first_job, conn, explains)
         for p in pages:
             print(f"  {p['page']}: {p['median_ms']:.0f} ms ({p['queries']} queries)", flush=True)
@@ -540,6 +666,7 @@ def one_size(db: str, n: int, repeat: int) -> dict[str, Any]:
         **disk,
         **claims,
         "worker": worker,
+        "occurrence_lookups": lookups,
         "admin": pages,
         "drop": dropping,
         "explain": explains,
@@ -558,12 +685,19 @@ def table(results: list[dict[str, Any]]) -> str:
         "door (us)",
         "renew (us)",
         "succeed (us)",
+        "did it run, most jobs (ms)",
+        "... without the index (ms)",
+        "did it run, the busy job (ms)",
+        "... without the index (ms)",
+        "claim with / without the index (ms)",
+        "index build (ms)",
+        "occurrence index B/run",
     ]
     pages = [p["page"] for p in results[0]["admin"]] if results else []
     head += [f"{p} (ms)" for p in pages]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in results:
-        w, d = r["worker"], r["drop"]
+        w, d, o = r["worker"], r["drop"], r["occurrence_lookups"]
         cells = [
             f"{r['rows']:,}",
             f"{r['total_bytes'] / 2**30:.2f}",
@@ -575,6 +709,13 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{w['door_median_us']:.0f}",
             f"{w['renew_median_us']:.0f}",
             f"{w['succeed_median_us']:.0f}",
+            f"{o['with_index']['a job like most: explain_ms']:.1f}",
+            f"{o['without_index']['a job like most: explain_ms']:.1f}",
+            f"{o['with_index']['the busy job: explain_ms']:.1f}",
+            f"{o['without_index']['the busy job: explain_ms']:.1f}",
+            f"{o['with_index']['claim_ms']:.0f} / {o['without_index']['claim_ms']:.0f}",
+            f"{o['with_index']['index_build_ms']:,.0f}",
+            f"{o['index_bytes'] / r['rows']:.0f}",
         ]
         cells += [f"{p['median_ms']:.0f}" for p in r["admin"]]
         lines.append("| " + " | ".join(cells) + " |")
@@ -611,6 +752,7 @@ def report(results: list[dict[str, Any]], machine: dict[str, Any]) -> str:
         out.append(f"made ahead by ensure_partitions: {r['made_ahead']}")
         out.append(f"claim: {[round(x, 1) for x in r['claim_ms']]} ms, {r['claimed']} claimed")
         out.append(f"worker: {json.dumps(r['worker'])}")
+        out.append(f"occurrence lookups: {json.dumps(r['occurrence_lookups'], default=str)}")
         out.append(f"drop: {json.dumps(r['drop'])}")
         for p in r["admin"]:
             out.append(
