@@ -463,8 +463,11 @@ def test_a_fixed_delay_under_skip_runs_at_the_next_multiple_of_the_delay_allowed
 
 def test_explain_says_where_a_moved_run_was_moved_from(store):
     # Given a weekly Monday job whose next Monday is closed, rolled to the next business day
-    today = db_now().date()
-    monday = today + timedelta(days=(7 - today.weekday()) % 7 or 7)
+    # (the next Monday 09:00: today's, on a Monday before nine)
+    now = db_now()
+    monday = now.date() + timedelta(days=-now.weekday() % 7)
+    if datetime.combine(monday, NINE, tzinfo=UTC) <= now:
+        monday += timedelta(days=7)
     api.save_calendar("closed-monday", {"dates": [monday.isoformat()]})
     job = api.schedule(
         TASK,
