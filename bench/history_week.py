@@ -25,11 +25,11 @@ admin bench's rows, ``project/admin_data.py``) and 1,000 one-off jobs due now, t
   each its own autocommit round trip, median us; and
   EXPLAIN (ANALYZE, BUFFERS) of the (job, token) lookup those functions make, which names no
   id and so cannot be pruned to one partition;
-* "did it run?": ``schedapp.explain`` of one occurrence of a job in mid-week (the job has
-  N/10,000 runs), and the claim again, each with the runs' occurrence index (migration 0050)
-  and without it (the lookups: the index dropped in a transaction rolled back, the same rows in
-  the same sitting; the claim: the index dropped, then built again, timed); the index's size;
-  EXPLAIN of the lookup;
+* "did it run?": ``schedapp.explain`` of one occurrence in mid-week of a job like most
+  (N/10,000 runs) and of the busy job (one run in ten, ``BUSY_SHARE``), and the claim again,
+  each with the runs' occurrence index (migration 0050) and without it (the lookups: the index
+  dropped in a transaction rolled back, the same rows in the same sitting; the claim: the index
+  dropped, then built again, timed); the index's size; EXPLAIN of the lookup;
 * the admin pages of bench/admin_changelist.py (runs changelist, page 2, status=failed, the
   runs of one job, a job's page, the overview) through Django's test client: one warm-up, then
   ``--repeat`` requests, median; EXPLAIN (ANALYZE, BUFFERS) of the runs changelist's main query
@@ -318,14 +318,20 @@ def time_claims(repeat: int) -> dict[str, Any]:
 
 
 def explain(conn: psycopg.Connection, sql: str, params: Any = None) -> dict[str, Any]:
-    """EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back; the partitions it names, those
-    never executed, and the subplans pruned away."""
+    """EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back, summed up by ``summary``."""
     with conn.transaction(force_rollback=True):
         plan = "\n".join(
             r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
         )
-    lines = plan.splitlines()
-    on_partition = [ln for ln in lines if re.search(rf" on {PARENT}_(p\d+|legacy)\b", ln)]
+    return summary(plan)
+
+
+def summary(plan: str) -> dict[str, Any]:
+    """A plan and what it says of the partitions: the scan nodes on them, the partitions it
+    names, the nodes never executed, the subplans pruned away; its execution time."""
+    on_partition = [
+        ln for ln in plan.splitlines() if re.search(rf" on {PARENT}_(p\d+|legacy)\b", ln)
+    ]
     return {
         "plan": plan,
         "partition_nodes": len(on_partition),
@@ -534,13 +540,13 @@ def occurrence_lookups(
     # The claim's cost of the index (an insert into it per run): timed with the index there
     # and after it was dropped for good, then built again (in a transaction rolled back, the
     # claim's savepoints under the DROP's locks cost more than the index itself)
-    for _ in range(3):
-        arms["with_index"][_]["claim_ms"] = time_claims(repeat)["claim_median_ms"]
+    for with_index, without_index in zip(arms["with_index"], arms["without_index"], strict=True):
+        with_index["claim_ms"] = time_claims(repeat)["claim_median_ms"]
         conn.execute(f"DROP INDEX {OCCURRENCE_INDEX}")
-        arms["without_index"][_]["claim_ms"] = time_claims(repeat)["claim_median_ms"]
+        without_index["claim_ms"] = time_claims(repeat)["claim_median_ms"]
         t0 = time.perf_counter()
         conn.execute(f"CREATE INDEX {OCCURRENCE_INDEX} ON {PARENT} (job_id, scheduled_for)")
-        arms["with_index"][_]["index_build_ms"] = (time.perf_counter() - t0) * 1000
+        with_index["index_build_ms"] = (time.perf_counter() - t0) * 1000
     medians = {
         name: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         for name, rounds in arms.items()
@@ -559,15 +565,7 @@ def explain_in(sql: str) -> dict[str, Any]:
 
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
-        plan = "\n".join(r[0] for r in cursor.fetchall())
-    return {
-        "plan": plan,
-        "partition_nodes": 0,
-        "partitions_named": len(set(re.findall(rf" on ({PARENT}_(?:p\d+|legacy))\b", plan))),
-        "never_executed": plan.count("never executed"),
-        "subplans_removed": sum(int(m) for m in re.findall(r"Subplans Removed: (\d+)", plan)),
-        "execution_ms": float(re.search(r"Execution Time: ([\d.]+)", plan).group(1)),
-    }
+        return summary("\n".join(r[0] for r in cursor.fetchall()))
 
 
 def drop_day(conn: psycopg.Connection, days: list[tuple[str, int, int]]) -> dict[str, Any]:
