@@ -26,8 +26,8 @@ LOCK_TIMEOUT = "5s"
 LOCK_TRIES = 20
 INDEX = models.Index(fields=["job", "scheduled_for"], name=NAME)
 
-# The partitions that have no index attached to the parent's yet, and the name of their own
-# index when it was left by an earlier, interrupted pass (built or not).
+# The partitions that have no index attached to the parent's yet (an earlier, interrupted pass
+# may have left one its own index, built or not: ``_build_concurrently`` takes that up).
 UNINDEXED = f"""
 SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = '{TABLE}'::regclass
