@@ -32,6 +32,7 @@ from .deadlines import check_deadlines
 from .declared import sync_declared_calendars, sync_declared_jobs
 from .dispatch import Dispatcher, PublishResult
 from .lease import (
+    ClaimedRun,
     ClaimResult,
     Superseded,
     backfill,
@@ -40,7 +41,7 @@ from .lease import (
     release_claims,
     seconds_until_due,
 )
-from .lease.quarantine import no_partition
+from .lease.quarantine import first_line, no_partition
 from .models import Node
 from .nodes import record_node
 from .notify.delivery import DeliveryLoop
@@ -284,42 +285,38 @@ class LeaseScheduler(Scheduler):
         # is one statement in the claim's transaction, not a transaction of its own.
         look = self._backfill_wait is None and time.monotonic() - self._backfills_at >= 0.25
         self._claimed_at = time.monotonic()
-        result = claim_due_jobs(
-            self.beat_id,
-            batch,
-            message_expiry=self._dispatcher.message_expiry,
-            supersede=supersede,
-            look_for_backfills=look,
-            next_due=True,
-        )
-        if supersede:
-            self._superseded_at = time.monotonic()
-        if look:
-            self._backfills_at = time.monotonic()
-        claimed_at = time.monotonic()
-        reap = result.reap
-        metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
-        metrics.reaped(
-            reap.expired, started=reap.started, dead=reap.dead, carried_on=reap.carried_on
-        )
-        metrics.quarantined(len(result.quarantined) + len(reap.quarantined), "beat")
-        self.stats["claimed"] += result.claimed
-        self.stats["reaped"] += reap.expired
-        self.stats["misfires_skipped"] += result.skipped_misfires
-        if result.runs:
-            published = PublishResult()
-            try:
+        claimed: list[ClaimedRun] = []  # filled just before the claim's COMMIT
+        published = PublishResult()  # filled as each run reaches the broker
+        try:
+            result = claim_due_jobs(
+                self.beat_id,
+                batch,
+                message_expiry=self._dispatcher.message_expiry,
+                supersede=supersede,
+                look_for_backfills=look,
+                next_due=True,
+                claimed=claimed,
+            )
+            if supersede:
+                self._superseded_at = time.monotonic()
+            if look:
+                self._backfills_at = time.monotonic()
+            claimed_at = time.monotonic()
+            reap = result.reap
+            metrics.claimed(result.claimed, misfires_skipped=result.skipped_misfires)
+            metrics.reaped(
+                reap.expired, started=reap.started, dead=reap.dead, carried_on=reap.carried_on
+            )
+            metrics.quarantined(len(result.quarantined) + len(reap.quarantined), "beat")
+            self.stats["claimed"] += result.claimed
+            self.stats["reaped"] += reap.expired
+            self.stats["misfires_skipped"] += result.skipped_misfires
+            if result.runs:
                 self._dispatcher.publish(result.runs, published)
-            except BaseException:
-                # Interrupted (SIGTERM, Ctrl-C) between claim and publish: give back now what
-                # was not sent rather than make it wait for its lease to expire; what was sent
-                # stays dispatched (given back, it would be sent again).
-                sent = {r.run_id for r in published.published}
-                release_claims(
-                    [(r.job_id, r.token) for r in result.runs if r.run_id not in sent],
-                    "beat stopped",
-                )
-                raise
+        except BaseException as exc:
+            self._give_back(claimed, published, exc)
+            raise
+        if result.runs:
             for run, reason in published.refused:
                 if quarantine_job(run.job_id, reason, token=run.token):
                     metrics.quarantined(1, "beat")
@@ -348,6 +345,37 @@ class LeaseScheduler(Scheduler):
         if result.claimed >= batch or reap.expired:
             return 0.0  # more is due right now
         return self._until_next_claim(result)
+
+    def _give_back(
+        self, claimed: list[ClaimedRun], published: PublishResult, exc: BaseException
+    ) -> None:
+        """Give back at once what a claim took and the tick did not send, when the tick is
+        cut short once the claim's COMMIT went out: the beat stopped (Celery's SIGTERM/SIGINT
+        handler raises SystemExit wherever the beat is: in the COMMIT, between the claim and
+        the publish, part-way through a batch) or the COMMIT's reply lost. Otherwise those
+        runs wait, dispatched and never sent, for their lease to lapse, and for ever when no
+        beat is left to reap them. What was sent stays dispatched (given back, it would be
+        sent again); ``release_claims`` is fenced by token, so a claim that did not commit
+        gives nothing back. A run of an allow_all job holds its own lease, which brings it
+        back."""
+        sent = {r.run_id for r in published.published}
+        unsent = [(r.job_id, r.token) for r in claimed if r.run_id not in sent]
+        if not unsent:
+            return
+        reason = "beat stopped"
+        if isinstance(exc, Exception):
+            reason = f"the tick failed after its claim: {first_line(exc)}"
+        # The connection may be inside the statement the stop interrupted (its COMMIT).
+        reset_connection()
+        try:
+            self.stats["released"] += release_claims(unsent, reason)
+        except Exception as err:  # the database is gone too: their leases bring them back
+            log.warning(
+                "could not give back %d claimed run(s): %s",
+                len(unsent),
+                err,
+                extra={"action": "give_back_failed", "beat": self.beat_id},
+            )
 
     def _until_next_claim(self, result: ClaimResult) -> float:
         """The sleep after a claim that did not fill its batch: until the next due instant

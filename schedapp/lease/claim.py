@@ -147,6 +147,7 @@ def claim_due_jobs(
     supersede: bool = True,
     look_for_backfills: bool = False,
     next_due: bool = False,
+    claimed: list[ClaimedRun] | None = None,
 ) -> ClaimResult:
     """Claim up to ``limit`` due jobs for ``beat`` in ONE transaction; publish after it.
 
@@ -172,10 +173,23 @@ def claim_due_jobs(
     every tick: the transaction is then done again one row at a time, each in a savepoint,
     and each row that fails alone is quarantined with the error (DESIGN 19). The ordinary
     claim pays nothing for this.
+
+    ``claimed`` (filled, when given) holds the claim's runs from just before its COMMIT: a
+    caller cut short while the COMMIT is under way or after it (stopped by SIGTERM or Ctrl-C,
+    the reply lost) knows what may have been claimed, and gives back what it did not send
+    (``release_claims``, fenced by token: a claim that did not commit is not given back).
     """
     try:
         return _claim_due_jobs(
-            beat, limit, rng, message_expiry, supersede, look_for_backfills, next_due, careful=False
+            beat,
+            limit,
+            rng,
+            message_expiry,
+            supersede,
+            look_for_backfills,
+            next_due,
+            claimed,
+            careful=False,
         )
     except ROW_ERRORS as exc:
         if no_partition(exc):
@@ -187,7 +201,15 @@ def claim_due_jobs(
             extra={"action": "claim_careful", "beat": beat},
         )
         return _claim_due_jobs(
-            beat, limit, rng, message_expiry, supersede, look_for_backfills, next_due, careful=True
+            beat,
+            limit,
+            rng,
+            message_expiry,
+            supersede,
+            look_for_backfills,
+            next_due,
+            claimed,
+            careful=True,
         )
 
 
@@ -199,10 +221,13 @@ def _claim_due_jobs(
     supersede: bool,
     look_for_backfills: bool,
     next_due: bool,
+    claimed: list[ClaimedRun] | None,
     *,
     careful: bool,
 ) -> ClaimResult:
     result = ClaimResult()
+    if claimed is not None:
+        claimed.clear()  # a first attempt's, which did not commit
     store = get_store()
     started = time.monotonic()
     with claim_transaction() as probe:
@@ -258,7 +283,9 @@ def _claim_due_jobs(
         ready.extend(retries)
         if next_due and result.claimed + len(retries) < limit and not result.reap.expired:
             result.wake = _wake(store, started)
-    result.runs = [_claimed_run(r, started) for r in ready]
+        result.runs = [_claimed_run(r, started) for r in ready]
+        if claimed is not None:
+            claimed.extend(result.runs)  # before the COMMIT: see claim_due_jobs
     return result
 
 

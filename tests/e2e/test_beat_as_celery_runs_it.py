@@ -96,6 +96,62 @@ def test_a_beat_stopped_in_the_middle_of_a_statement_exits_at_once_and_strands_n
     assert Execution.objects.filter(job_id=job.pk).count() == 1
 
 
+def between_ticks(name: str) -> bool:
+    """Whether every connection of process ``name`` is idle: no statement under way, no
+    transaction open."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE state <> 'idle'), count(*) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            [name],
+        )
+        busy, connected = cursor.fetchone()
+    return connected > 0 and busy == 0
+
+
+def test_a_beat_stopped_while_its_claims_commit_is_on_its_way_gives_back_what_it_claimed(
+    pg_proxy, fleet_through
+):
+    """About 10 s. The server commits a claim whose beat is told to stop (SIGTERM, a deploy)
+    before the COMMIT's reply is back: the beat gives the claim back as it exits, and the
+    next beat runs the job at once. Before, the run stayed dispatched and unsent until its
+    lease lapsed, a minute later, and for ever once no beat was left to reap it (CI's chaos
+    run of 2026-12-07 stopped its beats so: jobs stuck running on expired leases)."""
+    from schedapp.models import RunStatus
+
+    fleet = fleet_through(pg_proxy)
+    beat = fleet.beat()
+
+    def held_between_ticks() -> bool:
+        beat.signal_main(signal.SIGSTOP)
+        if between_ticks(beat.name):
+            return True
+        beat.signal_main(signal.SIGCONT)
+        return False
+
+    # Given a beat held between two ticks while a job comes due, and a proxy that holds what
+    # the beat sends after its claim's last statement (next_due): the claim's COMMIT
+    wait_until(held_between_ticks, timeout=15, message="the beat between ticks")
+    job = api.schedule(TASK, run_at=db_now(), name="due", kwargs={"label": "due"})
+    pg_proxy.stall_after(b"from schedapp_job where supersede_at is not null", 3.0, app=beat.name)
+    beat.signal_main(signal.SIGCONT)
+    wait_until(lambda: pg_proxy.stats()["stalls"] == 1, timeout=15, message="the claim's stall")
+    time.sleep(0.3)  # its COMMIT sent, and held
+    # When it is told to stop meanwhile (psycopg cancels the COMMIT, a no-op on a statement
+    # the server has not got, and waits for its reply: it comes as the stall ends)
+    beat.signal_main(signal.SIGTERM)
+    assert beat.popen.wait(timeout=20) == 0, beat.log()[-3000:]
+    # Then the claim did commit (its run row is there), and the beat gave it back
+    (run,) = JobRun.objects.filter(job=job)
+    assert (run.status, run.error) == (RunStatus.LOST, "not published: beat stopped")
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    # ... so the next beat runs it at once (well within its 60 s lease), once
+    fleet.beat()
+    fleet.worker(concurrency=1)
+    wait_until(lambda: Execution.objects.filter(job_id=job.pk).exists(), timeout=30)
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
+
+
 def test_an_embedded_beat_runs_when_its_worker_read_the_database_before_forking_it(fleet):
     """About 5 s. ``celery worker -B`` forks its beat from the worker's main process, which
     holds a database connection if the project used the ORM as the worker started (a cache
@@ -210,9 +266,7 @@ def test_workers_with_embedded_beats_share_the_jobs_and_stop_with_their_beats(fl
     first.signal_main(signal.SIGTERM)
     assert first.popen.wait(timeout=30) == 0
     # Then its beat stopped with it, and the other beat runs the every-second job on
-    wait_until(
-        lambda: not psutil.pid_exists(beats[first.name]), timeout=10, message="beat gone"
-    )
+    wait_until(lambda: not psutil.pid_exists(beats[first.name]), timeout=10, message="beat gone")
     wait_until(lambda: Node.objects.count() == 2, timeout=10, message="its rows gone")
     assert {n.kind for n in Node.objects.all()} == {"beat", "worker"}
     before = Execution.objects.filter(job_id=every.pk).count()

@@ -3,6 +3,7 @@ LISTEN connection is Django's, and a claim that ran long stamps its leases again
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from schedapp.celeryapp import celery_app
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun
 from schedapp.store import get_store
+from schedapp.testing.processes import wait_until
 from tests.integration import test_dispatch_amqp
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,6 +106,7 @@ def test_a_beat_stopped_part_way_through_a_batch_gives_back_only_what_it_did_not
     from celery.signals import before_task_publish
 
     from schedapp.models import JobRun, RunStatus
+
     own = rabbit.app()
     queue = own.conf.task_default_queue
     jobs = [api.schedule("project.tasks.record", run_at=db_now(), name=f"j{i}") for i in range(5)]
@@ -139,6 +142,101 @@ def test_a_beat_stopped_part_way_through_a_batch_gives_back_only_what_it_did_not
     assert sorted(h["schedapp_job"] for h in again) == sorted(
         r.job_id for r in runs.values() if r.status == RunStatus.LOST
     )
+
+
+# The last statement of the claim's transaction when its batch is not full (next_due): a
+# stall after it holds the claim's COMMIT in the proxy.
+LAST_OF_THE_CLAIM = b"from schedapp_job where supersede_at is not null"
+
+
+@pytest.mark.parametrize(
+    "cut_short", ["stopped after its claim", "stopped in its COMMIT", "its COMMIT's reply lost"]
+)
+def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claimed(
+    cut_short, rabbit, pg_proxy, monkeypatch
+):
+    """Celery's SIGTERM/SIGINT handler raises SystemExit wherever the beat is. A beat stopped
+    between its claim and its publish, or while its claim's COMMIT was on its way (the
+    server commits it), or whose COMMIT's reply was lost, gives back what it claimed, as
+    one stopped part-way through a publish does, and the next beat sends it at once.
+    Before, the claimed runs stayed dispatched and unsent until their lease lapsed: a
+    minute late with the default lease, and for ever once no beat was left to reap them
+    (CI's chaos run of 2026-12-07: jobs stuck running on expired leases after the beats
+    stopped)."""
+    import signal
+    import threading
+
+    from schedapp.models import JobState, RunStatus
+    from schedapp.testing.pgproxy import COMMIT, django_through
+
+    own = rabbit.app()
+    queue = own.conf.task_default_queue
+    with own.connection_for_write() as conn:  # declared as Celery declares it: empty, it reads
+        own.amqp.queues[queue].bind(conn.default_channel).declare()
+    first = beat.LeaseScheduler(own, lazy=True)
+    monkeypatch.setattr(first, "_sleep", lambda delay: 0.0)
+
+    def celery_beats_handler(signum: int, frame: object) -> None:
+        first.close()  # celery.apps.beat's handler: the scheduler closed, then SystemExit
+        raise SystemExit()
+
+    def stop_in_the_stalled_commit() -> None:
+        wait_until(lambda: pg_proxy.stats()["stalls"] == 1, timeout=30, message="the stall")
+        time.sleep(0.3)  # the beat has sent its COMMIT, which the proxy holds
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, celery_beats_handler)
+    try:
+        with django_through(pg_proxy):
+            first.tick()  # its setup: nothing is due
+            job = api.schedule("project.tasks.record", run_at=db_now(), name="due")
+            if cut_short == "stopped after its claim":
+                claim, stops = beat.claim_due_jobs, [signal.SIGTERM]  # this tick's claim only
+
+                def claim_then_stop(*args: object, **kwargs: object) -> object:
+                    claimed = claim(*args, **kwargs)
+                    if stops:
+                        os.kill(os.getpid(), stops.pop())
+                    return claimed
+
+                monkeypatch.setattr(beat, "claim_due_jobs", claim_then_stop)
+            elif cut_short == "stopped in its COMMIT":
+                # psycopg cancels the COMMIT (a no-op: the proxy holds it), then waits up to
+                # 5 s for its reply before it raises the SystemExit: the stall ends first
+                pg_proxy.stall_after(LAST_OF_THE_CLAIM, seconds=2.0)
+                threading.Thread(target=stop_in_the_stalled_commit, daemon=True).start()
+            else:
+                pg_proxy.cut_after(COMMIT)  # the server commits; the beat sees a lost connection
+            if cut_short.startswith("stopped"):
+                with pytest.raises(SystemExit):
+                    first.tick()
+            else:
+                first.tick()  # fails as on a lost connection, and backs off
+            stats = pg_proxy.stats()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        first.close()
+    if cut_short == "stopped in its COMMIT":
+        assert stats["stalls"] == 1
+    if cut_short == "its COMMIT's reply lost":
+        assert stats["cuts"] == 1
+    # Then nothing was sent, and the claim was given back: the job is due again, its run lost
+    assert test_dispatch_amqp.raw(queue) == []
+    (run,) = JobRun.objects.filter(job=job)
+    assert run.status == RunStatus.LOST and run.started_at is None
+    if cut_short.startswith("stopped"):
+        assert run.error == "not published: beat stopped"
+    else:
+        assert run.error.startswith("not published: the tick failed after its claim: ")
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    # and the next beat sends it now, not a lease later
+    second = beat.LeaseScheduler(own, lazy=True, max_interval=0.1)
+    try:
+        second.tick()
+    finally:
+        second.close()
+    (message,) = test_dispatch_amqp.raw(queue)
+    assert message.headers["schedapp_job"] == job.pk
 
 
 @pytest.mark.parametrize("given", ["--max-interval", "beat_max_loop_interval"])
