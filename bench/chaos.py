@@ -780,6 +780,25 @@ def print_unsettled() -> None:
             )
 
 
+def print_in_flight(beat_exits: list[str], t0: float) -> None:
+    """Say which runs were still dispatched or running once the beats stopped, who claimed
+    them and how each beat exited: a run claimed and never sent has no worker."""
+    from schedapp.models import JobRun
+
+    print("beats stopped: " + ", ".join(beat_exits))
+    runs = (
+        JobRun.objects.filter(status__in=["dispatched", "running"], job__run_at__isnull=True)
+        .select_related("job")
+        .order_by("dispatched_at")
+    )
+    for run in runs[:20]:
+        print(
+            f"  {run.job.name} token={run.token} status={run.status} by={run.claimed_by} "
+            f"dispatched={run.dispatched_at.timestamp() - t0:.1f}s worker={run.worker or '-'} "
+            f"started={run.started_at} lease={run.lease_expires_at}"
+        )
+
+
 def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     processes.wait_until(predicate, timeout, interval=0.5, message=what)
 
@@ -882,8 +901,13 @@ def run_chaos(
             raise
         time.sleep(LEASE + 2)  # a copy still buffered somewhere runs now, if there is one
         beats_stopped_at = db_now()
+        beat_exits = []
         for beat in h.beats:
+            t_stop = time.monotonic()
             beat.stop()
+            beat_exits.append(
+                f"{beat.name} exit {beat.popen.returncode} in {time.monotonic() - t_stop:.1f}s"
+            )
         # Every run dispatched before the beats stopped ends (an allow_all job has runs in
         # flight while the job itself is scheduled); one that does not is the oracle's to judge.
         try:
@@ -896,6 +920,7 @@ def run_chaos(
             )
         except TimeoutError as exc:
             print(f"in-flight runs still active: {exc}")
+            print_in_flight(beat_exits, t0)
         for worker in h.workers:
             worker.stop()
         faults = sorted(h.faults + proxy_faults(h.proxy), key=lambda f: f.start)
