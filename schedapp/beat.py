@@ -37,8 +37,8 @@ from .lease import (
     Superseded,
     backfill,
     claim_due_jobs,
+    give_back,
     quarantine_job,
-    release_claims,
     seconds_until_due,
 )
 from .lease.quarantine import first_line, no_partition
@@ -332,9 +332,7 @@ class LeaseScheduler(Scheduler):
                 metrics.publish_failed(len(published.failed))
                 metrics.beat_error("broker")
                 self.stats["publish_failures"] += 1
-                self.stats["released"] += release_claims(
-                    [(r.job_id, r.token) for r in published.failed], str(published.error)
-                )
+                self.stats["released"] += give_back(published.failed, str(published.error))
                 self._broker_down = True
                 self._maybe_update_node()
                 return self._backoff()
@@ -355,11 +353,10 @@ class LeaseScheduler(Scheduler):
         the publish, part-way through a batch) or the COMMIT's reply lost. Otherwise those
         runs wait, dispatched and never sent, for their lease to lapse, and for ever when no
         beat is left to reap them. What was sent stays dispatched (given back, it would be
-        sent again); ``release_claims`` is fenced by token, so a claim that did not commit
-        gives nothing back. A run of an allow_all job holds its own lease, which brings it
-        back."""
+        sent again); ``give_back`` is fenced (by token, or by the run's own lease), so a
+        claim that did not commit gives nothing back."""
         sent = {r.run_id for r in published.published}
-        unsent = [(r.job_id, r.token) for r in claimed if r.run_id not in sent]
+        unsent = [r for r in claimed if r.run_id not in sent]
         if not unsent:
             return
         reason = "beat stopped"
@@ -368,7 +365,7 @@ class LeaseScheduler(Scheduler):
         # The connection may be inside the statement the stop interrupted (its COMMIT).
         reset_connection()
         try:
-            self.stats["released"] += release_claims(unsent, reason)
+            self.stats["released"] += give_back(unsent, reason)
         except Exception as err:  # the database is gone too: their leases bring them back
             log.warning(
                 "could not give back %d claimed run(s): %s",

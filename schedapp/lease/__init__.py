@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from ..store import DoorVerdict
 from .after_run import EXPIRED, job_schedule
-from .claim import ClaimedRun, ClaimResult, claim_due_jobs, release_claims, seconds_until_due
+from .claim import (
+    ClaimedRun,
+    ClaimResult,
+    claim_due_jobs,
+    give_back,
+    release_claims,
+    seconds_until_due,
+)
 from .complete import (
     FAILED,
     SKIPPED,
@@ -60,6 +67,7 @@ __all__ = [
     "claim_due_jobs",
     "complete_run",
     "complete_successes",
+    "give_back",
     "job_label",
     "job_schedule",
     "quarantine_job",

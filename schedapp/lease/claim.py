@@ -633,6 +633,51 @@ def _wake(store: Any, read_at: float) -> Wake:
 # --- after publishing ------------------------------------------------------------------------
 
 
+def give_back(runs: Sequence[ClaimedRun], reason: str) -> int:
+    """Give back runs a beat claimed and did not publish, so they are claimed again at once;
+    returns how many. Those under their job's lease: ``release_claims``. A run of an
+    allow_all job holds a lease of its own (its job moved on at the claim): it is closed
+    lost and its occurrence waits for a beat at once, the same attempt, as the reaper does
+    once such a lease lapses unstarted, without waiting for the lapse."""
+    released = release_claims([(r.job_id, r.token) for r in runs if not r.own_lease], reason)
+    own = [(r.run_id, r.job_id) for r in runs if r.own_lease]
+    return released + (_release_own_leases(own, reason) if own else 0)
+
+
+def _release_own_leases(runs: Sequence[tuple[int, int]], reason: str) -> int:
+    """``give_back`` of (run id, job id) of runs holding their own lease. Job rows are locked
+    before run rows, as by the reaper (the retry's token is drawn from its job); the runs
+    are locked as read, so a door cannot admit one between the check and the release."""
+    from .complete import wait_for_retry
+
+    with beat_transaction():
+        list(
+            Job.objects.select_for_update()
+            .filter(id__in={job_id for _, job_id in runs})
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        unstarted = list(
+            JobRun.objects.select_for_update()
+            .filter(
+                id__in=[run_id for run_id, _ in runs],
+                status=RunStatus.DISPATCHED,
+                lease_expires_at__isnull=False,
+            )
+            .order_by("id")
+            .values_list("id", "job_id", "scheduled_for", "attempt", "kind")
+        )
+        JobRun.objects.filter(id__in=[run[0] for run in unstarted]).update(
+            status=RunStatus.LOST,
+            finished_at=Now(),
+            error=f"not published: {reason}",
+            lease_expires_at=None,
+        )
+        for _, job_id, scheduled_for, attempt, kind in unstarted:
+            wait_for_retry(job_id, scheduled_for, attempt, kind or RunKind.SCHEDULED, timedelta(0))
+    return len(unstarted)
+
+
 def release_claims(claims: Sequence[tuple[int, int]], reason: str) -> int:
     """Give back claims whose messages could not be published, so they are claimed again.
 

@@ -106,9 +106,7 @@ def test_a_stale_completion_changes_nothing_and_a_run_lost_leaves_the_others_alo
     for run in (lost, alive):
         assert admit_run(run.job_id, run.token, "w1", f"adm-{run.token}") == "admitted"
     # When the first one's lease lapses (its worker died) and the reaper runs
-    JobRun.objects.filter(job=job, token=lost.token).update(
-        lease_expires_at=db_now() - SECOND
-    )
+    JobRun.objects.filter(job=job, token=lost.token).update(lease_expires_at=db_now() - SECOND)
     assert reap_expired_leases(10).expired == 1
     # Then only that run is lost, counted as a failed occurrence; the other runs on
     rows = {r.token: r for r in JobRun.objects.filter(job=job)}
@@ -175,6 +173,35 @@ def test_a_door_refuses_a_run_of_a_paused_job_that_had_not_started_and_lets_one_
     assert complete_run(started.job_id, started.token, lease.SUCCEEDED).applied
     assert Job.objects.get(pk=job.pk).state == JobState.PAUSED
     assert in_flight(job) == 0
+
+
+def test_a_run_not_published_is_given_back_at_once_and_one_a_worker_admitted_is_kept():
+    """A beat that could not publish (the broker down, the beat stopped once its claim
+    committed) gives back each run it did not send. A run of an allow_all job holds a lease of
+    its own, its job having moved on at the claim: it is closed lost and its occurrence is
+    claimed again at once, the same attempt. Before, it waited, dispatched and never sent,
+    for its own lease to lapse (a minute here). A run a worker admitted (its message did go
+    out) is kept, or a second copy would run beside it."""
+    # Given two runs of an allow_all job claimed (both its slots), the second admitted
+    allow_all_job(max_concurrent=2)
+    unsent, admitted = claim_one(), claim_one()
+    assert unsent is not None and admitted is not None and unsent.own_lease
+    assert admit_run(admitted.job_id, admitted.token, "w1", "a") == "admitted"
+    # When the beat gives both back (its publish failed)
+    assert lease.give_back([unsent, admitted], "broker down") == 1
+    # Then the unsent run is lost, holding no slot, and the admitted one runs on
+    lost = JobRun.objects.get(pk=unsent.run_id)
+    assert (lost.status, lost.error) == (RunStatus.LOST, "not published: broker down")
+    assert lost.lease_expires_at is None and lost.started_at is None
+    kept = JobRun.objects.get(pk=admitted.run_id)
+    assert kept.status == RunStatus.RUNNING and kept.lease_expires_at is not None
+    # and the next claim sends the unsent occurrence again now, the same attempt, in the
+    # slot it freed (a retry is claimed before the job's next occurrence)
+    again = claim_one()
+    assert again is not None and again.run_id not in (unsent.run_id, admitted.run_id)
+    assert (again.scheduled_for, again.attempt) == (unsent.scheduled_for, unsent.attempt)
+    # given back again (it was never admitted), nothing is given back twice
+    assert lease.give_back([unsent], "broker down") == 0
 
 
 def test_cancel_closes_every_run_in_flight():
@@ -312,9 +339,7 @@ def test_a_run_lost_while_running_is_retried_and_one_never_started_is_sent_again
     assert reap_expired_leases(10).expired == 2
     # Then the started one is retried (attempt 2, after its backoff), the other sent again
     # at once as the same attempt; both for their own occurrence
-    waiting = {
-        r.scheduled_for: r for r in JobRun.objects.filter(job=job, retry_at__isnull=False)
-    }
+    waiting = {r.scheduled_for: r for r in JobRun.objects.filter(job=job, retry_at__isnull=False)}
     assert waiting[started.scheduled_for].attempt == 2
     assert waiting[unstarted.scheduled_for].attempt == 1
     assert waiting[unstarted.scheduled_for].retry_at <= db_now()

@@ -150,10 +150,18 @@ LAST_OF_THE_CLAIM = b"from schedapp_job where supersede_at is not null"
 
 
 @pytest.mark.parametrize(
-    "cut_short", ["stopped after its claim", "stopped in its COMMIT", "its COMMIT's reply lost"]
+    ("cut_short", "overlap"),
+    [
+        ("stopped after its claim", "buffer_one"),
+        ("stopped in its COMMIT", "buffer_one"),
+        ("its COMMIT's reply lost", "buffer_one"),
+        # a run of an allow_all job holds a lease of its own: its job moved on at the claim
+        ("stopped after its claim", "allow_all"),
+        ("its COMMIT's reply lost", "allow_all"),
+    ],
 )
 def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claimed(
-    cut_short, rabbit, pg_proxy, monkeypatch
+    cut_short, overlap, rabbit, pg_proxy, monkeypatch
 ):
     """Celery's SIGTERM/SIGINT handler raises SystemExit wherever the beat is. A beat stopped
     between its claim and its publish, or while its claim's COMMIT was on its way (the
@@ -189,7 +197,19 @@ def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claim
     try:
         with django_through(pg_proxy):
             first.tick()  # its setup: nothing is due
-            job = api.schedule("project.tasks.record", run_at=db_now(), name="due")
+            if overlap == "allow_all":  # one occurrence due: a second ago, then hourly
+                first_due = db_now() - timedelta(seconds=1)
+                job = api.schedule(
+                    "project.tasks.record",
+                    interval=timedelta(hours=1),
+                    interval_anchor=first_due,
+                    overlap="allow_all",
+                    max_concurrent=2,
+                    name="due",
+                )
+                Job.objects.filter(pk=job.pk).update(scheduled_for=first_due, next_run_at=first_due)
+            else:
+                job = api.schedule("project.tasks.record", run_at=db_now(), name="due")
             if cut_short == "stopped after its claim":
                 claim, stops = beat.claim_due_jobs, [signal.SIGTERM]  # this tick's claim only
 
@@ -220,15 +240,21 @@ def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claim
         assert stats["stalls"] == 1
     if cut_short == "its COMMIT's reply lost":
         assert stats["cuts"] == 1
-    # Then nothing was sent, and the claim was given back: the job is due again, its run lost
+    # Then nothing was sent, and the claim was given back: its run is lost, never started,
+    # and the occurrence is due again (the job's; an allow_all job's as a retry due now)
     assert test_dispatch_amqp.raw(queue) == []
-    (run,) = JobRun.objects.filter(job=job)
+    run, *retry = JobRun.objects.filter(job=job).order_by("id")
     assert run.status == RunStatus.LOST and run.started_at is None
+    assert run.lease_expires_at is None
     if cut_short.startswith("stopped"):
         assert run.error == "not published: beat stopped"
     else:
         assert run.error.startswith("not published: the tick failed after its claim: ")
     assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    if overlap == "allow_all":
+        (again,) = retry
+        assert (again.scheduled_for, again.attempt) == (run.scheduled_for, run.attempt)
+        assert again.retry_at <= db_now()
     # and the next beat sends it now, not a lease later
     second = beat.LeaseScheduler(own, lazy=True, max_interval=0.1)
     try:
@@ -237,6 +263,8 @@ def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claim
         second.close()
     (message,) = test_dispatch_amqp.raw(queue)
     assert message.headers["schedapp_job"] == job.pk
+    sent = JobRun.objects.filter(job=job).exclude(pk=run.pk).get()
+    assert (sent.scheduled_for, sent.status) == (run.scheduled_for, RunStatus.DISPATCHED)
 
 
 @pytest.mark.parametrize("given", ["--max-interval", "beat_max_loop_interval"])
