@@ -353,8 +353,8 @@ class LeaseScheduler(Scheduler):
         the publish, part-way through a batch) or the COMMIT's reply lost. Otherwise those
         runs wait, dispatched and never sent, for their lease to lapse, and for ever when no
         beat is left to reap them. What was sent stays dispatched (given back, it would be
-        sent again); ``give_back`` is fenced (by token, or by the run's own lease), so a
-        claim that did not commit gives nothing back."""
+        sent again); ``give_back`` is fenced (a job's claim by its token, an allow_all run by
+        its own row), so a claim that did not commit gives nothing back."""
         sent = {r.run_id for r in published.published}
         unsent = [r for r in claimed if r.run_id not in sent]
         if not unsent:

@@ -177,7 +177,7 @@ def claim_due_jobs(
     ``claimed`` (filled, when given) holds the claim's runs from just before its COMMIT: a
     caller cut short while the COMMIT is under way or after it (stopped by SIGTERM or Ctrl-C,
     the reply lost) knows what may have been claimed, and gives back what it did not send
-    (``release_claims``, fenced by token: a claim that did not commit is not given back).
+    (``give_back``: a claim that did not commit has no token nor run to give back).
     """
     try:
         return _claim_due_jobs(
