@@ -179,7 +179,8 @@ def claim_due_jobs(
     the reply lost) knows what may have been claimed, and gives back what it did not send
     (``give_back``: a claim that did not commit has no token nor run to give back).
     """
-    try:
+
+    def attempt(careful: bool) -> ClaimResult:
         return _claim_due_jobs(
             beat,
             limit,
@@ -189,8 +190,11 @@ def claim_due_jobs(
             look_for_backfills,
             next_due,
             claimed,
-            careful=False,
+            careful=careful,
         )
+
+    try:
+        return attempt(careful=False)
     except ROW_ERRORS as exc:
         if no_partition(exc):
             raise  # no row's fault: the beat makes the run history's partitions, claims again
@@ -200,17 +204,7 @@ def claim_due_jobs(
             first_line(exc),
             extra={"action": "claim_careful", "beat": beat},
         )
-        return _claim_due_jobs(
-            beat,
-            limit,
-            rng,
-            message_expiry,
-            supersede,
-            look_for_backfills,
-            next_due,
-            claimed,
-            careful=True,
-        )
+        return attempt(careful=True)
 
 
 def _claim_due_jobs(
