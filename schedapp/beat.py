@@ -412,8 +412,10 @@ class LeaseScheduler(Scheduler):
         the same dispatcher as the claim's. With none running, the claim looks for one at
         most every quarter second (``backfilling``: what it found, None when it did not
         look), so a burst's back-to-back ticks pay neither the statement nor a transaction;
-        while one runs, every tick advances. A run not published stays dispatched under its
-        own lease: the reaper sends it again when the lease lapses."""
+        while one runs, every tick advances. A run the broker did not take, or that a stop
+        kept from being sent, is given back at once (``give_back``) as the claim's are; one
+        refused (its task not allowed, no route) stays dispatched under its own lease, which
+        the reaper ends."""
         if self._backfill_wait is None and not backfilling:
             return
         self._backfills_at = time.monotonic()
@@ -421,7 +423,11 @@ class LeaseScheduler(Scheduler):
         if not runs:
             return
         published = PublishResult()
-        self._dispatcher.publish(runs, published)
+        try:
+            self._dispatcher.publish(runs, published)
+        except BaseException as exc:
+            self._give_back(runs, published, exc)
+            raise
         for run, reason in published.refused:
             log.warning(
                 "backfilled run of job %s not published: %s",
@@ -434,6 +440,7 @@ class LeaseScheduler(Scheduler):
         metrics.dispatched(len(published.published), [0.0 for _ in published.published])
         if published.failed:
             metrics.publish_failed(len(published.failed))
+            self.stats["released"] += give_back(published.failed, str(published.error))
 
     def _revoke_superseded(self, runs: list[Superseded]) -> None:
         """Cancel the runs a later occurrence supersedes (overlap policies cancel_other and

@@ -267,6 +267,110 @@ def test_a_tick_cut_short_once_its_claim_went_to_commit_gives_back_what_it_claim
     assert (sent.scheduled_for, sent.status) == (run.scheduled_for, RunStatus.DISPATCHED)
 
 
+def test_a_beat_stopped_part_way_through_a_backfills_batch_gives_back_what_it_did_not_send(
+    rabbit, monkeypatch
+):
+    """A backfill's runs are published by the tick after the claim's. A beat stopped after
+    the first of three keeps the one it sent and gives the two others back at once, as it
+    does a claim's: each closed lost, its occurrence sent again by the next beat as the same
+    attempt. Before, the two stayed dispatched and unsent under their own lease, a minute
+    here, holding two of the job's max_concurrent slots."""
+    from celery.signals import before_task_publish
+
+    from schedapp.models import RunKind, RunStatus
+
+    own = rabbit.app()
+    queue = own.conf.task_default_queue
+    minute = timedelta(minutes=1)
+    anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
+    job = api.schedule(
+        "project.tasks.record",
+        interval=minute,
+        interval_anchor=anchor,
+        name="backfilled",
+        max_concurrent=10,
+    )
+    end = db_now().replace(second=0, microsecond=0) - minute
+    api.backfill(job, end - 2 * minute, end, max_per_second=100)
+    sent: list[str] = []
+
+    def stop_at_the_second(headers: dict, **kwargs: object) -> None:
+        if len(sent) == 1:
+            raise SystemExit()  # what celery beat's signal handler raises
+        sent.append(headers["id"])
+
+    first = beat.LeaseScheduler(own, lazy=True)
+    before_task_publish.connect(stop_at_the_second, weak=False)
+    try:
+        first.setup_schedule()
+        with pytest.raises(SystemExit):
+            first._work()  # nothing of the job's own is due: the backfill's three are sent
+    finally:
+        before_task_publish.disconnect(stop_at_the_second)
+        first.close()
+    assert [m.headers["id"] for m in test_dispatch_amqp.raw(queue)] == sent
+    runs = list(JobRun.objects.filter(job=job).order_by("id"))
+    assert {r.kind for r in runs} == {RunKind.BACKFILL}
+    kept = [r for r in runs if r.task_id in sent]
+    assert [r.status for r in kept] == [RunStatus.DISPATCHED]
+    lost = [r for r in runs if r.status == RunStatus.LOST]
+    assert len(lost) == 2
+    assert all(
+        r.error == "not published: beat stopped" and r.lease_expires_at is None for r in lost
+    )
+    # the next beat sends those two occurrences again, and nothing else
+    second = beat.LeaseScheduler(own, lazy=True, max_interval=0.1)
+    try:
+        second.setup_schedule()
+        second._work()
+    finally:
+        second.close()
+    again = test_dispatch_amqp.raw(queue)
+    resent = JobRun.objects.filter(task_id__in=[m.headers["id"] for m in again])
+    assert sorted(r.scheduled_for for r in resent) == sorted(r.scheduled_for for r in lost)
+    assert {(r.kind, r.attempt) for r in resent} == {(RunKind.BACKFILL, 1)}
+
+
+def test_a_backfills_runs_the_broker_did_not_take_are_given_back_at_once(
+    private_redis, monkeypatch
+):
+    """A backfill's runs whose publish fails (the broker down) are given back as a claim's
+    are: closed lost, their occurrences sent again by the next beat once the broker is back,
+    the same attempt. Before, they stayed dispatched under their own lease until the reaper
+    found it lapsed (a minute here)."""
+    from celery import Celery
+
+    from schedapp.models import RunKind, RunStatus
+
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery prefers it to any config
+    own = Celery("down", broker=private_redis.url, set_as_current=False)
+    own.conf.broker_transport_options = {"max_retries": 1}  # fail at once
+    minute = timedelta(minutes=1)
+    anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
+    job = api.schedule(
+        "project.tasks.record",
+        interval=minute,
+        interval_anchor=anchor,
+        name="backfilled",
+        max_concurrent=10,
+    )
+    end = db_now().replace(second=0, microsecond=0) - minute
+    api.backfill(job, end - minute, end, max_per_second=100)
+    private_redis.stop()
+    first = beat.LeaseScheduler(own, lazy=True)
+    try:
+        first.setup_schedule()
+        first._work()  # the backfill's two fail to publish
+    finally:
+        first.close()
+    lost = list(JobRun.objects.filter(job=job, status=RunStatus.LOST))
+    assert len(lost) == 2 and all(r.error.startswith("not published: ") for r in lost)
+    retries = JobRun.objects.filter(job=job, status=RunStatus.DISPATCHED, retry_at__isnull=False)
+    assert sorted((r.scheduled_for, r.kind, r.attempt) for r in retries) == sorted(
+        (r.scheduled_for, RunKind.BACKFILL, 1) for r in lost
+    )
+
+
 @pytest.mark.parametrize("given", ["--max-interval", "beat_max_loop_interval"])
 def test_a_beat_never_sleeps_longer_than_its_max_interval(given, monkeypatch):
     """``celery beat --max-interval`` (or ``beat_max_loop_interval``): Celery's beat never
