@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -20,6 +22,44 @@ from tests.integration import test_dispatch_amqp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 rabbit = test_dispatch_amqp.rabbit  # queues of the test's own on the machine's RabbitMQ
+
+
+def backfilling(occurrences: int) -> Job:
+    """A job every minute with nothing of its own due, and a backfill of its last
+    ``occurrences`` running, throttled loosely enough to send them all in one tick."""
+    minute = timedelta(minutes=1)
+    anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
+    job = api.schedule(
+        "project.tasks.record",
+        interval=minute,
+        interval_anchor=anchor,
+        name="backfilled",
+        max_concurrent=10,
+    )
+    end = db_now().replace(second=0, microsecond=0) - minute
+    api.backfill(job, end - (occurrences - 1) * minute, end, max_per_second=100)
+    return job
+
+
+@contextmanager
+def stopped_after_sending(count: int) -> Iterator[list[str]]:
+    """The beat stopped as it publishes its message number ``count + 1`` (Celery's
+    SIGTERM/SIGINT handler raises SystemExit wherever the beat is): yields the ids of the
+    messages sent before."""
+    from celery.signals import before_task_publish
+
+    sent: list[str] = []
+
+    def stop(headers: dict, **kwargs: object) -> None:
+        if len(sent) == count:
+            raise SystemExit()
+        sent.append(headers["id"])
+
+    before_task_publish.connect(stop, weak=False)
+    try:
+        yield sent
+    finally:
+        before_task_publish.disconnect(stop)
 
 
 def test_a_tick_that_fails_unexpectedly_backs_off_instead_of_ending_the_beat(monkeypatch):
@@ -103,27 +143,17 @@ def test_a_beat_stopped_part_way_through_a_batch_gives_back_only_what_it_did_not
     keeps the two it sent, gives back the other three, and the next beat sends those three
     alone: each occurrence is published once. Before, all five were given back ("not
     published: beat stopped") and the next beat sent five, two of them a second time."""
-    from celery.signals import before_task_publish
 
     from schedapp.models import JobRun, RunStatus
 
     own = rabbit.app()
     queue = own.conf.task_default_queue
     jobs = [api.schedule("project.tasks.record", run_at=db_now(), name=f"j{i}") for i in range(5)]
-    sent: list[str] = []
-
-    def stop_at_the_third(headers: dict, **kwargs: object) -> None:
-        if len(sent) == 2:
-            raise SystemExit()  # what celery beat's signal handler raises
-        sent.append(headers["id"])
-
     first = beat.LeaseScheduler(own, lazy=True)
-    before_task_publish.connect(stop_at_the_third, weak=False)
     try:
-        with pytest.raises(SystemExit):
+        with stopped_after_sending(2) as sent, pytest.raises(SystemExit):
             first.tick()
     finally:
-        before_task_publish.disconnect(stop_at_the_third)
         first.close()
     on_broker = [m.headers["id"] for m in test_dispatch_amqp.raw(queue)]
     assert sorted(on_broker) == sorted(sent) and len(sent) == 2
@@ -275,38 +305,19 @@ def test_a_beat_stopped_part_way_through_a_backfills_batch_gives_back_what_it_di
     does a claim's: each closed lost, its occurrence sent again by the next beat as the same
     attempt. Before, the two stayed dispatched and unsent under their own lease, a minute
     here, holding two of the job's max_concurrent slots."""
-    from celery.signals import before_task_publish
 
     from schedapp.models import RunKind, RunStatus
 
     own = rabbit.app()
     queue = own.conf.task_default_queue
-    minute = timedelta(minutes=1)
-    anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
-    job = api.schedule(
-        "project.tasks.record",
-        interval=minute,
-        interval_anchor=anchor,
-        name="backfilled",
-        max_concurrent=10,
-    )
-    end = db_now().replace(second=0, microsecond=0) - minute
-    api.backfill(job, end - 2 * minute, end, max_per_second=100)
-    sent: list[str] = []
-
-    def stop_at_the_second(headers: dict, **kwargs: object) -> None:
-        if len(sent) == 1:
-            raise SystemExit()  # what celery beat's signal handler raises
-        sent.append(headers["id"])
-
+    job = backfilling(occurrences=3)
     first = beat.LeaseScheduler(own, lazy=True)
-    before_task_publish.connect(stop_at_the_second, weak=False)
     try:
         first.setup_schedule()
-        with pytest.raises(SystemExit):
-            first._work()  # nothing of the job's own is due: the backfill's three are sent
+        # nothing of the job's own is due: the backfill's three are sent
+        with stopped_after_sending(1) as sent, pytest.raises(SystemExit):
+            first._work()
     finally:
-        before_task_publish.disconnect(stop_at_the_second)
         first.close()
     assert [m.headers["id"] for m in test_dispatch_amqp.raw(queue)] == sent
     runs = list(JobRun.objects.filter(job=job).order_by("id"))
@@ -345,17 +356,7 @@ def test_a_backfills_runs_the_broker_did_not_take_are_given_back_at_once(
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery prefers it to any config
     own = Celery("down", broker=private_redis.url, set_as_current=False)
     own.conf.broker_transport_options = {"max_retries": 1}  # fail at once
-    minute = timedelta(minutes=1)
-    anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
-    job = api.schedule(
-        "project.tasks.record",
-        interval=minute,
-        interval_anchor=anchor,
-        name="backfilled",
-        max_concurrent=10,
-    )
-    end = db_now().replace(second=0, microsecond=0) - minute
-    api.backfill(job, end - minute, end, max_per_second=100)
+    job = backfilling(occurrences=2)
     private_redis.stop()
     first = beat.LeaseScheduler(own, lazy=True)
     try:
@@ -525,17 +526,7 @@ def test_the_look_for_backfills_rides_in_the_claim_and_a_new_backfill_still_star
             scheduler._work()
             time.sleep(0.1)
         assert calls == []
-        minute = timedelta(minutes=1)
-        anchor = db_now().replace(second=0, microsecond=0) - timedelta(days=1)
-        job = api.schedule(
-            "project.tasks.record",
-            interval=minute,
-            interval_anchor=anchor,
-            name="backfilled",
-            max_concurrent=10,
-        )
-        end = db_now().replace(second=0, microsecond=0) - minute
-        api.backfill(job, end - 2 * minute, end, max_per_second=100)
+        job = backfilling(occurrences=3)
         time.sleep(0.3)  # the next look is due
         scheduler._work()
         assert len(calls) == 1
