@@ -25,6 +25,7 @@ from schedapp import api
 from schedapp.db import db_now
 from schedapp.models import Job, JobRun, JobState, Node
 from schedapp.testing.processes import wait_until
+from tests.integration.test_beat import LAST_OF_THE_CLAIM
 
 pytestmark = [pytest.mark.e2e]
 TASK = "project.tasks.record"
@@ -133,7 +134,7 @@ def test_a_beat_stopped_while_its_claims_commit_is_on_its_way_gives_back_what_it
     # the beat sends after its claim's last statement (next_due): the claim's COMMIT
     wait_until(held_between_ticks, timeout=15, message="the beat between ticks")
     job = api.schedule(TASK, run_at=db_now(), name="due", kwargs={"label": "due"})
-    pg_proxy.stall_after(b"from schedapp_job where supersede_at is not null", 3.0, app=beat.name)
+    pg_proxy.stall_after(LAST_OF_THE_CLAIM, 3.0, app=beat.name)
     beat.signal_main(signal.SIGCONT)
     wait_until(lambda: pg_proxy.stats()["stalls"] == 1, timeout=15, message="the claim's stall")
     time.sleep(0.3)  # its COMMIT sent, and held
